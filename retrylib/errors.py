@@ -1,0 +1,32 @@
+"""The exception tree of retrylib, and the two exceptions a handler raises to steer retries."""
+
+from __future__ import annotations
+
+
+class RetrylibError(Exception):
+    """Raised for any failure that retrylib itself detects (never for handler failures)."""
+
+
+class ConfigError(RetrylibError):
+    """Raised when a job config is missing a key, has an unknown key or an invalid value."""
+
+
+class TopicError(RetrylibError):
+    """Raised when a topic the job needs is missing and the job may not create it."""
+
+
+class NonRetryable(Exception):
+    """Raised by a handler to send the record straight to the dead letter, skipping retries."""
+
+
+class RetryAfter(Exception):
+    """Raised by a handler to ask for the record to be retried no sooner than `seconds` from now.
+
+    The record still counts an attempt; out of attempts, it goes to the dead letter as usual.
+    """
+
+    def __init__(self, seconds: float, message: str = "") -> None:
+        if seconds < 0:
+            raise ValueError(f"RetryAfter seconds must be >= 0, got {seconds!r}")
+        super().__init__(message or f"retry after {seconds}s")
+        self.seconds = float(seconds)

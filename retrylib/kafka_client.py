@@ -1,0 +1,99 @@
+"""Kafka clients (consumer, producer, admin) built from one place, and topic administration.
+
+Every client the job creates goes through here, so the user's pass-through options
+(`security.protocol`, `sasl.*`, `ssl.*`, ...) reach all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from retrylib.errors import TopicError
+
+log = logging.getLogger(__name__)
+
+# Some Kafka-protocol brokers (noida-db among them) ignore fetch size limits and may answer
+# with a whole partition; a large receive limit keeps the consumer from failing on that.
+_CONSUMER_DEFAULTS = {
+    "enable.auto.commit": False,
+    "enable.partition.eof": False,
+    "receive.message.max.bytes": 1_000_000_000,
+    "fetch.wait.max.ms": 100,
+}
+_PRODUCER_DEFAULTS = {
+    "enable.idempotence": True,
+    "linger.ms": 5,
+    "compression.type": "lz4",
+}
+
+
+def client_config(bootstrap_servers: str, options: Mapping[str, str]) -> dict[str, object]:
+    """The settings shared by every client: the brokers plus the user's pass-through options."""
+    return {"bootstrap.servers": bootstrap_servers, **dict(options)}
+
+
+def make_consumer(
+    bootstrap_servers: str, options: Mapping[str, str], group_id: str = "retrylib-reader"
+) -> Consumer:
+    """A consumer for explicit `assign()` reads; it never commits offsets to Kafka."""
+    config = {**_CONSUMER_DEFAULTS, "group.id": group_id}
+    config.update(client_config(bootstrap_servers, options))
+    return Consumer(config)
+
+
+def make_producer(bootstrap_servers: str, options: Mapping[str, str]) -> Producer:
+    """An idempotent producer (no duplicates from the producer's own retries)."""
+    return Producer({**_PRODUCER_DEFAULTS, **client_config(bootstrap_servers, options)})
+
+
+def make_admin(bootstrap_servers: str, options: Mapping[str, str]) -> AdminClient:
+    return AdminClient(client_config(bootstrap_servers, options))
+
+
+def partition_counts(
+    admin: AdminClient, topics: Iterable[str], timeout: float = 15.0
+) -> dict[str, int]:
+    """Partition count of each existing topic among `topics`; missing topics are left out."""
+    metadata = admin.list_topics(timeout=timeout)
+    counts = {}
+    for topic in topics:
+        info = metadata.topics.get(topic)
+        if info is not None and info.error is None and info.partitions:
+            counts[topic] = len(info.partitions)
+    return counts
+
+
+def ensure_topics(
+    admin: AdminClient,
+    wanted: Mapping[str, int],
+    *,
+    create: bool,
+    timeout: float = 30.0,
+) -> None:
+    """Make sure every topic in `wanted` (topic -> partition count) exists.
+
+    Missing topics are created when `create` is true; otherwise `TopicError` names them.
+    A topic created concurrently by someone else counts as existing.
+    """
+    missing = sorted(set(wanted) - set(partition_counts(admin, wanted)))
+    if not missing:
+        return
+    if not create:
+        raise TopicError(
+            f"missing topic(s) {missing}: create them, or set [kafka] create_topics = true"
+        )
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=wanted[topic], replication_factor=-1) for topic in missing],
+        operation_timeout=timeout,
+    )
+    for topic, future in futures.items():
+        try:
+            future.result(timeout)
+            log.info("created topic %s with %d partitions", topic, wanted[topic])
+        except Exception as e:  # KafkaException carries TOPIC_ALREADY_EXISTS on a race
+            if "TOPIC_ALREADY_EXISTS" not in str(e):
+                raise TopicError(f"could not create topic {topic!r}: {e}") from e

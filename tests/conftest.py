@@ -1,0 +1,72 @@
+"""Session fixtures: one SparkSession and one Kafka broker for the whole run.
+
+The broker is, in order: an external cluster named by RETRYLIB_TEST_BOOTSTRAP_SERVERS;
+testcontainers' Kafka where a Docker engine answers; else the embedded noida-db.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from retrylib.kafka_client import ensure_topics, make_admin
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def bootstrap_servers() -> Iterator[str]:
+    external = os.environ.get("RETRYLIB_TEST_BOOTSTRAP_SERVERS")
+    if external:
+        yield external
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer() as kafka:
+            yield kafka.get_bootstrap_server()
+        return
+    from retrylib.broker import EmbeddedBroker
+
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def make_topic(bootstrap_servers: str) -> Callable[..., str]:
+    """Create a fresh uuid-named topic; returns its name."""
+    admin = make_admin(bootstrap_servers, {})
+
+    def create(prefix: str = "t", partitions: int = 3) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        ensure_topics(admin, {name: partitions}, create=True)
+        return name
+
+    return create
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from retrylib.session import build_spark_session
+
+    session = build_spark_session(
+        "retrylib-tests",
+        master="local[2]",
+        extra={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+    )
+    yield session
+    session.stop()
