@@ -68,8 +68,16 @@ class EmbeddedBroker:
     def start(self, timeout: float = 20.0) -> EmbeddedBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [
-            _noida_binary(), "start", "--data-dir", str(self.data_dir / "data"),
-            "--host", self.host, "--only", "kafka", "--kafka-port", str(self.port),
+            _noida_binary(),
+            "start",
+            "--data-dir",
+            str(self.data_dir / "data"),
+            "--host",
+            self.host,
+            "--only",
+            "kafka",
+            "--kafka-port",
+            str(self.port),
         ]
         with open(self._log_path, "ab") as out:
             self._process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)

@@ -1,0 +1,8 @@
+"""spark-submit entry point: `spark-submit jobs/run_job.py CONF [--available-now]`."""
+
+import sys
+
+from retrylib.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["run", *sys.argv[1:]]))

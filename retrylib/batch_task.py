@@ -1,0 +1,377 @@
+"""The executor side of one micro-batch: route every record of one Spark task.
+
+For each record the task calls the handler and keeps the outcome as data: output rows go
+to a Parquet file in the output table's directory, failures with attempts left are staged
+for their retry tier, the rest are staged for the dead-letter topic and written to a file
+in the dead-letter table's directory. Nothing here is visible to anyone until the driver
+commits the batch; the task returns only the names of the files it wrote and its counters.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import pyarrow as pa
+
+from retrylib.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
+from retrylib.delta_sink import DataFileWriter
+from retrylib.handler import (
+    BadHandlerResult,
+    Handler,
+    TimedCall,
+    call_handler,
+    load_handler,
+    result_rows,
+)
+from retrylib.headers import (
+    CorruptRetryHeaders,
+    RetryState,
+    decode_retry_state,
+    encode_dead_letter_headers,
+    encode_retry_headers,
+    record_id,
+    split_headers,
+)
+from retrylib.record import Record
+from retrylib.retry_policy import RetryDecision, RetryPolicy, decide, describe_error, is_due
+from retrylib.staging import STAGED_SCHEMA
+
+SUMMARY_DDL = "kind STRING, payload STRING"
+SUMMARY_SCHEMA = pa.schema([("kind", pa.string()), ("payload", pa.string())])
+"""What a task returns: rows ("output"|"dead_letter"|"staged", DataFile JSON) and one
+("counters", JSON object)."""
+
+_VALIDATE_EVERY = 2000
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """Everything a task needs, built once per batch on the driver and shipped in the closure.
+
+    `now_ms` is read once per batch run, so every record of the run is judged at one time.
+    """
+
+    job: str
+    batch_id: int
+    now_ms: int
+    handler: str
+    handler_paths: tuple[str, ...]
+    timeout_seconds: float | None
+    output_table: str
+    output_schema: pa.Schema
+    dead_letter_table: str
+    dead_letter_topic: str
+    staging_dir: str
+    retry_topics: Mapping[str, tuple[str, ...]]  # main topic -> topic of each tier
+    tier_delays_ms: tuple[int, ...]
+    partition_counts: Mapping[str, int]  # retry and dead-letter topics -> partitions
+    max_attempts: int
+    jitter: float
+    non_retryable: tuple[str, ...]
+
+    def tier_of(self, topic: str) -> int | None:
+        return _tier_index(self.retry_topics).get(topic)
+
+
+def _tier_index(retry_topics: Mapping[str, tuple[str, ...]]) -> dict[str, int]:
+    return {topic: tier for topics in retry_topics.values() for tier, topic in enumerate(topics)}
+
+
+@lru_cache(maxsize=8)
+def _policy(delays_ms: tuple[int, ...], attempts: int, jitter: float, names: tuple[str, ...]):
+    return RetryPolicy.from_names([d / 1000 for d in delays_ms], attempts, jitter, names)
+
+
+@dataclass
+class Delivery:
+    """One record handed to the handler, with what is known of its earlier failures."""
+
+    record: Record
+    id: str
+    source_topic: str
+    first_failure_ms: int | None = None
+
+
+@dataclass
+class _Pending:
+    deliveries: list[Delivery] = field(default_factory=list)
+    rows: list[list[dict]] = field(default_factory=list)
+
+
+class TaskRouter:
+    """Routes the records of one task; see the module docstring."""
+
+    def __init__(self, plan: TaskPlan) -> None:
+        self.plan = plan
+        self.handler: Handler = load_handler(plan.handler, plan.handler_paths)
+        self.timed = TimedCall(plan.timeout_seconds)
+        self.policy = _policy(
+            plan.tier_delays_ms, plan.max_attempts, plan.jitter, plan.non_retryable
+        )
+        self.tier_of = _tier_index(plan.retry_topics)
+        self.columns = frozenset(plan.output_schema.names)
+        self.output = DataFileWriter(plan.output_table, plan.output_schema, plan.batch_id)
+        self.dead_letters = DataFileWriter(
+            plan.dead_letter_table, DEAD_LETTER_SCHEMA, plan.batch_id
+        )
+        self.staged = DataFileWriter(plan.staging_dir, STAGED_SCHEMA, plan.batch_id)
+        self.counters: Counter[str] = Counter()
+        self.pending = _Pending()
+        self.seen_retries: set[tuple[str, int]] = set()
+        self._staged_rows: list[dict] = []
+        self._dead_rows: list[dict] = []
+
+    def route(self, batch: pa.RecordBatch) -> None:
+        columns = [
+            batch.column(name).to_pylist()
+            for name in ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
+        ]
+        for key, value, topic, partition, offset, timestamp, headers in zip(*columns, strict=True):
+            delivery = self._delivery(key, value, topic, partition, offset, timestamp, headers)
+            if delivery is not None:
+                self._handle(delivery)
+        self._flush_pending()
+        self._flush_side_outputs()
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        """Close the files; yields the summary rows for the driver."""
+        self._flush_pending()
+        self._flush_side_outputs()
+        rows = [
+            {"kind": kind, "payload": data_file.to_json()}
+            for kind, writer in (
+                ("output", self.output),
+                ("dead_letter", self.dead_letters),
+                ("staged", self.staged),
+            )
+            if (data_file := writer.close()) is not None
+        ]
+        rows.append({"kind": "counters", "payload": json.dumps(dict(self.counters))})
+        yield pa.RecordBatch.from_pylist(rows, schema=SUMMARY_SCHEMA)
+
+    # -- reading a record ---------------------------------------------------------------
+
+    def _delivery(
+        self, key, value, topic, partition, offset, timestamp, headers
+    ) -> Delivery | None:
+        timestamp_ms = _epoch_ms(timestamp)
+        header_pairs = [(h["key"], h["value"]) for h in headers or ()]
+        tier = self.tier_of.get(topic)
+        if tier is None:
+            self.counters["records_main"] += 1
+            record = Record(key, value, header_pairs, topic, partition, offset, timestamp_ms, 0)
+            return Delivery(record, record_id(self.plan.job, topic, partition, offset), topic)
+        self.counters["records_retry"] += 1
+        user_headers, own = split_headers(header_pairs)
+        try:
+            state = decode_retry_state(own)
+        except CorruptRetryHeaders as e:
+            record = Record(key, value, user_headers, topic, partition, offset, timestamp_ms, 0)
+            delivery = Delivery(record, record_id(self.plan.job, topic, partition, offset), topic)
+            self._dead_letter(delivery, e, "corrupt_retry_headers", attempts=0)
+            return None
+        if (state.id, state.attempt) in self.seen_retries:
+            self.counters["duplicates_skipped"] += 1
+            return None
+        self.seen_retries.add((state.id, state.attempt))
+        record = Record(
+            key,
+            value,
+            user_headers,
+            state.origin_topic,
+            state.origin_partition,
+            state.origin_offset,
+            state.origin_timestamp_ms,
+            state.attempt,
+        )
+        delivery = Delivery(record, state.id, topic, state.first_failure_ms)
+        if not is_due(state.not_before_ms, self.plan.now_ms):
+            # Only reachable when clocks disagree: never hand it over early, wait again.
+            self.counters["requeued_not_due"] += 1
+            self._stage(
+                topic,
+                partition,
+                state.not_before_ms - self.plan.tier_delays_ms[tier],
+                key,
+                value,
+                header_pairs,
+            )
+            return None
+        return delivery
+
+    # -- handling -----------------------------------------------------------------------
+
+    def _handle(self, delivery: Delivery) -> None:
+        started = time.perf_counter()
+        try:
+            rows = result_rows(
+                call_handler(self.timed, self.handler, delivery.record), self.columns
+            )
+        except Exception as error:
+            self._fail(delivery, error)
+            return
+        finally:
+            self.counters["handler_ms"] += round((time.perf_counter() - started) * 1000)
+        self.pending.deliveries.append(delivery)
+        self.pending.rows.append(rows)
+        if len(self.pending.deliveries) >= _VALIDATE_EVERY:
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        """Write the pending output rows; a record whose rows do not fit the schema fails."""
+        pending, self.pending = self.pending, _Pending()
+        if not pending.deliveries:
+            return
+        all_rows = [row for rows in pending.rows for row in rows]
+        try:
+            self._write_output(pa.RecordBatch.from_pylist(all_rows, schema=self.plan.output_schema))
+            self.counters["succeeded"] += len(pending.deliveries)
+            return
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            pass
+        for delivery, rows in zip(pending.deliveries, pending.rows, strict=True):
+            try:
+                batch = pa.RecordBatch.from_pylist(rows, schema=self.plan.output_schema)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+                self._fail(delivery, BadHandlerResult(f"rows do not fit the output schema: {e}"))
+                continue
+            self._write_output(batch)
+            self.counters["succeeded"] += 1
+
+    def _write_output(self, batch: pa.RecordBatch) -> None:
+        self.output.write(batch)
+        self.counters["output_rows"] += batch.num_rows
+
+    def _fail(self, delivery: Delivery, error: BaseException) -> None:
+        record = delivery.record
+        decision = decide(
+            self.policy,
+            error=error,
+            attempt=record.attempt,
+            record_id=delivery.id,
+            now_ms=self.plan.now_ms,
+        )
+        tier_topics = self.plan.retry_topics.get(record.topic)
+        if not isinstance(decision, RetryDecision):
+            self._dead_letter(delivery, error, decision.reason, attempts=record.attempt + 1)
+            return
+        if tier_topics is None:
+            self._dead_letter(delivery, error, "unknown_origin_topic", attempts=record.attempt + 1)
+            return
+        error_class, message, _ = describe_error(error)
+        state = RetryState(
+            id=delivery.id,
+            attempt=record.attempt + 1,
+            not_before_ms=decision.not_before_ms,
+            origin_topic=record.topic,
+            origin_partition=record.partition,
+            origin_offset=record.offset,
+            origin_timestamp_ms=record.timestamp,
+            first_failure_ms=delivery.first_failure_ms or self.plan.now_ms,
+            last_failure_ms=self.plan.now_ms,
+            error_class=error_class,
+            error_message=message,
+        )
+        topic = tier_topics[decision.tier]
+        self._stage(
+            topic,
+            record.partition,
+            decision.kafka_timestamp_ms,
+            record.key,
+            record.value,
+            encode_retry_headers(record.headers, state),
+        )
+        self.counters[f"retried_tier_{decision.tier}"] += 1
+
+    def _dead_letter(
+        self, delivery: Delivery, error: BaseException, reason: str, *, attempts: int
+    ) -> None:
+        record = delivery.record
+        error_class, message, trace = describe_error(error)
+        first_failure = delivery.first_failure_ms or self.plan.now_ms
+        dead = DeadLetter(
+            delivery.id,
+            record.topic,
+            record.partition,
+            record.offset,
+            record.timestamp,
+            delivery.source_topic,
+            attempts,
+            reason,
+            error_class,
+            message,
+            trace,
+            first_failure,
+            self.plan.now_ms,
+            record.key,
+            record.value,
+            record.headers,
+        )
+        self._dead_rows.append(dead.row(self.plan.job, self.plan.batch_id, self.plan.now_ms))
+        state = RetryState(
+            id=delivery.id,
+            attempt=attempts,
+            not_before_ms=self.plan.now_ms,
+            origin_topic=record.topic,
+            origin_partition=record.partition,
+            origin_offset=record.offset,
+            origin_timestamp_ms=record.timestamp,
+            first_failure_ms=first_failure,
+            last_failure_ms=self.plan.now_ms,
+            error_class=error_class,
+            error_message=message,
+        )
+        headers = encode_dead_letter_headers(
+            record.headers, state, attempts=attempts, reason=reason, stack_trace=trace
+        )
+        self._stage(
+            self.plan.dead_letter_topic,
+            record.partition,
+            self.plan.now_ms,
+            record.key,
+            record.value,
+            headers,
+        )
+        self.counters["dead_lettered"] += 1
+
+    def _stage(self, topic, partition, timestamp_ms, key, value, headers) -> None:
+        self._staged_rows.append(
+            {
+                "topic": topic,
+                "partition": partition % self.plan.partition_counts[topic],
+                "timestamp_ms": timestamp_ms,
+                "key": key,
+                "value": value,
+                "headers": [{"key": k, "value": v} for k, v in headers],
+            }
+        )
+
+    def _flush_side_outputs(self) -> None:
+        if self._staged_rows:
+            self.staged.write(pa.RecordBatch.from_pylist(self._staged_rows, schema=STAGED_SCHEMA))
+            self._staged_rows = []
+        if self._dead_rows:
+            self.dead_letters.write(
+                pa.RecordBatch.from_pylist(self._dead_rows, schema=DEAD_LETTER_SCHEMA)
+            )
+            self._dead_rows = []
+
+
+def _epoch_ms(timestamp: object) -> int:
+    # Arrow hands Spark timestamps over as datetimes (or as integer microseconds).
+    if isinstance(timestamp, int):
+        return timestamp // 1000
+    return round(timestamp.timestamp() * 1000)
+
+
+def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The `mapInArrow` body: route every batch of this task, then yield the summary."""
+    router = TaskRouter(plan)
+    for batch in batches:
+        router.route(batch)
+    yield from router.finish()

@@ -1,0 +1,116 @@
+"""Calling the user's handler on one record, and checking what it returned.
+
+Everything a handler can do wrong becomes an exception here, so the caller routes the
+record to retry or the dead letter instead of crashing the task: raising anything (also
+`SystemExit` or `KeyboardInterrupt` raised inside the handler), hanging past the timeout,
+or returning rows that do not fit the output schema.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from retrylib.importing import import_object
+from retrylib.record import Record
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Record], Any]
+
+_loaded: dict[tuple[str, tuple[str, ...]], Handler] = {}
+
+
+class HandlerTimeout(Exception):
+    """Raised when one handler call runs longer than `handler.timeout`."""
+
+
+class BadHandlerResult(Exception):
+    """Raised when a handler returns something other than a dict, a list of dicts or None,
+    or a dict whose keys are not columns of the output schema."""
+
+
+class HandlerRaisedBaseException(Exception):
+    """Raised in place of a BaseException (SystemExit, KeyboardInterrupt, ...) that escaped
+    the handler, so that it counts as an ordinary failure."""
+
+
+def load_handler(spec: str, paths: Sequence[str] = ()) -> Handler:
+    """Import the handler `spec` ("module:function") once per process; raises on failure."""
+    cache_key = (spec, tuple(paths))
+    if cache_key not in _loaded:
+        handler = import_object(spec, paths)
+        if not callable(handler):
+            raise TypeError(f"handler {spec!r} is not callable")
+        _loaded[cache_key] = handler
+    return _loaded[cache_key]
+
+
+def _raise_timeout(signum: int, frame: object) -> None:
+    raise HandlerTimeout("handler timed out")
+
+
+class TimedCall:
+    """Calls a function with a wall-clock limit, using SIGALRM.
+
+    The limit applies only in a process's main thread (where Spark's Python workers run
+    user code); elsewhere calls run unlimited and one warning is logged. A call blocked
+    inside C code that ignores signals is interrupted when it returns to Python.
+    """
+
+    def __init__(self, timeout_seconds: float | None) -> None:
+        self.timeout = timeout_seconds
+        if timeout_seconds and threading.current_thread() is not threading.main_thread():
+            log.warning("handler timeout needs the main thread; calls run without a limit")
+            self.timeout = None
+        if self.timeout:
+            signal.signal(signal.SIGALRM, _raise_timeout)
+
+    def __call__(self, function: Handler, record: Record) -> Any:
+        if not self.timeout:
+            return function(record)
+        signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        try:
+            return function(record)
+        except HandlerTimeout:
+            raise HandlerTimeout(f"handler did not return within {self.timeout:g}s") from None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def call_handler(timed: TimedCall, function: Handler, record: Record) -> Any:
+    """Call the handler; a BaseException that is not an Exception is re-raised as one."""
+    try:
+        return timed(function, record)
+    except Exception:
+        raise
+    except BaseException as e:  # the handler's own SystemExit/KeyboardInterrupt: a failure
+        raise HandlerRaisedBaseException(f"handler raised {type(e).__name__}: {e}") from e
+
+
+def result_rows(result: Any, columns: frozenset[str]) -> list[dict[str, Any]]:
+    """The output rows of one handler call: None -> [], dict -> [dict], list of dicts as is.
+
+    Raises `BadHandlerResult` naming the problem when the result has another type or a row
+    has a key that is not an output column (a missing key becomes a null).
+    """
+    if result is None:
+        return []
+    rows = [result] if isinstance(result, dict) else result
+    if not isinstance(rows, list):
+        raise BadHandlerResult(
+            f"handler returned {type(result).__name__}; return a dict, a list of dicts or None"
+        )
+    for row in rows:
+        if not isinstance(row, dict):
+            raise BadHandlerResult(f"handler returned a list holding {type(row).__name__}")
+        unknown = row.keys() - columns
+        if unknown:
+            raise BadHandlerResult(
+                f"handler returned column(s) {sorted(unknown)} not in the output schema "
+                f"{sorted(columns)}"
+            )
+    return rows

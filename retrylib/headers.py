@@ -1,0 +1,242 @@
+"""Retry and dead-letter headers on Kafka records.
+
+Every header retrylib writes is named `retrylib.*` and holds UTF-8 text: integers as decimal
+strings, times as epoch milliseconds. The handler never sees these headers; the record's own
+("user") headers travel unchanged, in order, ahead of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+PREFIX = "retrylib."
+
+ID = PREFIX + "id"
+ATTEMPT = PREFIX + "attempt"
+NOT_BEFORE = PREFIX + "not_before"
+ORIGIN_TOPIC = PREFIX + "origin.topic"
+ORIGIN_PARTITION = PREFIX + "origin.partition"
+ORIGIN_OFFSET = PREFIX + "origin.offset"
+ORIGIN_TIMESTAMP = PREFIX + "origin.timestamp"
+FIRST_FAILURE = PREFIX + "first_failure"
+LAST_FAILURE = PREFIX + "last_failure"
+ERROR_CLASS = PREFIX + "error.class"
+ERROR_MESSAGE = PREFIX + "error.message"
+ATTEMPTS = PREFIX + "attempts"
+DEAD_LETTER_REASON = PREFIX + "dead_letter.reason"
+ERROR_STACK_TRACE = PREFIX + "error.stack_trace"
+
+MAX_ERROR_MESSAGE_BYTES = 2048
+MAX_STACK_TRACE_BYTES = 8192
+
+HEADER_DOCS: tuple[tuple[str, str], ...] = (
+    (ID, "Deterministic id of the original record (job, topic, partition, offset); dedup key."),
+    (ATTEMPT, "Attempt number of the next handler call: 1 on the first retry."),
+    (NOT_BEFORE, "Epoch ms before which the record must not be handled."),
+    (ORIGIN_TOPIC, "Topic the record was first read from."),
+    (ORIGIN_PARTITION, "Partition of the original record."),
+    (ORIGIN_OFFSET, "Offset of the original record."),
+    (ORIGIN_TIMESTAMP, "Kafka timestamp (epoch ms) of the original record."),
+    (FIRST_FAILURE, "Epoch ms of the first failed handler call."),
+    (LAST_FAILURE, "Epoch ms of the most recent failed handler call."),
+    (ERROR_CLASS, "Qualified class name of the last error, e.g. builtins.ValueError."),
+    (ERROR_MESSAGE, f"Message of the last error, at most {MAX_ERROR_MESSAGE_BYTES} bytes."),
+    (ATTEMPTS, "Dead letter only: handler calls made in all."),
+    (
+        DEAD_LETTER_REASON,
+        "Dead letter only: why, e.g. non_retryable, attempts_exhausted, corrupt_retry_headers.",
+    ),
+    (
+        ERROR_STACK_TRACE,
+        f"Dead letter only: traceback of the last error, at most {MAX_STACK_TRACE_BYTES} bytes.",
+    ),
+)
+
+_INTEGER = re.compile(r"-?[0-9]+")
+
+Header = tuple[str, bytes | None]
+
+
+@dataclass(frozen=True)
+class RetryState:
+    """What a record on a retry topic carries about its original and its failures."""
+
+    id: str
+    attempt: int
+    not_before_ms: int
+    origin_topic: str
+    origin_partition: int
+    origin_offset: int
+    origin_timestamp_ms: int
+    first_failure_ms: int
+    last_failure_ms: int
+    error_class: str
+    error_message: str
+
+
+class CorruptRetryHeaders(ValueError):
+    """Raised when a record on a retry topic has missing or unreadable retry headers."""
+
+
+def record_id(job_name: str, topic: str, partition: int, offset: int) -> str:
+    """Return the deterministic id of a record: 32 hex chars of a SHA-256.
+
+    The same job, topic, partition and offset always give the same id; any difference gives
+    a different one (the inputs are JSON-encoded, so no two tuples share a canonical form).
+    """
+    canonical = json.dumps([job_name, topic, partition, offset], ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+
+
+def bound_text(text: str, limit_bytes: int) -> str:
+    """Return `text` cut to at most `limit_bytes` of UTF-8, ending in "…[truncated N bytes]".
+
+    N counts the UTF-8 bytes dropped. A character is never split. Text within the limit is
+    returned as is, except that characters UTF-8 cannot encode (lone surrogates) become "?".
+    Raises `ValueError` if `limit_bytes` is too small to hold the truncation marker.
+    """
+    encoded = text.encode("utf-8", errors="replace")
+    if len(encoded) <= limit_bytes:
+        return encoded.decode("utf-8")
+    # Size the marker for the most bytes we could drop; the real count has no more digits.
+    marker_room = len(_truncation_marker(len(encoded)).encode("utf-8"))
+    if limit_bytes < marker_room:
+        raise ValueError(f"limit_bytes must leave room for the marker, got {limit_bytes!r}")
+    kept = encoded[: limit_bytes - marker_room].decode("utf-8", errors="ignore")
+    dropped = len(encoded) - len(kept.encode("utf-8"))
+    return kept + _truncation_marker(dropped)
+
+
+def _truncation_marker(dropped_bytes: int) -> str:
+    return f"…[truncated {dropped_bytes} bytes]"
+
+
+def split_headers(
+    headers: Sequence[tuple[str, bytes | None]] | None,
+) -> tuple[list[Header], dict[str, bytes | None]]:
+    """Split Kafka headers into (user headers in order, retrylib headers by name).
+
+    `None` means no headers. User headers keep duplicates and `None` values. If a retrylib
+    header repeats, the last one wins, as with Kafka's `lastHeader`. Values that arrive as
+    `bytearray` (as PySpark gives binary columns) are returned as `bytes`.
+    """
+    user: list[Header] = []
+    ours: dict[str, bytes | None] = {}
+    for name, value in headers or ():
+        value = None if value is None else bytes(value)
+        if name.startswith(PREFIX):
+            ours[name] = value
+        else:
+            user.append((name, value))
+    return user, ours
+
+
+def encode_retry_headers(
+    user_headers: Sequence[tuple[str, bytes | None]] | None, state: RetryState
+) -> list[Header]:
+    """Return `user_headers` unchanged, followed by the retrylib headers describing `state`.
+
+    Any `retrylib.*` header already in `user_headers` is dropped, so a record retried again
+    never carries two. The error message is bounded to `MAX_ERROR_MESSAGE_BYTES`.
+    """
+    user, _ = split_headers(user_headers)
+    return user + [(name, text.encode("utf-8")) for name, text in _state_fields(state)]
+
+
+def encode_dead_letter_headers(
+    user_headers: Sequence[tuple[str, bytes | None]] | None,
+    state: RetryState,
+    *,
+    attempts: int,
+    reason: str,
+    stack_trace: str,
+) -> list[Header]:
+    """Return the retry headers of `state` plus the dead-letter ones.
+
+    Adds `retrylib.attempts` (handler calls made in all), `retrylib.dead_letter.reason` and
+    `retrylib.error.stack_trace`, the latter bounded to `MAX_STACK_TRACE_BYTES`.
+    """
+    extra = (
+        (ATTEMPTS, str(attempts)),
+        (DEAD_LETTER_REASON, reason),
+        (ERROR_STACK_TRACE, bound_text(stack_trace, MAX_STACK_TRACE_BYTES)),
+    )
+    encoded = encode_retry_headers(user_headers, state)
+    return encoded + [(name, text.encode("utf-8", errors="replace")) for name, text in extra]
+
+
+def _state_fields(state: RetryState) -> tuple[tuple[str, str], ...]:
+    return (
+        (ID, state.id),
+        (ATTEMPT, str(state.attempt)),
+        (NOT_BEFORE, str(state.not_before_ms)),
+        (ORIGIN_TOPIC, state.origin_topic),
+        (ORIGIN_PARTITION, str(state.origin_partition)),
+        (ORIGIN_OFFSET, str(state.origin_offset)),
+        (ORIGIN_TIMESTAMP, str(state.origin_timestamp_ms)),
+        (FIRST_FAILURE, str(state.first_failure_ms)),
+        (LAST_FAILURE, str(state.last_failure_ms)),
+        (ERROR_CLASS, bound_text(state.error_class, MAX_ERROR_MESSAGE_BYTES)),
+        (ERROR_MESSAGE, bound_text(state.error_message, MAX_ERROR_MESSAGE_BYTES)),
+    )
+
+
+def decode_retry_state(retrylib_headers: Mapping[str, bytes | None]) -> RetryState:
+    """Read a `RetryState` from the retrylib headers of a record on a retry topic.
+
+    Raises `CorruptRetryHeaders`, naming the header, when one is missing, has no value, is
+    not UTF-8, is not a decimal integer where one is expected, or is out of range (an empty
+    id, an attempt below 1, a negative partition or offset).
+    """
+    reader = _HeaderReader(retrylib_headers)
+    return RetryState(
+        id=reader.text(ID, allow_empty=False),
+        attempt=reader.integer(ATTEMPT, minimum=1),
+        not_before_ms=reader.integer(NOT_BEFORE),
+        origin_topic=reader.text(ORIGIN_TOPIC, allow_empty=False),
+        origin_partition=reader.integer(ORIGIN_PARTITION, minimum=0),
+        origin_offset=reader.integer(ORIGIN_OFFSET, minimum=0),
+        origin_timestamp_ms=reader.integer(ORIGIN_TIMESTAMP),
+        first_failure_ms=reader.integer(FIRST_FAILURE),
+        last_failure_ms=reader.integer(LAST_FAILURE),
+        error_class=reader.text(ERROR_CLASS),
+        error_message=reader.text(ERROR_MESSAGE),
+    )
+
+
+class _HeaderReader:
+    """Reads typed values out of retrylib headers, raising `CorruptRetryHeaders` on any flaw."""
+
+    def __init__(self, headers: Mapping[str, bytes | None]) -> None:
+        self._headers = headers
+
+    def text(self, name: str, *, allow_empty: bool = True) -> str:
+        if name not in self._headers:
+            raise CorruptRetryHeaders(f"retry header {name!r} is missing")
+        raw = self._headers[name]
+        if raw is None:
+            raise CorruptRetryHeaders(f"retry header {name!r} has no value")
+        try:
+            value = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CorruptRetryHeaders(
+                f"retry header {name!r} is not valid UTF-8, got {bytes(raw)[:64]!r}"
+            ) from e
+        if not value and not allow_empty:
+            raise CorruptRetryHeaders(f"retry header {name!r} is empty")
+        return value
+
+    def integer(self, name: str, *, minimum: int | None = None) -> int:
+        value = self.text(name)
+        if not _INTEGER.fullmatch(value):
+            raise CorruptRetryHeaders(
+                f"retry header {name!r} is not a decimal integer, got {value[:64]!r}"
+            )
+        number = int(value)
+        if minimum is not None and number < minimum:
+            raise CorruptRetryHeaders(f"retry header {name!r} must be >= {minimum}, got {number}")
+        return number

@@ -1,0 +1,198 @@
+"""Starting the streaming query from a config, and running it until done or told to stop."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from retrylib.batch_task import TaskPlan
+from retrylib.config import Config
+from retrylib.dead_letter import DEAD_LETTER_SCHEMA
+from retrylib.delta_sink import ensure_table
+from retrylib.errors import TopicError
+from retrylib.kafka_client import ensure_topics, make_admin, partition_counts
+from retrylib.router import BatchResult, BatchRouter
+from retrylib.session import build_spark_session
+from retrylib.staging import control_topic
+from retrylib.storage import join
+
+log = logging.getLogger(__name__)
+
+_BUILTIN_KAFKA = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+_STOP_WAIT_SECONDS = 120
+
+
+def builtin_kafka_available(spark: SparkSession) -> bool:
+    """True when Spark's own Kafka connector is on the classpath (Databricks, EMR, --packages)."""
+    try:
+        spark.sparkContext._jvm.java.lang.Class.forName(_BUILTIN_KAFKA)
+        return True
+    except Exception:
+        return False
+
+
+def prepare_topics(config: Config) -> dict[str, int]:
+    """Check the main topics; create missing retry, dead-letter and control topics if allowed.
+
+    Returns the partition count of every retry and dead-letter topic. Raises `TopicError`
+    naming a missing main topic, or missing other topics when `kafka.create_topics` is off.
+    """
+    kafka = config.kafka
+    admin = make_admin(kafka.bootstrap_servers, kafka.options)
+    main = partition_counts(admin, kafka.topics)
+    missing = [topic for topic in kafka.topics if topic not in main]
+    if missing:
+        raise TopicError(
+            f"kafka.topics: topic(s) {missing} do not exist on {kafka.bootstrap_servers}"
+        )
+    wanted = {
+        tier.topics[topic]: count for tier in config.retry.tiers for topic, count in main.items()
+    }
+    wanted[config.dead_letter.topic] = max(main.values())
+    wanted[control_topic(config.job.name)] = 1
+    ensure_topics(admin, wanted, create=kafka.create_topics)
+    return partition_counts(admin, wanted)
+
+
+def _read_kafka(spark: SparkSession, format_name: str, options: dict[str, str]) -> DataFrame:
+    return spark.readStream.format(format_name).options(**options).load()
+
+
+def source_frame(spark: SparkSession, config: Config) -> DataFrame:
+    """The union of the main topics and every retry tier (each tier reads only due records)."""
+    kafka = config.kafka
+    common = {f"kafka.{key}": value for key, value in kafka.options.items()}
+    common["kafka.bootstrap.servers"] = kafka.bootstrap_servers
+    main_options = {
+        **common,
+        "subscribe": ",".join(kafka.topics),
+        "startingOffsets": kafka.starting_offsets,
+    }
+    if kafka.max_offsets_per_trigger:
+        main_options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
+    use_builtin = kafka.source == "builtin" or (
+        kafka.source == "auto" and builtin_kafka_available(spark)
+    )
+    if use_builtin:
+        log.info("main topics read with Spark's built-in kafka source")
+        frame = _read_kafka(spark, "kafka", {**main_options, "includeHeaders": "true"})
+    else:
+        log.info("main topics read with the retrylib_kafka Python data source")
+        frame = _read_kafka(spark, "retrylib_kafka", main_options)
+    for tier in config.retry.tiers:
+        tier_options = {
+            **common,
+            "kafka.isolation.level": "read_committed",
+            "subscribe": ",".join(sorted(set(tier.topics.values()))),
+            "startingOffsets": "earliest",
+            "retrylib.delayMs": str(round(tier.delay_seconds * 1000)),
+        }
+        frame = frame.unionByName(_read_kafka(spark, "retrylib_kafka", tier_options))
+    return frame
+
+
+def task_plan(config: Config, partitions: dict[str, int]) -> TaskPlan:
+    """The per-batch plan with batch id and clock still unset (the router fills them in)."""
+    retry = config.retry
+    return TaskPlan(
+        job=config.job.name,
+        batch_id=-1,
+        now_ms=0,
+        handler=config.handler.function,
+        handler_paths=config.handler.paths,
+        timeout_seconds=config.handler.timeout_seconds,
+        output_table=config.output.table,
+        output_schema=config.handler.output_schema.to_arrow(),
+        dead_letter_table=config.dead_letter.table,
+        dead_letter_topic=config.dead_letter.topic,
+        staging_dir="",
+        retry_topics={
+            topic: tuple(tier.topics[topic] for tier in retry.tiers)
+            for topic in config.kafka.topics
+        },
+        tier_delays_ms=tuple(round(d * 1000) for d in retry.delays_seconds),
+        partition_counts=partitions,
+        max_attempts=retry.max_attempts,
+        jitter=retry.jitter,
+        non_retryable=retry.non_retryable,
+    )
+
+
+def start_query(
+    spark: SparkSession,
+    config: Config,
+    *,
+    available_now: bool = False,
+    on_result: Callable[[BatchResult], None] | None = None,
+) -> tuple[StreamingQuery, BatchRouter]:
+    """Prepare topics and tables, then start the streaming query; returns it and its router."""
+    partitions = prepare_topics(config)
+    ensure_table(config.output.table, config.handler.output_schema.to_arrow(), "output")
+    ensure_table(config.dead_letter.table, DEAD_LETTER_SCHEMA, "dead-letter")
+    router = BatchRouter(
+        task_plan(config, partitions),
+        state_dir=join(config.job.checkpoint, "retrylib"),
+        kafka_options=dict(config.kafka.options),
+        bootstrap_servers=config.kafka.bootstrap_servers,
+        on_result=on_result,
+    )
+    writer = (
+        source_frame(spark, config)
+        .writeStream.queryName(config.job.name)
+        .option("checkpointLocation", join(config.job.checkpoint, "spark"))
+        .foreachBatch(router)
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{config.job.trigger_seconds} seconds")
+    return writer.start(), router
+
+
+def stop_gracefully(query: StreamingQuery, timeout: float = _STOP_WAIT_SECONDS) -> None:
+    """Stop `query` between batches: wait (up to `timeout`) for the running batch to end.
+
+    A batch that starts in the gap is interrupted; it is replayed on restart, which the
+    router makes safe.
+    """
+    deadline = time.monotonic() + timeout
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+
+
+def run(config: Config, *, available_now: bool = False, master: str | None = None) -> int:
+    """Run the job until it finishes (available-now), fails, or gets SIGTERM/SIGINT.
+
+    Returns the process exit code: 0 when it finished or was stopped, 1 when the query
+    failed (the error is logged).
+    """
+    spark = build_spark_session(f"retrylib-{config.job.name}", master=master)
+    stop_requested = threading.Event()
+
+    def request_stop(signum: int, frame: object) -> None:
+        log.info("received %s: stopping after the current batch", signal.Signals(signum).name)
+        stop_requested.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    query, router = start_query(spark, config, available_now=available_now)
+    try:
+        while query.isActive and not stop_requested.is_set():
+            query.awaitTermination(0.5)
+        if stop_requested.is_set():
+            stop_gracefully(query)
+        error = query.exception()
+        if error is not None:
+            log.error("query %s failed: %s", config.job.name, error)
+            return 1
+        return 0
+    finally:
+        router.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,513 @@
+"""Kafka as a Spark Structured Streaming source, written as a Python Data Source.
+
+`spark.readStream.format("retrylib_kafka")` reads Kafka through confluent-kafka and emits
+exactly the schema of Spark's built-in `kafka` source, with the same option names
+(`kafka.bootstrap.servers`, `subscribe`, `startingOffsets`, `maxOffsetsPerTrigger`,
+`kafka.*` pass-through), so a job can switch between the two formats.
+
+Two options of its own:
+
+- `retrylib.delayMs`: makes the source a delay frontier for a fixed-delay retry tier. A
+  partition's end offset is the first record whose Kafka timestamp is after `now - delay`
+  (found with `offsets_for_times`, no scanning), so records become visible once due and
+  batches run as time passes, with no new data needed.
+- `retrylib.maxRecordsPerTask`: the longest offset range one Spark task reads (250000).
+
+Spark 4.2 gives the reader per-trigger read limits and `Trigger.AvailableNow`. On 4.0/4.1 the
+engine calls `latestOffset()` with no arguments: the reader then reads all available data
+each trigger and logs once that `maxOffsetsPerTrigger` and availableNow are not honoured.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    Message,
+    TopicPartition,
+)
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from retrylib.errors import RetrylibError, TopicError
+from retrylib.kafka_client import make_consumer
+from retrylib.offsets import (
+    EARLIEST,
+    LATEST,
+    Offsets,
+    PartitionKey,
+    StartingOffsets,
+    cap_at_target,
+    delay_frontier,
+    floor_at,
+    limit_offsets,
+    offsets_from_json,
+    offsets_to_json,
+    parse_starting_offsets,
+    parse_topics,
+    resolve_starting_offsets,
+    split_ranges,
+    with_new_partitions,
+)
+
+try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python stream readers
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError:  # Spark 4.0/4.1: the engine never asks for these
+    ReadAllAvailable = ReadLimit = ReadMaxRows = None
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stand-in base class on Spark versions without Trigger.AvailableNow for Python sources."""
+
+
+log = logging.getLogger(__name__)
+
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField(
+            "headers",
+            ArrayType(
+                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+            ),
+        ),
+    ]
+)
+"""The schema of Spark's built-in Kafka source (with `includeHeaders`), which this source emits."""
+
+KAFKA_ARROW_SCHEMA = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
+"""`KAFKA_SCHEMA` as Arrow: the schema of every RecordBatch `read()` yields (timestamps in µs)."""
+
+OPTION_BOOTSTRAP = "kafka.bootstrap.servers"
+OPTION_SUBSCRIBE = "subscribe"
+OPTION_STARTING_OFFSETS = "startingOffsets"
+OPTION_MAX_OFFSETS_PER_TRIGGER = "maxOffsetsPerTrigger"
+OPTION_DELAY_MS = "retrylib.delayMs"
+OPTION_MAX_RECORDS_PER_TASK = "retrylib.maxRecordsPerTask"
+_KNOWN_OPTIONS = {
+    name.lower(): name
+    for name in (
+        OPTION_BOOTSTRAP,
+        OPTION_SUBSCRIBE,
+        OPTION_STARTING_OFFSETS,
+        OPTION_MAX_OFFSETS_PER_TRIGGER,
+        OPTION_DELAY_MS,
+        OPTION_MAX_RECORDS_PER_TASK,
+    )
+}
+# Consumer settings the source relies on; a user value would break offset-exact reads.
+_RESERVED_CLIENT_OPTIONS = {"auto.offset.reset", "enable.auto.commit", "enable.partition.eof"}
+_READ_CLIENT_OPTIONS = {"auto.offset.reset": "earliest", "enable.partition.eof": True}
+
+DEFAULT_MAX_RECORDS_PER_TASK = 250_000
+BATCH_ROWS = 10_000
+"""Rows per RecordBatch that `read()` yields, and most messages asked of one `consume()`."""
+POLL_TIMEOUT_S = 0.5
+"""Longest wait of one `consume()` call; it is only waited out at a gap or a slow broker."""
+STALL_TIMEOUT_S = 120.0
+"""A read that gets no record for this long fails instead of hanging."""
+METADATA_TIMEOUT_S = 30.0
+
+_CONFLUENT_TO_SPARK_TIMESTAMP_TYPE = {TIMESTAMP_CREATE_TIME: 0, TIMESTAMP_LOG_APPEND_TIME: 1}
+_NO_TIMESTAMP_TYPE = -1  # Kafka's TimestampType.NO_TIMESTAMP_TYPE
+
+_legacy_warning_logged = False
+
+
+class KafkaSourceError(RetrylibError):
+    """Raised when reading Kafka fails: broker errors, missing partitions, a stalled read."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The parsed options of one `retrylib_kafka` stream (see `parse_source_options`)."""
+
+    bootstrap_servers: str
+    topics: list[str]
+    starting_offsets: StartingOffsets
+    max_offsets_per_trigger: int | None = None
+    delay_ms: int | None = None
+    max_records_per_task: int = DEFAULT_MAX_RECORDS_PER_TASK
+    client_options: dict[str, str] = field(default_factory=dict)
+
+
+def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
+    """Validate and parse the reader options (names are case-insensitive, as in Spark).
+
+    `kafka.*` options other than `kafka.bootstrap.servers` go, prefix stripped, to every
+    consumer. Raises `ValueError` naming the option for: a missing required option, an
+    unknown option, a reserved consumer setting, or a value that does not parse.
+    """
+    lowered = {key.lower(): value for key, value in options.items()}
+    client_options = {}
+    for key, value in lowered.items():
+        if key in _KNOWN_OPTIONS:
+            continue
+        if not key.startswith("kafka."):
+            raise ValueError(
+                f"unknown option {key!r} for the retrylib_kafka source; known options: "
+                f"{sorted(_KNOWN_OPTIONS.values())} and kafka.* consumer settings"
+            )
+        if key[len("kafka.") :] in _RESERVED_CLIENT_OPTIONS:
+            raise ValueError(f"option {key!r} is set by the retrylib_kafka source itself")
+        client_options[key[len("kafka.") :]] = value
+    bootstrap = lowered.get(OPTION_BOOTSTRAP.lower(), "").strip()
+    if not bootstrap:
+        raise ValueError(f"option {OPTION_BOOTSTRAP} is required")
+    topics = parse_topics(lowered.get(OPTION_SUBSCRIBE.lower()))
+    return SourceOptions(
+        bootstrap_servers=bootstrap,
+        topics=topics,
+        starting_offsets=parse_starting_offsets(
+            lowered.get(OPTION_STARTING_OFFSETS.lower()), topics
+        ),
+        max_offsets_per_trigger=_int_option(lowered, OPTION_MAX_OFFSETS_PER_TRIGGER, 1),
+        delay_ms=_int_option(lowered, OPTION_DELAY_MS, 0),
+        max_records_per_task=_int_option(lowered, OPTION_MAX_RECORDS_PER_TASK, 1)
+        or DEFAULT_MAX_RECORDS_PER_TASK,
+        client_options=client_options,
+    )
+
+
+def _int_option(options: Mapping[str, str], name: str, minimum: int) -> int | None:
+    raw = options.get(name.lower())
+    if raw is None:
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"option {name}={raw!r} must be an integer >= {minimum}")
+    return value
+
+
+class KafkaDataSource(DataSource):
+    """The `retrylib_kafka` streaming data source (register it with `spark.dataSource`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "retrylib_kafka"
+
+    def schema(self) -> StructType:
+        """`KAFKA_SCHEMA`; the options are checked here so that `load()` fails on bad ones."""
+        parse_source_options(self.options)
+        return KAFKA_SCHEMA
+
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:
+        """The reader; raises `ValueError` for bad options or a schema other than KAFKA_SCHEMA."""
+        if schema != KAFKA_SCHEMA:
+            raise ValueError(
+                f"the retrylib_kafka source has a fixed schema {KAFKA_SCHEMA.simpleString()}, "
+                f"got {schema.simpleString()}"
+            )
+        return KafkaStreamReader(parse_source_options(self.options))
+
+
+@dataclass
+class KafkaInputPartition(InputPartition):
+    """Offsets `start` to `end` (exclusive) of `topic[partition]`, read by one Spark task."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    bootstrap_servers: str
+    client_options: dict[str, str]
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans offset ranges on the driver and reads them on the executors.
+
+    Driver-side Kafka clients are created on first use and closed by `stop()`; a fresh reader
+    (as Spark pickles to executors) holds none.
+    """
+
+    def __init__(self, options: SourceOptions) -> None:
+        self._options = options
+        self._metadata: _Metadata | None = None
+        self._last_end: Offsets | None = None
+        self._target: Offsets | None = None
+
+    @property
+    def _kafka(self) -> _Metadata:
+        if self._metadata is None:
+            self._metadata = _Metadata(self._options)
+        return self._metadata
+
+    def initialOffset(self) -> dict:
+        """Offsets of a new query, from `startingOffsets`.
+
+        Raises `TopicError` naming any subscribed topic that does not exist, `ValueError` when
+        `startingOffsets` names a partition that does not exist.
+        """
+        partitions = self._kafka.partitions()
+        start = resolve_starting_offsets(
+            self._options.starting_offsets,
+            partitions,
+            self._kafka.list_offsets(partitions, EARLIEST),
+            self._kafka.list_offsets(partitions, LATEST),
+        )
+        self._last_end = start
+        return offsets_to_json(start)
+
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+        """End offsets of the next batch starting at `start`, within `limit`.
+
+        Every partition's end is its latest offset (or, for a delay tier, its first not-yet-due
+        offset), never below `start`, held to the availableNow target if one was taken, and
+        cut to `limit` when it is a `ReadMaxRows`. Partitions missing from `start` (new
+        partitions) start at their earliest offset. Spark 4.0/4.1 pass no arguments: `start`
+        is then the end this reader returned last, and limits are not applied.
+        """
+        if start is None:
+            _warn_legacy_engine()
+            begin = self._last_end or {}
+        else:
+            begin = offsets_from_json(start, what="start offsets")
+        begin, end = self._available(begin)
+        if self._target is not None:
+            end = cap_at_target(begin, end, self._target)
+        if limit is not None and isinstance(limit, ReadMaxRows):  # limit is None on 4.0/4.1
+            end = limit_offsets(begin, end, limit.max_rows)
+        self._last_end = end
+        return offsets_to_json(end)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """`ReadMaxRows(maxOffsetsPerTrigger)` when that option is set, else `ReadAllAvailable`."""
+        if self._options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self._options.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Take the target of an availableNow run: latest offsets now (or the delay frontier)."""
+        _, self._target = self._available({})
+        log.info("availableNow target for %s: %s", self._options.topics, self._target)
+
+    def reportLatestOffset(self) -> dict:
+        """The latest available offsets (no limit, no target), for the query's progress."""
+        _, end = self._available(self._last_end or {})
+        return offsets_to_json(end)
+
+    def partitions(self, start: dict, end: dict) -> Sequence[KafkaInputPartition]:
+        """The input partitions of one batch: a range of at most `retrylib.maxRecordsPerTask`
+        offsets each, only for topic-partitions with records between `start` and `end`.
+
+        Partitions missing from `start` (new partitions) are read from their earliest offset.
+        """
+        begin = offsets_from_json(start, what="start offsets")
+        finish = offsets_from_json(end, what="end offsets")
+        new = [key for key in finish if key not in begin]
+        if new:
+            begin = with_new_partitions(begin, new, self._kafka.list_offsets(new, EARLIEST))
+        ranges = split_ranges(begin, finish, self._options.max_records_per_task)
+        return [
+            KafkaInputPartition(
+                r.topic,
+                r.partition,
+                r.start,
+                r.end,
+                self._options.bootstrap_servers,
+                self._options.client_options,
+            )
+            for r in ranges
+        ]
+
+    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        """Yield the records of `partition` as RecordBatches of `KAFKA_ARROW_SCHEMA`.
+
+        Raises `KafkaSourceError` on a broker error or when no record arrives for
+        `STALL_TIMEOUT_S` before the range is complete.
+        """
+        return read_range(partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: Spark checkpoints the offsets; nothing is committed to Kafka."""
+
+    def stop(self) -> None:
+        """Close the driver-side Kafka client."""
+        metadata, self._metadata = self._metadata, None
+        if metadata is not None:
+            metadata.close()
+
+    def _available(self, start: Offsets) -> tuple[Offsets, Offsets]:
+        """`start` completed with new partitions at earliest, and the available end offsets."""
+        partitions = self._kafka.partitions()
+        new = [key for key in partitions if key not in start]
+        if new:
+            start = with_new_partitions(start, new, self._kafka.list_offsets(new, EARLIEST))
+        end = self._kafka.list_offsets(partitions, LATEST)
+        if self._options.delay_ms is not None:
+            due_before_ms = int(time.time() * 1000) - self._options.delay_ms
+            end = delay_frontier(self._kafka.list_offsets(partitions, due_before_ms), end)
+        return start, floor_at(end, start)
+
+
+def _warn_legacy_engine() -> None:
+    global _legacy_warning_logged
+    if not _legacy_warning_logged:
+        _legacy_warning_logged = True
+        log.warning(
+            "this Spark version calls latestOffset() without a start offset or read limit: "
+            "maxOffsetsPerTrigger and Trigger.AvailableNow are not available for the "
+            "retrylib_kafka source (Spark 4.2+ needed); every trigger reads all available data"
+        )
+
+
+class _Metadata:
+    """Driver-side Kafka look-ups: partitions of the subscribed topics, offsets by time."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self._topics = options.topics
+        self._consumer = make_consumer(options.bootstrap_servers, options.client_options)
+
+    def partitions(self) -> list[PartitionKey]:
+        """Every partition of the subscribed topics, from fresh metadata.
+
+        Raises `TopicError` naming the subscribed topics that do not exist.
+        """
+        metadata = self._consumer.list_topics(timeout=METADATA_TIMEOUT_S)
+        keys, missing = [], []
+        for topic in self._topics:
+            info = metadata.topics.get(topic)
+            if info is None or info.error is not None or not info.partitions:
+                missing.append(topic)
+            else:
+                keys.extend((topic, p) for p in sorted(info.partitions))
+        if missing:
+            raise TopicError(f"subscribed topic(s) {missing} do not exist")
+        return keys
+
+    def list_offsets(self, partitions: Sequence[PartitionKey], timestamp: int) -> Offsets:
+        """`offsets_for_times` for `partitions`: `EARLIEST`, `LATEST` or epoch ms.
+
+        For a time, the answer is the first offset at or after it, or -1 when there is none.
+        Raises `KafkaSourceError` naming the partition the broker answered with an error.
+        """
+        if not partitions:
+            return {}
+        answers = self._consumer.offsets_for_times(
+            [TopicPartition(topic, p, timestamp) for topic, p in partitions],
+            timeout=METADATA_TIMEOUT_S,
+        )
+        offsets = {}
+        for answer in answers:
+            if answer.error is not None:
+                raise KafkaSourceError(
+                    f"listing offsets of {answer.topic}[{answer.partition}] failed: {answer.error}"
+                )
+            offsets[(answer.topic, answer.partition)] = answer.offset
+        return offsets
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def read_range(part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+    """Yield `part`'s records as RecordBatches of at most `BATCH_ROWS` rows.
+
+    Offsets missing inside the range (compaction, transaction markers) are skipped: the read
+    ends at the first offset >= `part.end`, or when the partition's end is at or past it.
+    Raises `KafkaSourceError` naming the range on a message error or a stalled read.
+    """
+    consumer = make_consumer(
+        part.bootstrap_servers, {**part.client_options, **_READ_CLIENT_OPTIONS}
+    )
+    try:
+        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+        pending: list[Message] = []
+        for chunk in _message_chunks(consumer, part):
+            pending.extend(chunk)
+            while len(pending) >= BATCH_ROWS:
+                yield _to_batch(part, pending[:BATCH_ROWS])
+                del pending[:BATCH_ROWS]
+        if pending:
+            yield _to_batch(part, pending)
+    finally:
+        consumer.close()
+
+
+def _message_chunks(consumer: Consumer, part: KafkaInputPartition) -> Iterator[list[Message]]:
+    """The messages of `part`'s range in offset order, one list per `consume()` call."""
+    next_offset = part.start
+    deadline = time.monotonic() + STALL_TIMEOUT_S
+    while next_offset < part.end:
+        wanted = min(part.end - next_offset, BATCH_ROWS)
+        chunk, finished = [], False
+        for message in consumer.consume(num_messages=wanted, timeout=POLL_TIMEOUT_S):
+            error = message.error()
+            if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                raise KafkaSourceError(f"reading {_describe(part)}: {error}")
+            offset = message.offset()
+            if offset >= part.end:  # a record or the partition's end (EOF) past the range
+                finished = True
+                break
+            if error is None and offset >= next_offset:
+                chunk.append(message)
+                next_offset = offset + 1
+        if chunk:
+            yield chunk
+            deadline = time.monotonic() + STALL_TIMEOUT_S
+        if finished:
+            return
+        if time.monotonic() > deadline:
+            raise KafkaSourceError(
+                f"reading {_describe(part)}: nothing received for {STALL_TIMEOUT_S:.0f}s "
+                f"at offset {next_offset}"
+            )
+
+
+def _describe(part: KafkaInputPartition) -> str:
+    return f"{part.topic}[{part.partition}] offsets {part.start}..{part.end}"
+
+
+def _to_batch(part: KafkaInputPartition, messages: list[Message]) -> pa.RecordBatch:
+    """`messages` of `part` as one RecordBatch of `KAFKA_ARROW_SCHEMA`."""
+    stamps = [m.timestamp() for m in messages]
+    kinds = [_CONFLUENT_TO_SPARK_TIMESTAMP_TYPE.get(kind, _NO_TIMESTAMP_TYPE) for kind, _ in stamps]
+    micros = [
+        None if kind == _NO_TIMESTAMP_TYPE else millis * 1000
+        for kind, (_, millis) in zip(kinds, stamps, strict=True)
+    ]
+    schema = KAFKA_ARROW_SCHEMA
+    columns = {
+        "key": [m.key() for m in messages],
+        "value": [m.value() for m in messages],
+        "topic": [part.topic] * len(messages),
+        "partition": [part.partition] * len(messages),
+        "offset": [m.offset() for m in messages],
+        "timestamp": micros,
+        "timestampType": kinds,
+        "headers": [m.headers() or [] for m in messages],
+    }
+    return pa.RecordBatch.from_arrays(
+        [pa.array(columns[f.name], type=f.type) for f in schema], schema=schema
+    )

@@ -1,0 +1,261 @@
+"""Offset arithmetic for the Kafka stream source: pure functions, no Spark and no Kafka I/O.
+
+Offsets are held as `{(topic, partition): next_offset}`. Spark checkpoints them as JSON in
+the layout of Spark's own Kafka source, `{"topic": {"0": 123, "1": 45}}`, produced in a
+stable order (topics sorted, partitions numerically) because the engine compares offsets
+as JSON text: the same offsets must always serialise to the same string.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+PartitionKey = tuple[str, int]
+Offsets = dict[PartitionKey, int]
+
+EARLIEST = -2
+"""In `startingOffsets` JSON (Kafka's convention): start at the partition's first offset."""
+LATEST = -1
+"""In `startingOffsets` JSON (Kafka's convention): start at the partition's end."""
+
+
+@dataclass(frozen=True)
+class StartingOffsets:
+    """Where a new query starts: `explicit` offsets per partition, `default` for the rest.
+
+    Offsets are concrete offsets or `EARLIEST` / `LATEST`.
+    """
+
+    default: int
+    explicit: Mapping[PartitionKey, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Offsets `start` (inclusive) to `end` (exclusive) of one topic-partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def parse_topics(value: str | None) -> list[str]:
+    """The topics of a comma-separated `subscribe` option, in order, without duplicates.
+
+    Raises `ValueError` when the option is missing or names no topic.
+    """
+    topics = list(dict.fromkeys(t.strip() for t in (value or "").split(",") if t.strip()))
+    if not topics:
+        raise ValueError(f"option subscribe={value!r} must name at least one topic")
+    return topics
+
+
+def parse_starting_offsets(value: str | None, topics: Collection[str]) -> StartingOffsets:
+    """Parse `startingOffsets`: "earliest" (the default), "latest", or JSON per partition.
+
+    The JSON form is `{"topic": {"0": 23, "1": -2}}` with -2 for earliest and -1 for latest;
+    partitions it does not name start at earliest. Raises `ValueError` naming the option and
+    the bad part: malformed JSON, a topic outside `topics`, a bad partition or offset.
+    """
+    text = (value or "earliest").strip()
+    if text.lower() == "earliest":
+        return StartingOffsets(EARLIEST)
+    if text.lower() == "latest":
+        return StartingOffsets(LATEST)
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"option startingOffsets={value!r} is not 'earliest', 'latest' or JSON: {e}"
+        ) from e
+    explicit = offsets_from_json(parsed, what=f"option startingOffsets={value!r}", minimum=-2)
+    unknown = sorted({topic for topic, _ in explicit} - set(topics))
+    if unknown:
+        raise ValueError(
+            f"option startingOffsets={value!r} names topic(s) {unknown} "
+            f"that are not in subscribe {sorted(topics)}"
+        )
+    return StartingOffsets(EARLIEST, explicit)
+
+
+def resolve_starting_offsets(
+    spec: StartingOffsets,
+    partitions: Iterable[PartitionKey],
+    earliest: Mapping[PartitionKey, int],
+    latest: Mapping[PartitionKey, int],
+) -> Offsets:
+    """Concrete start offsets of `partitions`, given each one's earliest and latest offset.
+
+    Raises `ValueError` when `spec` names a partition that is not among `partitions`.
+    """
+    keys = sorted(partitions)
+    missing = sorted(set(spec.explicit) - set(keys))
+    if missing:
+        names = ", ".join(f"{t}[{p}]" for t, p in missing)
+        raise ValueError(f"option startingOffsets names partition(s) that do not exist: {names}")
+    resolved = {}
+    for key in keys:
+        offset = spec.explicit.get(key, spec.default)
+        if offset == EARLIEST:
+            offset = earliest[key]
+        elif offset == LATEST:
+            offset = latest[key]
+        resolved[key] = offset
+    return resolved
+
+
+def offsets_to_json(offsets: Mapping[PartitionKey, int]) -> dict[str, dict[str, int]]:
+    """`{(topic, partition): offset}` as `{"topic": {"partition": offset}}`, in stable order."""
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        nested.setdefault(topic, {})[str(partition)] = int(offset)
+    return nested
+
+
+def offsets_from_json(
+    value: object, what: str = "offsets", minimum: int = 0
+) -> dict[PartitionKey, int]:
+    """Parse `{"topic": {"partition": offset}}` into `{(topic, partition): offset}`.
+
+    Raises `ValueError` naming `what` and the bad entry when the layout is wrong, a partition
+    is not a non-negative integer, or an offset is not an integer >= `minimum`.
+    """
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what}: expected {{topic: {{partition: offset}}}}, got {value!r}")
+    offsets = {}
+    for topic, partitions in value.items():
+        if not isinstance(partitions, Mapping):
+            raise ValueError(f"{what}: topic {topic!r} must map to {{partition: offset}}")
+        for partition, offset in partitions.items():
+            key = (topic, _partition_number(partition, topic, what))
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < minimum:
+                raise ValueError(
+                    f"{what}: offset {offset!r} of {topic}[{partition}] "
+                    f"must be an integer >= {minimum}"
+                )
+            offsets[key] = offset
+    return offsets
+
+
+def _partition_number(partition: object, topic: str, what: str) -> int:
+    text = str(partition)
+    if not text.isdigit():
+        raise ValueError(f"{what}: partition {partition!r} of topic {topic!r} is not a number")
+    return int(text)
+
+
+def with_new_partitions(
+    start: Mapping[PartitionKey, int],
+    partitions: Iterable[PartitionKey],
+    earliest: Mapping[PartitionKey, int],
+) -> Offsets:
+    """`start` plus every partition of `partitions` it lacks, at that partition's earliest offset.
+
+    Raises `KeyError` when a partition missing from `start` has no entry in `earliest`.
+    """
+    merged = dict(start)
+    for key in partitions:
+        if key not in merged:
+            merged[key] = earliest[key]
+    return merged
+
+
+def delay_frontier(due: Mapping[PartitionKey, int], latest: Mapping[PartitionKey, int]) -> Offsets:
+    """End offsets of a delay tier: the first not-yet-due offset of each partition of `latest`.
+
+    `due` holds the answers of `offsets_for_times(now - delay)`: the first offset whose
+    timestamp is at or after that time, or a negative value when there is none (every record
+    is due). The result never passes the partition's `latest` offset.
+    """
+    frontier = {}
+    for key, end in latest.items():
+        first_not_due = due.get(key, -1)
+        frontier[key] = end if first_not_due < 0 else min(first_not_due, end)
+    return frontier
+
+
+def floor_at(end: Mapping[PartitionKey, int], start: Mapping[PartitionKey, int]) -> Offsets:
+    """`end` raised to `start` wherever it would be below it (offsets never go back)."""
+    return {key: max(offset, start.get(key, offset)) for key, offset in end.items()}
+
+
+def cap_at_target(
+    start: Mapping[PartitionKey, int],
+    end: Mapping[PartitionKey, int],
+    target: Mapping[PartitionKey, int],
+) -> Offsets:
+    """`end` held to the Trigger.AvailableNow `target`, never below `start`.
+
+    Partitions that appeared after the target was taken are held at their start: an
+    availableNow run reads nothing that arrived after it began. `start` must hold every key
+    of `end`.
+    """
+    return {
+        key: max(min(offset, target.get(key, start[key])), start[key])
+        for key, offset in end.items()
+    }
+
+
+def limit_offsets(
+    start: Mapping[PartitionKey, int], end: Mapping[PartitionKey, int], max_records: int
+) -> Offsets:
+    """`end` cut down so that at most `max_records` records lie between `start` and it.
+
+    The budget is split across partitions in proportion to their backlog (largest remainder,
+    ties by topic and partition), and every partition with a backlog gets at least one record
+    so none starves; when `max_records` is below the number of such partitions, that floor
+    wins and the batch holds one record per partition. `start` must hold every key of `end`.
+    Raises `ValueError` when `max_records` < 1.
+    """
+    if max_records < 1:
+        raise ValueError(f"max_records must be >= 1, got {max_records!r}")
+    backlog = {key: end[key] - start[key] for key in sorted(end) if end[key] > start[key]}
+    if sum(backlog.values()) <= max_records:
+        return dict(end)
+    shares = _apportion(backlog, max_records)
+    return {key: start[key] + shares[key] if key in shares else end[key] for key in end}
+
+
+def _apportion(backlog: Mapping[PartitionKey, int], budget: int) -> dict[PartitionKey, int]:
+    """One record each, then what is left of `budget` split by remaining backlog.
+
+    Expects `budget` < the total backlog; the split uses largest remainders, so the shares
+    add up to `budget` exactly (when it covers the one-each floor) and none exceeds its backlog.
+    """
+    shares = dict.fromkeys(backlog, 1)
+    spare = budget - len(backlog)
+    if spare <= 0:
+        return shares
+    rest = {key: size - 1 for key, size in backlog.items()}
+    rest_total = sum(rest.values())
+    remainders = {}
+    for key, size in rest.items():
+        whole, remainders[key] = divmod(spare * size, rest_total)
+        shares[key] += whole
+    leftover = budget - sum(shares.values())
+    for key in sorted(remainders, key=lambda key: (-remainders[key], key))[:leftover]:
+        shares[key] += 1
+    return shares
+
+
+def split_ranges(
+    start: Mapping[PartitionKey, int], end: Mapping[PartitionKey, int], max_records: int
+) -> list[OffsetRange]:
+    """The ranges to read between `start` and `end`, each at most `max_records` offsets long.
+
+    Partitions with nothing to read are left out; `start` must hold every key of `end`.
+    Raises `ValueError` when `max_records` < 1.
+    """
+    if max_records < 1:
+        raise ValueError(f"max_records must be >= 1, got {max_records!r}")
+    ranges = []
+    for topic, partition in sorted(end):
+        first, stop = start[(topic, partition)], end[(topic, partition)]
+        for chunk_start in range(first, stop, max_records):
+            ranges.append(
+                OffsetRange(topic, partition, chunk_start, min(chunk_start + max_records, stop))
+            )
+    return ranges

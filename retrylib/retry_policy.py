@@ -1,0 +1,183 @@
+"""Retry decisions: which delay tier a failed record goes to, when it is due, or dead letter.
+
+Everything here is pure and deterministic: the caller passes the time (`now_ms`, recorded
+once per batch so a replayed batch decides the same) and the record's deterministic id,
+which seeds the jitter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from retrylib.errors import NonRetryable, RetryAfter
+from retrylib.headers import MAX_ERROR_MESSAGE_BYTES, MAX_STACK_TRACE_BYTES, bound_text
+from retrylib.importing import import_object
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to retry.
+
+    `delays_ms[i]` is the fixed delay of retry tier i; `max_attempts` counts every handler
+    call, the first delivery included; `jitter` is the largest extra delay as a fraction of
+    the tier's delay; `non_retryable` are exception classes that go straight to the dead
+    letter. Raises `ValueError` naming the field when a value is out of range.
+    """
+
+    delays_ms: tuple[int, ...]
+    max_attempts: int
+    jitter: float
+    non_retryable: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts!r}")
+        if self.max_attempts > 1 and not self.delays_ms:
+            raise ValueError("delays_ms must name at least one delay when max_attempts > 1")
+        if any(delay < 0 for delay in self.delays_ms):
+            raise ValueError(f"delays_ms must all be >= 0, got {self.delays_ms!r}")
+        if not (math.isfinite(self.jitter) and self.jitter >= 0):
+            raise ValueError(f"jitter must be a finite number >= 0, got {self.jitter!r}")
+        for cls in self.non_retryable:
+            if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+                raise ValueError(f"non_retryable must hold exception classes, got {cls!r}")
+
+    @classmethod
+    def from_names(
+        cls,
+        delays_seconds: Sequence[float],
+        max_attempts: int,
+        jitter: float,
+        non_retryable_names: Sequence[str],
+    ) -> RetryPolicy:
+        """Build a policy from config values: delays in seconds, exception classes by name.
+
+        Names are builtins ("ValueError") or "module:Class". Raises `ValueError` naming the
+        entry when it does not import or is not an exception class, and for the range errors
+        listed on the class.
+        """
+        return cls(
+            delays_ms=tuple(round(seconds * 1000) for seconds in delays_seconds),
+            max_attempts=max_attempts,
+            jitter=jitter,
+            non_retryable=tuple(_exception_class(name) for name in non_retryable_names),
+        )
+
+
+def _exception_class(name: str) -> type[BaseException]:
+    try:
+        obj = import_object(name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"non_retryable entry {name!r} does not resolve: {e}") from e
+    if not (isinstance(obj, type) and issubclass(obj, BaseException)):
+        raise ValueError(f"non_retryable entry {name!r} is not an exception class, got {obj!r}")
+    return obj
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    """Send the record to retry tier `tier` (0-based), produced with `kafka_timestamp_ms`.
+
+    The tier's reader releases a record once its Kafka timestamp <= now - tier delay, that
+    is once now >= `not_before_ms`, so the record is never handled early.
+    """
+
+    tier: int
+    not_before_ms: int
+    kafka_timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class DeadLetterDecision:
+    """Send the record to the dead letter; `reason` is "non_retryable" or "attempts_exhausted"."""
+
+    reason: str
+
+
+def decide(
+    policy: RetryPolicy, *, error: BaseException, attempt: int, record_id: str, now_ms: int
+) -> RetryDecision | DeadLetterDecision:
+    """Decide what happens to a record whose handler call number `attempt` just failed.
+
+    `attempt` is 0 for the first delivery. Non-retryable errors (`NonRetryable` or a class in
+    `policy.non_retryable`) dead-letter at once; otherwise, once `attempt + 1` calls reach
+    `policy.max_attempts`, the record dead-letters as exhausted. A `RetryAfter` is honoured
+    without jitter even if its class is listed as non-retryable, as the handler asked for it
+    explicitly. Any other `BaseException` is an ordinary retryable failure. Raises
+    `ValueError` if `attempt` is negative.
+    """
+    if attempt < 0:
+        raise ValueError(f"attempt must be >= 0, got {attempt!r}")
+    if _is_non_retryable(policy, error):
+        return DeadLetterDecision("non_retryable")
+    if attempt + 1 >= policy.max_attempts:
+        return DeadLetterDecision("attempts_exhausted")
+    if isinstance(error, RetryAfter) and math.isfinite(error.seconds):
+        return _retry_after(policy, requested_ms=math.ceil(error.seconds * 1000), now_ms=now_ms)
+    return _scheduled(policy, next_attempt=attempt + 1, record_id=record_id, now_ms=now_ms)
+
+
+def _is_non_retryable(policy: RetryPolicy, error: BaseException) -> bool:
+    if isinstance(error, RetryAfter):
+        return False
+    return isinstance(error, (NonRetryable, *policy.non_retryable))
+
+
+def _scheduled(
+    policy: RetryPolicy, *, next_attempt: int, record_id: str, now_ms: int
+) -> RetryDecision:
+    tier = min(next_attempt, len(policy.delays_ms)) - 1
+    base = policy.delays_ms[tier]
+    delay = base + _jitter_ms(base, policy.jitter, record_id, next_attempt)
+    return _decision(policy, tier, not_before_ms=now_ms + delay)
+
+
+def _retry_after(policy: RetryPolicy, *, requested_ms: int, now_ms: int) -> RetryDecision:
+    fitting = [i for i, delay in enumerate(policy.delays_ms) if delay <= requested_ms]
+    tier = max(fitting, key=lambda i: policy.delays_ms[i], default=0)
+    return _decision(policy, tier, not_before_ms=now_ms + requested_ms)
+
+
+def _decision(policy: RetryPolicy, tier: int, *, not_before_ms: int) -> RetryDecision:
+    return RetryDecision(
+        tier=tier,
+        not_before_ms=not_before_ms,
+        kafka_timestamp_ms=not_before_ms - policy.delays_ms[tier],
+    )
+
+
+def _jitter_ms(base_ms: int, jitter: float, record_id: str, attempt: int) -> int:
+    """Return a deterministic extra delay in [0, jitter * base_ms], seeded by (id, attempt)."""
+    digest = hashlib.sha256(f"{record_id}\x00{attempt}".encode()).digest()
+    fraction = int.from_bytes(digest[:8], "big") / 2**64
+    return math.floor(fraction * jitter * base_ms)
+
+
+def is_due(not_before_ms: int, now_ms: int) -> bool:
+    """Return True once `now_ms` has reached `not_before_ms`."""
+    return now_ms >= not_before_ms
+
+
+def describe_error(error: BaseException) -> tuple[str, str, str]:
+    """Return (qualified class name, bounded message, bounded formatted traceback) of `error`.
+
+    The class name looks like "builtins.ValueError". An error whose `str()` itself raises
+    is described as "<unprintable ClassName>" rather than failing.
+    """
+    cls = type(error)
+    return (
+        f"{cls.__module__}.{cls.__qualname__}",
+        bound_text(_message(error), MAX_ERROR_MESSAGE_BYTES),
+        bound_text("".join(traceback.format_exception(error)), MAX_STACK_TRACE_BYTES),
+    )
+
+
+def _message(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:
+        return f"<unprintable {type(error).__qualname__}>"

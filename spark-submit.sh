@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Run a retrylib job through spark-submit.
+#
+#   ./spark-submit.sh conf/orders.toml [--available-now]
+#
+# Ships the retrylib package to the executors with --py-files (the handler's own package
+# is shipped by the job itself). Extra spark-submit flags go in SPARK_SUBMIT_OPTS_EXTRA,
+# e.g. SPARK_SUBMIT_OPTS_EXTRA="--master yarn --packages org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.2".
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [[ $# -lt 1 ]]; then
+  echo "usage: $0 CONFIG.toml [--available-now]" >&2
+  exit 2
+fi
+
+if [[ -z "${PYSPARK_PYTHON:-}" ]]; then
+  if [[ -x "$here/.venv/bin/python" ]]; then
+    PYSPARK_PYTHON="$here/.venv/bin/python"
+  else
+    PYSPARK_PYTHON=$(command -v python3)
+  fi
+fi
+export PYSPARK_PYTHON PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$PYSPARK_PYTHON}"
+
+submit=$(dirname "$PYSPARK_PYTHON")/spark-submit
+[[ -x "$submit" ]] || submit=$(command -v spark-submit)
+
+bundle="$here/build/retrylib-py.zip"
+mkdir -p "$here/build"
+(cd "$here" && "$PYSPARK_PYTHON" -c "
+import sys, zipfile, pathlib
+with zipfile.ZipFile(sys.argv[1], 'w') as z:
+    for path in sorted(pathlib.Path('retrylib').rglob('*.py')):
+        z.write(path)
+" "$bundle")
+
+# shellcheck disable=SC2086
+exec "$submit" ${SPARK_SUBMIT_OPTS_EXTRA:-} --py-files "$bundle" "$here/jobs/run_job.py" "$@"

@@ -1,0 +1,73 @@
+"""Helpers for the integration tests: job configs under tmp_path, producing, reading tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pytest
+
+from retrylib.config import Config, load_config
+from retrylib.kafka_client import make_producer
+
+HANDLERS_DIR = Path(__file__).parent / "handlers"
+
+
+@pytest.fixture
+def write_config(tmp_path: Path, bootstrap_servers: str) -> Callable[..., Config]:
+    """Write a job config for `topics` under tmp_path and load it; `extra` is raw TOML."""
+
+    def write(
+        topics: list[str],
+        *,
+        name: str = "itest",
+        extra: str = "",
+        retry: str = 'delays = ["1s", "2s"]\nmax_attempts = 3',
+        handler: str = "job_handlers:by_key",
+    ) -> Config:
+        from job_handlers import OUTPUT_SCHEMA  # noqa: PLC0415 - on sys.path via HANDLERS_DIR
+
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f"""
+[job]
+name = "{name}"
+checkpoint = "{tmp_path}/checkpoint"
+trigger = "500ms"
+[kafka]
+bootstrap_servers = "{bootstrap_servers}"
+topics = {json.dumps(list(topics))}
+starting_offsets = "earliest"
+[handler]
+function = "{handler}"
+output_schema = "{OUTPUT_SCHEMA}"
+paths = ["{HANDLERS_DIR}"]
+[output]
+table = "{tmp_path}/out"
+[retry]
+{retry}
+non_retryable = ["ValueError"]
+[dead_letter]
+topic = "{topics[0]}.dlt"
+table = "{tmp_path}/dlq"
+{extra}
+""")
+        return load_config(path)
+
+    sys.path.insert(0, str(HANDLERS_DIR))
+    return write
+
+
+def produce(
+    bootstrap: str, topic: str, records: Iterable[tuple[str, str]], partitions: int | None = None
+) -> int:
+    """Produce (key, value) string pairs, spread over `partitions` round-robin if given."""
+    producer = make_producer(bootstrap, {})
+    count = 0
+    for i, (key, value) in enumerate(records):
+        kwargs = {"partition": i % partitions} if partitions else {}
+        producer.produce(topic, key=key.encode(), value=value.encode(), **kwargs)
+        count += 1
+    producer.flush(30)
+    return count

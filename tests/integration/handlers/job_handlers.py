@@ -1,0 +1,59 @@
+"""Handlers used by the integration tests; behaviour is chosen by the record key's prefix.
+
+ok-*        succeeds at once
+flaky<N>-*  fails with TransientError until attempt N, then succeeds
+always-*    always fails with RuntimeError (dead-lettered once out of attempts)
+bad-*       raises ValueError (configured non-retryable: dead-lettered at once)
+stop-*      raises NonRetryable
+after-*     raises RetryAfter(1.5) on attempt 0, then succeeds
+exit-*      raises SystemExit on attempt 0, then succeeds
+hang-*      sleeps far past the timeout on attempt 0, then succeeds
+schema-*    returns a row that does not fit the schema on attempt 0, then succeeds
+"""
+
+from __future__ import annotations
+
+import time
+
+from retrylib import NonRetryable, Record, RetryAfter
+
+
+class TransientError(Exception):
+    """A failure that goes away on a later attempt."""
+
+
+def _row(record: Record) -> dict:
+    return {
+        "key": record.key.decode(),
+        "value": record.value.decode() if record.value is not None else None,
+        "topic": record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+        "attempt": record.attempt,
+    }
+
+
+def by_key(record: Record) -> dict | None:
+    key = record.key.decode()
+    prefix = key.split("-", 1)[0]
+    first = record.attempt == 0
+    if prefix.startswith("flaky") and record.attempt < int(prefix[5:]):
+        raise TransientError(f"not yet: attempt {record.attempt}")
+    if prefix == "always":
+        raise RuntimeError("always fails")
+    if prefix == "bad":
+        raise ValueError("bad order")
+    if prefix == "stop":
+        raise NonRetryable("gave up")
+    if prefix == "after" and first:
+        raise RetryAfter(1.5)
+    if prefix == "exit" and first:
+        raise SystemExit(3)
+    if prefix == "hang" and first:
+        time.sleep(60)
+    if prefix == "schema" and first:
+        return {"key": key, "offset": "not a number"}
+    return _row(record)
+
+
+OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"

@@ -1,0 +1,399 @@
+"""The retrylib_kafka stream source against a real broker and a real Spark session."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import NewPartitions
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from retrylib import kafka_source
+from retrylib.kafka_client import make_admin, make_consumer
+from retrylib.kafka_source import (
+    KAFKA_ARROW_SCHEMA,
+    KAFKA_SCHEMA,
+    KafkaInputPartition,
+    KafkaSourceError,
+    KafkaStreamReader,
+    parse_source_options,
+    read_range,
+)
+
+pytestmark = pytest.mark.slow
+
+RecordId = tuple[str, int, int]  # topic, partition, offset
+
+
+@dataclass
+class Collector:
+    """A foreachBatch function that keeps every batch's rows, task count and wall time."""
+
+    batches: list[tuple[int, list, int, float]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, df, batch_id: int) -> None:
+        tasks = df.rdd.getNumPartitions()
+        rows = df.collect()
+        with self.lock:
+            self.batches.append((batch_id, rows, tasks, time.time()))
+
+    @property
+    def rows(self) -> list:
+        with self.lock:
+            return [row for _, rows, _, _ in self.batches for row in rows]
+
+    def ids(self) -> list[RecordId]:
+        return [(r.topic, r.partition, r.offset) for r in self.rows]
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    partitions: Iterable[int],
+    timestamp_ms: int | None = None,
+    tag: str = "",
+) -> dict[RecordId, tuple]:
+    """Produce `count` records round-robin over `partitions`.
+
+    Returns record id -> (key, value, headers).
+    """
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    produced: dict[RecordId, tuple] = {}
+    parts = list(partitions)
+
+    def delivered(headers: list) -> Callable:
+        def callback(err, msg) -> None:
+            assert err is None, err
+            produced[(msg.topic(), msg.partition(), msg.offset())] = (
+                msg.key(),
+                msg.value(),
+                headers,
+            )
+
+        return callback
+
+    for i in range(count):
+        key = None if i % 7 == 0 else f"{tag}k{i}".encode()
+        headers = [("n", str(i).encode()), ("empty", None)] if i % 3 == 0 else []
+        extra = {} if timestamp_ms is None else {"timestamp": timestamp_ms}
+        producer.produce(
+            topic,
+            key=key,
+            value=f"{tag}v{i}".encode() * 3,
+            partition=parts[i % len(parts)],
+            headers=headers or None,
+            on_delivery=delivered(headers),
+            **extra,
+        )
+    assert producer.flush(30) == 0
+    return produced
+
+
+def start_query(spark, options: dict, checkpoint: str, sink: Callable, **trigger):
+    reader = spark.readStream.format("retrylib_kafka")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return (
+        reader.load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", checkpoint)
+        .trigger(**trigger)
+        .start()
+    )
+
+
+def run_available_now(spark, options: dict, checkpoint: str, sink: Collector) -> None:
+    query = start_query(spark, options, checkpoint, sink, availableNow=True)
+    assert query.awaitTermination(180), "availableNow query did not finish"
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_reads_every_record_once_with_kafka_schema(
+    spark, bootstrap_servers, make_topic, tmp_path
+) -> None:
+    topics = [make_topic("src", partitions=3) for _ in range(3)]
+    produced = {}
+    for topic in topics:
+        produced.update(produce(bootstrap_servers, topic, 700, range(3), tag=topic))
+    options = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "subscribe": ",".join(topics),
+        "retrylib.maxRecordsPerTask": "100",
+    }
+    assert spark.readStream.format("retrylib_kafka").options(**options).load().schema == (
+        KAFKA_SCHEMA
+    )
+
+    sink = Collector()
+    run_available_now(spark, options, str(tmp_path / "cp"), sink)
+
+    ids = sink.ids()
+    assert len(ids) == len(set(ids)) == len(produced) == 2100
+    assert set(ids) == set(produced)
+    for row in sink.rows:
+        key, value, headers = produced[(row.topic, row.partition, row.offset)]
+        assert (row.key, row.value) == (key, value)
+        assert [(h.key, h.value) for h in row.headers] == headers
+        assert row.timestampType == 0 and row.timestamp is not None
+    # 9 partitions of ~233 records, at most 100 per task: 3 tasks each
+    assert sum(tasks for _, _, tasks, _ in sink.batches) == 27
+
+
+def test_restart_from_checkpoint_reads_only_new_records(
+    spark, bootstrap_servers, make_topic, tmp_path
+) -> None:
+    topic = make_topic("restart", partitions=2)
+    options = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topic}
+    checkpoint = str(tmp_path / "cp")
+    first = produce(bootstrap_servers, topic, 300, range(2), tag="a")
+    sink = Collector()
+    run_available_now(spark, options, checkpoint, sink)
+    assert sorted(sink.ids()) == sorted(first)
+
+    second = produce(bootstrap_servers, topic, 200, range(2), tag="b")
+    sink = Collector()
+    run_available_now(spark, options, checkpoint, sink)
+    assert sorted(sink.ids()) == sorted(second)
+
+
+def test_starting_offsets_latest_skips_existing_records(
+    spark, bootstrap_servers, make_topic, tmp_path
+) -> None:
+    topic = make_topic("latest", partitions=2)
+    produce(bootstrap_servers, topic, 100, range(2))
+    options = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "subscribe": topic,
+        "startingOffsets": "latest",
+    }
+    checkpoint = str(tmp_path / "cp")
+    sink = Collector()
+    run_available_now(spark, options, checkpoint, sink)
+    assert sink.ids() == []
+
+    later = produce(bootstrap_servers, topic, 50, range(2))
+    run_available_now(spark, options, checkpoint, sink)
+    assert sorted(sink.ids()) == sorted(later)
+
+
+def test_starting_offsets_per_partition_json(
+    spark, bootstrap_servers, make_topic, tmp_path
+) -> None:
+    topic = make_topic("json", partitions=3)
+    produce(bootstrap_servers, topic, 90, range(3))  # offsets 0..29 in each partition
+    options = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "subscribe": topic,
+        "startingOffsets": json.dumps({topic: {"0": 25, "1": -1}}),
+    }
+    sink = Collector()
+    run_available_now(spark, options, str(tmp_path / "cp"), sink)
+    expected = [(topic, 0, o) for o in range(25, 30)] + [(topic, 2, o) for o in range(30)]
+    assert sorted(sink.ids()) == expected
+
+
+def test_max_offsets_per_trigger_splits_into_batches(
+    spark, bootstrap_servers, make_topic, tmp_path
+) -> None:
+    topic = make_topic("limit", partitions=3)
+    produced = produce(bootstrap_servers, topic, 300, [0, 0, 1, 2])  # backlog 150, 75, 75
+    options = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "subscribe": topic,
+        "maxOffsetsPerTrigger": "100",
+    }
+    sink = Collector()
+    run_available_now(spark, options, str(tmp_path / "cp"), sink)
+    sizes = [len(rows) for _, rows, _, _ in sink.batches if rows]
+    assert sizes == [100, 100, 100]
+    first_batch = sink.batches[0][1]
+    per_partition = sorted(sum(1 for r in first_batch if r.partition == p) for p in range(3))
+    assert per_partition == [25, 25, 50]
+    assert sorted(sink.ids()) == sorted(produced)
+
+
+def test_new_partitions_are_picked_up_while_running(
+    spark, bootstrap_servers, make_topic, tmp_path
+) -> None:
+    topic = make_topic("grow", partitions=2)
+    options = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topic}
+    sink = Collector()
+    query = start_query(spark, options, str(tmp_path / "cp"), sink, processingTime="0.5 seconds")
+    try:
+        before = produce(bootstrap_servers, topic, 40, range(2))
+        wait_for(lambda: len(sink.ids()) == 40, 60, "records of the first two partitions")
+        admin = make_admin(bootstrap_servers, {})
+        for future in admin.create_partitions([NewPartitions(topic, 4)]).values():
+            future.result(30)
+        after = produce(bootstrap_servers, topic, 40, range(4), tag="new")
+        wait_for(lambda: len(sink.ids()) == 80, 60, "records of the new partitions")
+    finally:
+        query.stop()
+    assert sorted(sink.ids()) == sorted({**before, **after})
+    assert {p for _, p, _ in sink.ids()} == {0, 1, 2, 3}
+
+
+def test_delay_frontier_releases_records_once_due(
+    spark, bootstrap_servers, make_topic, tmp_path
+) -> None:
+    delay_ms = 1_000
+    topic = make_topic("tier", partitions=2)
+    now_ms = int(time.time() * 1000)
+    due = produce(bootstrap_servers, topic, 20, range(2), timestamp_ms=now_ms - 60_000)
+    not_before_ms = now_ms + 2_500
+    later = produce(
+        bootstrap_servers, topic, 20, range(2), timestamp_ms=not_before_ms - delay_ms, tag="l"
+    )
+    options = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "subscribe": topic,
+        "retrylib.delayMs": str(delay_ms),
+    }
+    sink = Collector()
+    query = start_query(spark, options, str(tmp_path / "cp"), sink, processingTime="0.5 seconds")
+    try:
+        wait_for(lambda: len(sink.ids()) == 40, 60, "the delayed records")
+    finally:
+        query.stop()
+    arrivals = {}
+    for _, rows, _, at in sink.batches:
+        arrivals.update({(r.topic, r.partition, r.offset): at for r in rows})
+    assert set(arrivals) == set(due) | set(later)
+    assert all(arrivals[record] >= not_before_ms / 1000 for record in later), "read early"
+    first_batch = {(r.topic, r.partition, r.offset) for r in sink.batches[0][1]}
+    assert first_batch == set(due)
+
+
+def test_missing_topic_fails_naming_it(spark, bootstrap_servers, make_topic, tmp_path) -> None:
+    topic = make_topic("present", partitions=1)
+    options = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "subscribe": f"{topic},no-such-topic-xyz",
+    }
+    query = start_query(spark, options, str(tmp_path / "cp"), Collector(), availableNow=True)
+    with pytest.raises(Exception, match="no-such-topic-xyz"):
+        query.awaitTermination(120)
+
+
+def test_unknown_option_fails_at_load(spark, bootstrap_servers) -> None:
+    reader = (
+        spark.readStream.format("retrylib_kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("subscribe", "t")
+        .option("subscribePattern", "t.*")
+    )
+    with pytest.raises(Exception, match="subscribepattern"):
+        reader.load()
+
+
+# --- the reader without Spark: the calls the engine makes, and reads of single ranges -------
+
+
+def make_reader(bootstrap: str, topic: str, **options: str) -> KafkaStreamReader:
+    return KafkaStreamReader(
+        parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic, **options})
+    )
+
+
+def test_available_now_target_excludes_later_records(bootstrap_servers, make_topic) -> None:
+    topic = make_topic("target", partitions=2)
+    produce(bootstrap_servers, topic, 20, range(2))
+    reader = make_reader(bootstrap_servers, topic, maxOffsetsPerTrigger="6")
+    try:
+        start = reader.initialOffset()
+        assert start == {topic: {"0": 0, "1": 0}}
+        assert reader.getDefaultReadLimit() == ReadMaxRows(6)
+        reader.prepareForTriggerAvailableNow()
+        produce(bootstrap_servers, topic, 20, range(2))
+        assert reader.latestOffset(start, ReadMaxRows(6)) == {topic: {"0": 3, "1": 3}}
+        target = reader.latestOffset(start, ReadAllAvailable())
+        assert target == {topic: {"0": 10, "1": 10}}
+        assert reader.latestOffset(target, ReadAllAvailable()) == target
+        assert reader.reportLatestOffset() == {topic: {"0": 20, "1": 20}}
+    finally:
+        reader.stop()
+
+
+def test_latest_offset_without_arguments_as_on_spark_4_0(
+    bootstrap_servers, make_topic, monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr(kafka_source, "_legacy_warning_logged", False)
+    topic = make_topic("legacy", partitions=1)
+    produce(bootstrap_servers, topic, 5, [0])
+    reader = make_reader(bootstrap_servers, topic, maxOffsetsPerTrigger="2")
+    try:
+        assert reader.initialOffset() == {topic: {"0": 0}}
+        assert reader.latestOffset() == {topic: {"0": 5}}
+        produce(bootstrap_servers, topic, 5, [0])
+        assert reader.latestOffset() == {topic: {"0": 10}}
+    finally:
+        reader.stop()
+    warnings = [r for r in caplog.records if "maxOffsetsPerTrigger" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_read_range_yields_bounded_arrow_batches(
+    bootstrap_servers, make_topic, monkeypatch
+) -> None:
+    monkeypatch.setattr(kafka_source, "BATCH_ROWS", 7)
+    topic = make_topic("arrow", partitions=1)
+    produced = produce(bootstrap_servers, topic, 30, [0])
+    part = KafkaInputPartition(topic, 0, 4, 25, bootstrap_servers, {})
+    batches = list(read_range(part))
+    assert [b.num_rows for b in batches] == [7, 7, 7]
+    assert all(b.schema.equals(KAFKA_ARROW_SCHEMA) for b in batches)
+    rows = [row for b in batches for row in b.to_pylist()]
+    assert [r["offset"] for r in rows] == list(range(4, 25))
+    for row in rows:
+        key, value, headers = produced[(topic, 0, row["offset"])]
+        assert (row["key"], row["value"]) == (key, value)
+        assert [(h["key"], h["value"]) for h in row["headers"]] == headers
+
+
+def test_read_range_skips_offset_gaps_of_transaction_markers(bootstrap_servers, make_topic) -> None:
+    topic = make_topic("txn", partitions=1)
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": topic})
+    producer.init_transactions(30)
+    for batch in range(3):
+        producer.begin_transaction()
+        for i in range(4):
+            producer.produce(topic, value=f"{batch}-{i}".encode(), partition=0)
+        producer.commit_transaction(30)
+    consumer = make_consumer(bootstrap_servers, {})
+    _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+    consumer.close()
+
+    def read(end: int) -> list[bytes]:
+        part = KafkaInputPartition(topic, 0, 0, end, bootstrap_servers, {})
+        return [row["value"] for batch in read_range(part) for row in batch.to_pylist()]
+
+    started = time.monotonic()
+    # the whole partition: the last offset is a commit marker, the read ends at the high mark
+    assert read(high) == [f"{b}-{i}".encode() for b in range(3) for i in range(4)]
+    # a range ending on the first marker: ends at the first record past it
+    assert read(5) == [f"0-{i}".encode() for i in range(4)]
+    assert time.monotonic() - started < 10
+
+
+def test_read_range_fails_clearly_when_records_never_arrive(
+    bootstrap_servers, make_topic, monkeypatch
+) -> None:
+    monkeypatch.setattr(kafka_source, "STALL_TIMEOUT_S", 1.0)
+    topic = make_topic("stall", partitions=1)
+    produce(bootstrap_servers, topic, 3, [0])
+    part = KafkaInputPartition(topic, 0, 0, 10, bootstrap_servers, {})
+    with pytest.raises(KafkaSourceError, match=rf"{topic}\[0\] offsets 0..10.*at offset 3"):
+        list(read_range(part))

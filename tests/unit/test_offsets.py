@@ -1,0 +1,250 @@
+"""Offset arithmetic of the Kafka source (retrylib.offsets) and its option parsing; no Spark."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from retrylib.kafka_source import parse_source_options
+from retrylib.offsets import (
+    EARLIEST,
+    LATEST,
+    OffsetRange,
+    StartingOffsets,
+    cap_at_target,
+    delay_frontier,
+    floor_at,
+    limit_offsets,
+    offsets_from_json,
+    offsets_to_json,
+    parse_starting_offsets,
+    parse_topics,
+    resolve_starting_offsets,
+    split_ranges,
+    with_new_partitions,
+)
+
+A0, A1, A2, B0 = ("a", 0), ("a", 1), ("a", 2), ("b", 0)
+
+
+# --- subscribe and startingOffsets ---------------------------------------------------------
+
+
+def test_parse_topics_strips_and_dedupes() -> None:
+    assert parse_topics(" a, b ,a,,c ") == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("value", [None, "", " , "])
+def test_parse_topics_rejects_empty(value) -> None:
+    with pytest.raises(ValueError, match="subscribe"):
+        parse_topics(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "default"),
+    [(None, EARLIEST), ("earliest", EARLIEST), ("LATEST", LATEST), (" latest ", LATEST)],
+)
+def test_parse_starting_offsets_keywords(value, default) -> None:
+    assert parse_starting_offsets(value, ["a"]) == StartingOffsets(default)
+
+
+def test_parse_starting_offsets_json() -> None:
+    spec = parse_starting_offsets('{"a": {"0": 23, "1": -2}, "b": {"0": -1}}', ["a", "b"])
+    assert spec == StartingOffsets(EARLIEST, {A0: 23, A1: EARLIEST, B0: LATEST})
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("beginning", "not 'earliest', 'latest' or JSON"),
+        ('{"a": {"0": 1}', "not 'earliest', 'latest' or JSON"),
+        ("[1, 2]", "expected"),
+        ('{"a": 5}', "topic 'a' must map"),
+        ('{"a": {"x": 1}}', "partition 'x' of topic 'a' is not a number"),
+        ('{"a": {"-1": 1}}', "partition '-1'"),
+        ('{"a": {"0": -3}}', r"offset -3 of a\[0\] must be an integer >= -2"),
+        ('{"a": {"0": "5"}}', "offset '5'"),
+        ('{"a": {"0": true}}', "offset True"),
+        ('{"zz": {"0": 1}}', r"topic\(s\) \['zz'\] that are not in subscribe"),
+    ],
+)
+def test_parse_starting_offsets_errors_name_the_bad_input(value, message) -> None:
+    with pytest.raises(ValueError, match=message) as error:
+        parse_starting_offsets(value, ["a"])
+    assert "startingOffsets" in str(error.value)
+
+
+def test_resolve_starting_offsets() -> None:
+    earliest = {A0: 5, A1: 0, A2: 7, B0: 0}
+    latest = {A0: 50, A1: 60, A2: 70, B0: 80}
+    parts = [B0, A2, A1, A0]
+    assert resolve_starting_offsets(StartingOffsets(EARLIEST), parts, earliest, latest) == {
+        A0: 5,
+        A1: 0,
+        A2: 7,
+        B0: 0,
+    }
+    assert resolve_starting_offsets(StartingOffsets(LATEST), parts, earliest, latest) == latest
+    spec = StartingOffsets(EARLIEST, {A0: 23, A1: LATEST, B0: EARLIEST})
+    resolved = resolve_starting_offsets(spec, parts, earliest, latest)
+    assert resolved == {A0: 23, A1: 60, A2: 7, B0: 0}  # a[2] not named: earliest
+    assert list(resolved) == [A0, A1, A2, B0]
+
+
+def test_resolve_starting_offsets_rejects_missing_partition() -> None:
+    spec = StartingOffsets(EARLIEST, {("a", 9): 1})
+    with pytest.raises(ValueError, match=r"a\[9\]"):
+        resolve_starting_offsets(spec, [A0], {A0: 0}, {A0: 0})
+
+
+# --- JSON form -----------------------------------------------------------------------------
+
+
+def test_offsets_json_is_stable_and_round_trips() -> None:
+    offsets = {("b", 10): 3, ("b", 2): 1, ("a", 0): 7}
+    nested = offsets_to_json(offsets)
+    assert json.dumps(nested) == '{"a": {"0": 7}, "b": {"2": 1, "10": 3}}'
+    assert offsets_from_json(json.loads(json.dumps(nested))) == offsets
+    assert json.dumps(offsets_to_json(dict(reversed(offsets.items())))) == json.dumps(nested)
+
+
+def test_offsets_from_json_rejects_negative_offsets() -> None:
+    with pytest.raises(ValueError, match=r"start offsets: offset -1 of a\[0\]"):
+        offsets_from_json({"a": {"0": -1}}, what="start offsets")
+
+
+# --- end offsets ---------------------------------------------------------------------------
+
+
+def test_with_new_partitions_adds_missing_at_earliest() -> None:
+    merged = with_new_partitions({A0: 10}, [A0, A1, A2], {A0: 0, A1: 3, A2: 0})
+    assert merged == {A0: 10, A1: 3, A2: 0}
+
+
+def test_delay_frontier_caps_at_latest() -> None:
+    latest = {A0: 100, A1: 100, A2: 100}
+    due = {A0: 40, A1: -1, A2: 150}  # -1: nothing at/after the time, everything is due
+    assert delay_frontier(due, latest) == {A0: 40, A1: 100, A2: 100}
+
+
+def test_floor_at_never_goes_below_start() -> None:
+    assert floor_at({A0: 40, A1: 100, A2: 3}, {A0: 50, A1: 10}) == {A0: 50, A1: 100, A2: 3}
+
+
+def test_cap_at_target() -> None:
+    start = {A0: 10, A1: 50, A2: 0}
+    end = {A0: 100, A1: 60, A2: 20}
+    target = {A0: 80, A1: 40}  # a[1] target below start; a[2] appeared after the target
+    assert cap_at_target(start, end, target) == {A0: 80, A1: 50, A2: 0}
+
+
+# --- maxOffsetsPerTrigger ------------------------------------------------------------------
+
+
+def test_limit_splits_by_backlog() -> None:
+    start = {A0: 0, A1: 0, A2: 100}
+    end = {A0: 150, A1: 75, A2: 175}
+    assert limit_offsets(start, end, 100) == {A0: 50, A1: 25, A2: 125}
+
+
+def test_limit_keeps_end_when_under_budget() -> None:
+    end = {A0: 10, A1: 5}
+    assert limit_offsets({A0: 0, A1: 5}, end, 10) == end
+
+
+def test_limit_gives_every_backlogged_partition_a_record() -> None:
+    start = {A0: 0, A1: 0, A2: 0, B0: 0}
+    end = {A0: 10_000, A1: 1, A2: 2, B0: 0}
+    limited = limit_offsets(start, end, 10)
+    assert limited[A1] == 1 and limited[A2] >= 1 and limited[B0] == 0
+    assert sum(limited.values()) == 10
+    # a budget below the number of backlogged partitions still moves each of them by one
+    assert limit_offsets(start, end, 2) == {A0: 1, A1: 1, A2: 1, B0: 0}
+
+
+def test_limit_shares_add_up_and_stay_within_backlog() -> None:
+    rng = random.Random(7)
+    for _ in range(500):
+        keys = [("t", p) for p in range(rng.randint(1, 8))]
+        start = {k: rng.randint(0, 1000) for k in keys}
+        end = {k: start[k] + rng.choice([0, 1, 2, rng.randint(0, 5000)]) for k in keys}
+        budget = rng.randint(1, 6000)
+        limited = limit_offsets(start, end, budget)
+        backlogged = sum(1 for k in keys if end[k] > start[k])
+        taken = sum(limited[k] - start[k] for k in keys)
+        assert taken == min(sum(end[k] - start[k] for k in keys), max(budget, backlogged))
+        assert all(start[k] <= limited[k] <= end[k] for k in keys)
+        assert all(limited[k] > start[k] for k in keys if end[k] > start[k])
+
+
+def test_limit_drains_a_partition_while_another_keeps_growing() -> None:
+    start, end = {A0: 0, A1: 0}, {A0: 10_000, A1: 3}
+    for _ in range(3):
+        start = limit_offsets(start, end, 5)
+        end = {A0: end[A0] + 1000, A1: 3}
+    assert start[A1] == 3
+
+
+def test_limit_rejects_non_positive_budget() -> None:
+    with pytest.raises(ValueError, match="max_records"):
+        limit_offsets({A0: 0}, {A0: 1}, 0)
+
+
+# --- task ranges ---------------------------------------------------------------------------
+
+
+def test_split_ranges_chunks_and_skips_empty() -> None:
+    ranges = split_ranges({A0: 0, A1: 5, B0: 9}, {B0: 9, A1: 30, A0: 10}, 10)
+    assert ranges == [
+        OffsetRange("a", 0, 0, 10),
+        OffsetRange("a", 1, 5, 15),
+        OffsetRange("a", 1, 15, 25),
+        OffsetRange("a", 1, 25, 30),
+    ]
+
+
+def test_split_ranges_rejects_non_positive_size() -> None:
+    with pytest.raises(ValueError, match="max_records"):
+        split_ranges({A0: 0}, {A0: 1}, 0)
+
+
+# --- source options ------------------------------------------------------------------------
+
+BASE = {"kafka.bootstrap.servers": "h:9092", "subscribe": "a,b"}
+
+
+def test_source_options_parse_and_pass_kafka_settings_through() -> None:
+    options = parse_source_options(
+        {
+            **BASE,
+            "STARTINGOFFSETS": "latest",
+            "maxOffsetsPerTrigger": "500",
+            "retrylib.delayMs": "0",
+            "kafka.security.protocol": "SSL",
+        }
+    )
+    assert options.bootstrap_servers == "h:9092"
+    assert options.topics == ["a", "b"]
+    assert options.starting_offsets == StartingOffsets(LATEST)
+    assert (options.max_offsets_per_trigger, options.delay_ms) == (500, 0)
+    assert options.max_records_per_task == 250_000
+    assert options.client_options == {"security.protocol": "SSL"}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"subscribe": "a"}, "kafka.bootstrap.servers is required"),
+        ({**BASE, "subscribePattern": "a.*"}, "unknown option 'subscribepattern'"),
+        ({**BASE, "kafka.auto.offset.reset": "latest"}, "kafka.auto.offset.reset"),
+        ({**BASE, "maxOffsetsPerTrigger": "0"}, r"maxOffsetsPerTrigger='0' must be"),
+        ({**BASE, "retrylib.delayMs": "soon"}, r"retrylib.delayMs='soon' must be"),
+        ({**BASE, "retrylib.maxRecordsPerTask": "-5"}, "retrylib.maxRecordsPerTask='-5'"),
+        ({**BASE, "startingOffsets": "{}x"}, "startingOffsets"),
+    ],
+)
+def test_source_options_errors_name_the_option(options, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_source_options(options)
