@@ -525,15 +525,17 @@ def _interpolate(node: Any, key: str, problems: _Problems) -> Any:
     if not isinstance(node, str) or not _ENV_REFERENCE.search(node):
         return node
     problems.from_env.add(key)
-    for name in _ENV_REFERENCE.findall(node):
-        if name not in os.environ:
-            problems.add(
-                key,
-                f"environment variable {name} is not set (the value is {json.dumps(node)}); "
-                f"export {name} before starting the job",
-            )
-            # Added after the report above, so only later problems about this value are muted.
-            problems.unresolved.add(key)
+    unset = [name for name in _ENV_REFERENCE.findall(node) if name not in os.environ]
+    if unset:
+        names = " and ".join(unset)
+        what = f"variable {names} is" if len(unset) == 1 else f"variables {names} are"
+        problems.add(
+            key,
+            f"environment {what} not set (the value is {json.dumps(node)}); "
+            f"export {names} before starting the job",
+        )
+        # Added after the report above, so only later problems about this value are muted.
+        problems.unresolved.add(key)
     return _ENV_REFERENCE.sub(lambda m: os.environ.get(m[1], m[0]), node)
 
 

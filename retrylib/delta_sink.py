@@ -77,6 +77,7 @@ class DataFileWriter:
             return
         if self._writer is None:
             self._fs, self._root = filesystem(self.table)
+            self._fs.create_dir(self._root, recursive=True)
             self._writer = pq.ParquetWriter(
                 f"{self._root}/{self._name}",
                 self.schema,

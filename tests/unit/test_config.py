@@ -619,3 +619,15 @@ def test_overrides_can_supply_missing_keys(tmp_path: Path) -> None:
     assert "kafka.bootstrap_servers: missing" in collect_config_errors(path)[0]
     config = load_config(path, overrides={"kafka.bootstrap_servers": "b:1"})
     assert config.kafka.bootstrap_servers == "b:1"
+
+
+def test_several_unset_env_variables_in_one_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RL_A", raising=False)
+    monkeypatch.delenv("RL_B", raising=False)
+    path = write_config(tmp_path, {"kafka.bootstrap_servers": '"${env:RL_A}:${env:RL_B}"'})
+    assert collect_config_errors(path) == [
+        "kafka.bootstrap_servers: environment variables RL_A and RL_B are not set (the value is "
+        '"${env:RL_A}:${env:RL_B}"); export RL_A and RL_B before starting the job'
+    ]
