@@ -173,7 +173,7 @@ class TaskRouter:
         except CorruptRetryHeaders as e:
             record = Record(key, value, user_headers, topic, partition, offset, timestamp_ms, 0)
             delivery = Delivery(record, record_id(self.plan.job, topic, partition, offset), topic)
-            self._dead_letter(delivery, e, "corrupt_retry_headers", attempts=0)
+            self._dead_letter(delivery, e, "corrupt_retry_headers", 0, _now_ms())
             return None
         if (state.id, state.attempt) in self.seen_retries:
             self.counters["duplicates_skipped"] += 1
@@ -193,14 +193,8 @@ class TaskRouter:
         if not is_due(state.not_before_ms, self.plan.now_ms):
             # Only reachable when clocks disagree: never hand it over early, wait again.
             self.counters["requeued_not_due"] += 1
-            self._stage(
-                topic,
-                partition,
-                state.not_before_ms - self.plan.tier_delays_ms[tier],
-                key,
-                value,
-                header_pairs,
-            )
+            timestamp = state.not_before_ms - self.plan.tier_delays_ms[tier]
+            self._stage(topic, partition, timestamp, record, header_pairs)
             return None
         return delivery
 
@@ -248,52 +242,46 @@ class TaskRouter:
         self.counters["output_rows"] += batch.num_rows
 
     def _fail(self, delivery: Delivery, error: BaseException) -> None:
+        """Route a failed record to its next retry tier or to the dead letter.
+
+        Delays count from the moment of this failure, so a record never waits less than
+        its tier's delay; the decision is fixed once the batch's manifest is written.
+        """
         record = delivery.record
+        failed_at = _now_ms()
         decision = decide(
             self.policy,
             error=error,
             attempt=record.attempt,
             record_id=delivery.id,
-            now_ms=self.plan.now_ms,
+            now_ms=failed_at,
         )
         tier_topics = self.plan.retry_topics.get(record.topic)
+        attempts = record.attempt + 1
         if not isinstance(decision, RetryDecision):
-            self._dead_letter(delivery, error, decision.reason, attempts=record.attempt + 1)
+            self._dead_letter(delivery, error, decision.reason, attempts, failed_at)
             return
         if tier_topics is None:
-            self._dead_letter(delivery, error, "unknown_origin_topic", attempts=record.attempt + 1)
+            self._dead_letter(delivery, error, "unknown_origin_topic", attempts, failed_at)
             return
         error_class, message, _ = describe_error(error)
-        state = RetryState(
-            id=delivery.id,
-            attempt=record.attempt + 1,
-            not_before_ms=decision.not_before_ms,
-            origin_topic=record.topic,
-            origin_partition=record.partition,
-            origin_offset=record.offset,
-            origin_timestamp_ms=record.timestamp,
-            first_failure_ms=delivery.first_failure_ms or self.plan.now_ms,
-            last_failure_ms=self.plan.now_ms,
-            error_class=error_class,
-            error_message=message,
-        )
+        state = _state(delivery, attempts, decision.not_before_ms, failed_at, error_class, message)
         topic = tier_topics[decision.tier]
-        self._stage(
-            topic,
-            record.partition,
-            decision.kafka_timestamp_ms,
-            record.key,
-            record.value,
-            encode_retry_headers(record.headers, state),
-        )
+        headers = encode_retry_headers(record.headers, state)
+        self._stage(topic, record.partition, decision.kafka_timestamp_ms, record, headers)
         self.counters[f"retried_tier_{decision.tier}"] += 1
 
     def _dead_letter(
-        self, delivery: Delivery, error: BaseException, reason: str, *, attempts: int
+        self,
+        delivery: Delivery,
+        error: BaseException,
+        reason: str,
+        attempts: int,
+        failed_at: int,
     ) -> None:
         record = delivery.record
         error_class, message, trace = describe_error(error)
-        first_failure = delivery.first_failure_ms or self.plan.now_ms
+        state = _state(delivery, attempts, failed_at, failed_at, error_class, message)
         dead = DeadLetter(
             delivery.id,
             record.topic,
@@ -306,47 +294,27 @@ class TaskRouter:
             error_class,
             message,
             trace,
-            first_failure,
-            self.plan.now_ms,
+            state.first_failure_ms,
+            failed_at,
             record.key,
             record.value,
             record.headers,
         )
-        self._dead_rows.append(dead.row(self.plan.job, self.plan.batch_id, self.plan.now_ms))
-        state = RetryState(
-            id=delivery.id,
-            attempt=attempts,
-            not_before_ms=self.plan.now_ms,
-            origin_topic=record.topic,
-            origin_partition=record.partition,
-            origin_offset=record.offset,
-            origin_timestamp_ms=record.timestamp,
-            first_failure_ms=first_failure,
-            last_failure_ms=self.plan.now_ms,
-            error_class=error_class,
-            error_message=message,
-        )
+        self._dead_rows.append(dead.row(self.plan.job, self.plan.batch_id, failed_at))
         headers = encode_dead_letter_headers(
             record.headers, state, attempts=attempts, reason=reason, stack_trace=trace
         )
-        self._stage(
-            self.plan.dead_letter_topic,
-            record.partition,
-            self.plan.now_ms,
-            record.key,
-            record.value,
-            headers,
-        )
+        self._stage(self.plan.dead_letter_topic, record.partition, failed_at, record, headers)
         self.counters["dead_lettered"] += 1
 
-    def _stage(self, topic, partition, timestamp_ms, key, value, headers) -> None:
+    def _stage(self, topic, partition, timestamp_ms, record, headers) -> None:
         self._staged_rows.append(
             {
                 "topic": topic,
                 "partition": partition % self.plan.partition_counts[topic],
                 "timestamp_ms": timestamp_ms,
-                "key": key,
-                "value": value,
+                "key": record.key,
+                "value": record.value,
                 "headers": [{"key": k, "value": v} for k, v in headers],
             }
         )
@@ -360,6 +328,34 @@ class TaskRouter:
                 pa.RecordBatch.from_pylist(self._dead_rows, schema=DEAD_LETTER_SCHEMA)
             )
             self._dead_rows = []
+
+
+def _state(
+    delivery: Delivery,
+    attempt: int,
+    not_before_ms: int,
+    failed_at: int,
+    error_class: str,
+    message: str,
+) -> RetryState:
+    record = delivery.record
+    return RetryState(
+        id=delivery.id,
+        attempt=attempt,
+        not_before_ms=not_before_ms,
+        origin_topic=record.topic,
+        origin_partition=record.partition,
+        origin_offset=record.offset,
+        origin_timestamp_ms=record.timestamp,
+        first_failure_ms=delivery.first_failure_ms or failed_at,
+        last_failure_ms=failed_at,
+        error_class=error_class,
+        error_message=message,
+    )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _epoch_ms(timestamp: object) -> int:

@@ -10,26 +10,39 @@ A batch runs in steps, each safe to repeat after a crash:
    per-batch marker, so they are produced once (`staging`).
 3. The output and dead-letter files are committed to their Delta tables with the app
    transaction (job name, batch id), so they are committed once (`delta_sink`).
+
+The manifest is claimed, not overwritten: on a local filesystem it is linked into place
+only if no manifest exists yet, and a loser of that race (a zombie instance of the job
+routing the same batch) adopts the winner's decisions. Object stores have no such create
+here; there the job relies on the Kafka producer's fencing of zombies.
+
+A batch id below one the tables or the control topic already hold for this checkpoint's
+app id means the query runs from an older copy of the checkpoint; its effects would be
+skipped as "already committed", so the router fails the batch with an error instead.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+import pyarrow.fs as pafs
 from pyspark.sql import DataFrame
 
 from retrylib.batch_task import SUMMARY_DDL, TaskPlan, run_task
 from retrylib.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.delta_sink import DataFile, commit_files
+from retrylib.delta_sink import DataFile, commit_files, committed_batch
+from retrylib.errors import RetrylibError
 from retrylib.faults import crash_point
 from retrylib.staging import StagedProducer
-from retrylib.storage import delete_tree, join, list_names, read_json, write_json
+from retrylib.storage import delete_tree, filesystem, join, list_names, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +75,32 @@ class BatchRouter:
     ) -> None:
         self._template = plan_template
         self._state_dir = state_dir
-        self._producer = StagedProducer(plan_template.job, bootstrap_servers, kafka_options)
+        self.app_id = checkpoint_identity(state_dir, plan_template.job)
+        self._producer = StagedProducer(
+            plan_template.job, self.app_id, bootstrap_servers, kafka_options
+        )
         self._on_result = on_result
+        self._checked_tables = False
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        if not self._checked_tables:
+            self._check_tables_not_ahead(batch_id)
+            self._checked_tables = True
         manifest_uri = join(self._state_dir, "manifests", f"{batch_id}.json")
         manifest = read_json(manifest_uri)
         replayed = manifest is not None
         if manifest is None:
-            manifest = self._route(df, batch_id)
-            write_json(manifest_uri, manifest)
+            routed = self._route(df, batch_id)
+            manifest = claim_manifest(manifest_uri, routed)
+            replayed = manifest is not routed
+            if replayed:
+                log.warning("batch %d was routed concurrently; using the other run's", batch_id)
             crash_point("after_manifest", batch_id)
         result = self._apply(manifest, batch_id, replayed, started)
         crash_point("before_batch_end", batch_id)
         self._clean_up(batch_id)
+        crash_point("after_cleanup", batch_id)
         log.info("batch %s", json.dumps(_summary(result)))
         if self._on_result is not None:
             self._on_result(result)
@@ -106,12 +130,11 @@ class BatchRouter:
         staged_paths = [join(f.table, f.path) for f in files["staged"]]
         produced = self._producer.produce_once(batch_id, staged_paths) if staged_paths else 0
         crash_point("after_produce", batch_id)
-        job = self._template.job
         output_committed = bool(files["output"]) and commit_files(
             self._template.output_table,
             self._template.output_schema,
             files["output"],
-            app_id=job,
+            app_id=self.app_id,
             batch_id=batch_id,
         )
         crash_point("after_output_commit", batch_id)
@@ -119,7 +142,7 @@ class BatchRouter:
             self._template.dead_letter_table,
             DEAD_LETTER_SCHEMA,
             files["dead_letter"],
-            app_id=job,
+            app_id=self.app_id,
             batch_id=batch_id,
         )
         crash_point("after_dead_letter_commit", batch_id)
@@ -133,6 +156,26 @@ class BatchRouter:
             round((time.monotonic() - started) * 1000),
         )
 
+    def _check_tables_not_ahead(self, batch_id: int) -> None:
+        """Raise `RetrylibError` when a table already holds a later batch of this checkpoint.
+
+        Spark replays at most the last unfinished batch, so a table's app transaction is
+        never above the batch that runs first after a start, unless the checkpoint is not
+        the one the tables were written with.
+        """
+        for what, uri in (
+            ("output", self._template.output_table),
+            ("dead-letter", self._template.dead_letter_table),
+        ):
+            done = committed_batch(uri, self.app_id)
+            if done is not None and done > batch_id:
+                raise RetrylibError(
+                    f"the {what} table {uri} holds batch {done} of {self.app_id!r}, but the "
+                    f"query is at batch {batch_id}: the checkpoint is older than the tables. "
+                    "Its batches would be skipped as already committed. Restore the latest "
+                    "checkpoint, or start from a new one"
+                )
+
     def _staging_dir(self, batch_id: int) -> str:
         return join(self._state_dir, "staged", str(batch_id))
 
@@ -142,12 +185,65 @@ class BatchRouter:
             if name.isdigit() and int(name) <= batch_id:
                 delete_tree(join(self._state_dir, "staged", name))
         for name in list_names(join(self._state_dir, "manifests")):
-            number = name.removesuffix(".json")
-            if number.isdigit() and int(number) < batch_id - _MANIFESTS_KEPT:
+            number, _, rest = name.partition(".json")
+            if not number.isdigit():
+                continue
+            leftover = rest.startswith(".tmp") and int(number) <= batch_id  # a crashed write
+            if leftover or int(number) < batch_id - _MANIFESTS_KEPT:
                 delete_tree(join(self._state_dir, "manifests", name))
 
     def close(self) -> None:
         self._producer.close()
+
+
+def checkpoint_identity(state_dir: str, job_name: str) -> str:
+    """The Delta app id and produce-marker id of this checkpoint: "<job>-<random>".
+
+    Created with the checkpoint and kept in it. Batch ids restart at 0 when a checkpoint is
+    deleted; a fresh id keeps the new run's batches from being mistaken for replays of the
+    old run's (which would skip their commits and lose their records).
+    """
+    uri = join(state_dir, "identity.json")
+    identity = read_json(uri)
+    if identity is None:
+        identity = {"app_id": f"{job_name}-{uuid.uuid4().hex[:12]}"}
+        write_json(uri, identity)
+    return identity["app_id"]
+
+
+def claim_manifest(uri: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Write `manifest` at `uri` unless a manifest is there already; return the one in place.
+
+    The caller compares the result with `manifest` by identity to learn whether it won. On a
+    local filesystem the file is written and synced beside, then hard-linked into place,
+    which fails when the name exists: the first writer wins, readers never see a partial
+    file, and the decision survives a machine crash. Elsewhere it is a plain atomic PUT.
+    """
+    fs, path = filesystem(uri)
+    if not isinstance(fs, pafs.LocalFileSystem):
+        write_json(uri, manifest)
+        return manifest
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "wb") as out:
+        out.write(json.dumps(manifest).encode())
+        out.flush()
+        os.fsync(out.fileno())
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        existing = read_json(uri)
+        if existing is None:  # pragma: no cover - removed between link and read
+            raise
+        return existing
+    finally:
+        os.unlink(temporary)
+    directory = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return manifest
 
 
 def _with_batch(template: TaskPlan, batch_id: int, now_ms: int, staging_dir: str) -> TaskPlan:
