@@ -1,0 +1,85 @@
+"""The job through its real entry points: spark-submit.sh, `retrylib run`, signals, topics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import produce
+
+from retrylib.config import load_config
+from retrylib.delta_sink import read_table
+from retrylib.errors import TopicError
+from retrylib.job import start_query
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
+def test_spark_submit_available_now_exits_zero(bootstrap_servers, make_topic, write_config):
+    topic = make_topic("orders", partitions=2)
+    produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(200)])
+    config = write_config([topic])
+    env = {**child_env(), "SPARK_SUBMIT_OPTS_EXTRA": "--master local[2]"}
+
+    done = subprocess.run(
+        [str(REPO / "spark-submit.sh"), config.source_path, "--available-now"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_table(config.output.table).num_rows == 200
+
+
+def test_sigterm_stops_after_the_batch_and_exits_zero(bootstrap_servers, make_topic, write_config):
+    topic = make_topic("orders", partitions=2)
+    produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(100)])
+    config = write_config([topic])
+    job = subprocess.Popen(
+        [sys.executable, "-m", "retrylib.cli", "run", config.source_path, "--master", "local[2]"],
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while read_table_rows(config.output.table) < 100:
+            assert job.poll() is None and time.monotonic() < deadline, "job did not process"
+            time.sleep(0.5)
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, stderr[-3000:]
+    assert "stopping after the current batch" in stderr
+
+
+def read_table_rows(path: str) -> int:
+    try:
+        return read_table(path).num_rows
+    except Exception:  # the table does not exist until the job has started
+        return 0
+
+
+def test_missing_topics_fail_at_start_when_creation_is_off(
+    spark, bootstrap_servers, make_topic, write_config
+):
+    topic = make_topic("orders", partitions=1)
+    written = write_config([topic], name="nocreate")
+    config = load_config(written.source_path, overrides={"kafka.create_topics": False})
+
+    with pytest.raises(TopicError, match=rf"{topic}\.retry\.1s"):
+        start_query(spark, config, available_now=True)
