@@ -40,6 +40,12 @@ from retrylib.headers import (
 from retrylib.record import Record
 from retrylib.retry_policy import RetryDecision, RetryPolicy, decide, describe_error, is_due
 from retrylib.staging import STAGED_SCHEMA
+from retrylib.vectorized import (
+    as_output_table,
+    input_from_kafka,
+    input_from_records,
+    per_row_results,
+)
 
 SUMMARY_DDL = "kind STRING, payload STRING"
 SUMMARY_SCHEMA = pa.schema([("kind", pa.string()), ("payload", pa.string())])
@@ -73,6 +79,7 @@ class TaskPlan:
     max_attempts: int
     jitter: float
     non_retryable: tuple[str, ...]
+    handler_kind: str = "record"
 
     def tier_of(self, topic: str) -> int | None:
         return _tier_index(self.retry_topics).get(topic)
@@ -127,16 +134,21 @@ class TaskRouter:
         self._dead_rows: list[dict] = []
 
     def route(self, batch: pa.RecordBatch) -> None:
+        if self.plan.handler_kind == "record":
+            for delivery in self._deliveries(batch):
+                self._handle(delivery)
+        else:
+            self._handle_batch(batch)
+        self._flush_pending()
+        self._flush_side_outputs()
+
+    def _deliveries(self, batch: pa.RecordBatch) -> list[Delivery]:
         columns = [
             batch.column(name).to_pylist()
             for name in ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
         ]
-        for key, value, topic, partition, offset, timestamp, headers in zip(*columns, strict=True):
-            delivery = self._delivery(key, value, topic, partition, offset, timestamp, headers)
-            if delivery is not None:
-                self._handle(delivery)
-        self._flush_pending()
-        self._flush_side_outputs()
+        deliveries = (self._delivery(*row) for row in zip(*columns, strict=True))
+        return [delivery for delivery in deliveries if delivery is not None]
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         """Close the files; yields the summary rows for the driver."""
@@ -203,18 +215,62 @@ class TaskRouter:
     def _handle(self, delivery: Delivery) -> None:
         started = time.perf_counter()
         try:
-            rows = result_rows(
-                call_handler(self.timed, self.handler, delivery.record), self.columns
-            )
+            result = call_handler(self.timed, self.handler, delivery.record)
         except Exception as error:
             self._fail(delivery, error)
             return
         finally:
             self.counters["handler_ms"] += round((time.perf_counter() - started) * 1000)
+        self._accept(delivery, result)
+
+    def _accept(self, delivery: Delivery, result: object) -> None:
+        """Keep a successful call's rows for writing; a malformed result fails the record."""
+        try:
+            rows = result_rows(result, self.columns)
+        except BadHandlerResult as error:
+            self._fail(delivery, error)
+            return
         self.pending.deliveries.append(delivery)
         self.pending.rows.append(rows)
         if len(self.pending.deliveries) >= _VALIDATE_EVERY:
             self._flush_pending()
+
+    def _handle_batch(self, batch: pa.RecordBatch) -> None:
+        """One vectorised handler call for `batch` (see `retrylib.vectorized`).
+
+        A batch of main-topic records goes to the handler column by column; records are
+        decoded one by one only when the batch holds retries or some rows failed.
+        """
+        topics = set(batch.column("topic").unique().to_pylist())
+        deliveries = None if topics.isdisjoint(self.tier_of) else self._deliveries(batch)
+        if deliveries is None:
+            handler_input = input_from_kafka(batch)
+        else:
+            handler_input = input_from_records([d.record for d in deliveries])
+        argument = handler_input if self.plan.handler_kind == "arrow" else handler_input.to_pandas()
+        started = time.perf_counter()
+        try:
+            result = call_handler(self.timed, self.handler, argument)
+            table = as_output_table(result, handler_input.num_rows, self.plan.output_schema)
+            results = None if table is not None else per_row_results(result, handler_input.num_rows)
+        except Exception as error:
+            for delivery in deliveries or self._deliveries(batch):
+                self._fail(delivery, error)
+            return
+        finally:
+            self.counters["handler_ms"] += round((time.perf_counter() - started) * 1000)
+        if table is not None:
+            if deliveries is None:
+                self.counters["records_main"] += batch.num_rows
+            for output in table.to_batches():
+                self._write_output(output)
+            self.counters["succeeded"] += handler_input.num_rows
+            return
+        for delivery, outcome in zip(deliveries or self._deliveries(batch), results, strict=True):
+            if isinstance(outcome, BaseException):
+                self._fail(delivery, outcome)
+            else:
+                self._accept(delivery, outcome)
 
     def _flush_pending(self) -> None:
         """Write the pending output rows; a record whose rows do not fit the schema fails."""

@@ -98,6 +98,7 @@ class HandlerConfig:
     output_schema: OutputSchema
     paths: tuple[str, ...]
     timeout_seconds: float | None
+    kind: str = "record"  # "record": one call per record; "arrow"/"pandas": one per batch
 
 
 @dataclass(frozen=True)
@@ -295,6 +296,7 @@ _EXCEPTION_REF = _Kind(
 _PERCENT = _Kind('a percentage from "0%" to "100%"', _is_percent)
 _TOPIC_TEMPLATE = _Kind("a pattern using only {topic} and {delay}", _is_topic_template)
 _SOURCE = _one_of("auto", "builtin", "python")
+_HANDLER_KIND = _one_of("record", "arrow", "pandas")
 _STARTING_OFFSETS = _Kind(
     '"earliest", "latest" or JSON like {"orders": {"0": 12}} (offset -2 earliest, -1 latest)',
     _is_starting_offsets,
@@ -629,6 +631,7 @@ def _handler(t: _Table, check_imports: bool) -> HandlerConfig | None:
     ddl = t.get("output_schema", _TEXT, 'output_schema = "order_id STRING, total DOUBLE"')
     paths = t.strings("paths", _TEXT, 'paths = ["."]', ["."])
     timeout = t.duration("timeout", 'timeout = "30s"', None, positive=True)
+    kind = t.get("kind", _HANDLER_KIND, 'kind = "record"', "record")
     t.finish()
     schema = _schema(t.problems, t.path("output_schema"), ddl) if ddl else None
     if paths:
@@ -637,7 +640,7 @@ def _handler(t: _Table, check_imports: bool) -> HandlerConfig | None:
             _check_import(t.problems, t.path("function"), function, paths, callable, "callable")
     if not t.ok:
         return None
-    return HandlerConfig(function, schema, paths, timeout)
+    return HandlerConfig(function, schema, paths, timeout, kind)
 
 
 def _schema(problems: _Problems, key: str, ddl: str) -> OutputSchema | None:

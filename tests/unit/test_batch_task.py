@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from datetime import UTC, datetime
@@ -172,3 +173,37 @@ def test_rows_that_do_not_fit_the_schema_fail_only_their_record(plan):
     _, own = split_headers([(h["key"], h["value"]) for h in staged["headers"]])
     assert decode_retry_state(own).error_class.endswith("BadHandlerResult")
     assert counters["succeeded"] == 1 and counters["retried_tier_0"] == 1
+
+
+def vectorised(plan: TaskPlan, handler: str, kind: str = "arrow") -> TaskPlan:
+    return dataclasses.replace(plan, handler=f"unit_handlers:{handler}", handler_kind=kind)
+
+
+@pytest.mark.parametrize(
+    ("handler", "kind"), [("arrow_table", "arrow"), ("pandas_frame", "pandas")]
+)
+def test_vectorised_frame_result_is_written_whole(plan, handler, kind):
+    rows = [{"key": f"ok-{i}".encode(), "offset": i} for i in range(5)]
+    counters, written = route(vectorised(plan, handler, kind), rows)
+    assert sorted(r["key"] for r in written["output"]) == [f"ok-{i}" for i in range(5)]
+    assert counters["succeeded"] == 5 and counters["records_main"] == 5
+
+
+def test_vectorised_per_row_results_fail_only_their_rows(plan):
+    rows = [{"key": b"ok-1", "offset": 1}, {"key": b"fail-2", "offset": 2}]
+    counters, written = route(vectorised(plan, "arrow_rows"), rows)
+    assert [r["key"] for r in written["output"]] == ["ok-1"]
+    assert [s["topic"] for s in written["staged"]] == [TIER]
+    assert counters["succeeded"] == 1 and counters["retried_tier_0"] == 1
+
+
+def test_vectorised_call_that_raises_fails_every_row(plan):
+    rows = [{"key": f"ok-{i}".encode(), "offset": i} for i in range(3)]
+    counters, written = route(vectorised(plan, "arrow_raises"), rows)
+    assert written["output"] == [] and counters["retried_tier_0"] == 3
+
+
+def test_vectorised_batch_with_retries_passes_the_original(plan):
+    rows = [{"key": b"ok-7", "topic": TIER, "offset": 40, "headers": retry_headers(1, 0)}]
+    _, written = route(vectorised(plan, "arrow_table"), rows)
+    assert written["output"] == [{"key": "ok-7", "topic": "orders", "offset": 17, "attempt": 1}]

@@ -16,3 +16,38 @@ def by_key(record: Record) -> dict | None:
     if key.startswith("none"):
         return None
     return {"key": key, "topic": record.topic, "offset": record.offset, "attempt": record.attempt}
+
+
+def arrow_table(batch):
+    """Vectorised: one output row per input row, as an Arrow table."""
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "key": [k.decode() for k in batch.column("key").to_pylist()],
+            "topic": batch.column("topic"),
+            "offset": batch.column("offset"),
+            "attempt": batch.column("attempt"),
+        }
+    )
+
+
+def arrow_rows(batch):
+    """Vectorised: per-row results; keys starting with "fail" fail."""
+    results = []
+    keys, attempts = batch.column("key").to_pylist(), batch.column("attempt").to_pylist()
+    for key, attempt in zip(keys, attempts, strict=True):
+        key = key.decode()
+        results.append(
+            RuntimeError("boom") if key.startswith("fail") else {"key": key, "attempt": attempt}
+        )
+    return results
+
+
+def pandas_frame(frame):
+    """Vectorised over pandas: one output row per input row."""
+    return frame.assign(key=frame["key"].map(bytes.decode))[["key", "topic", "offset", "attempt"]]
+
+
+def arrow_raises(batch):
+    raise RuntimeError("whole batch failed")
