@@ -1,26 +1,59 @@
-"""The `retrylib` command: run the job, validate a config, run the embedded demo."""
+"""The `retrylib` command: run the job, check a config, show status, redrive dead letters,
+run the embedded demo.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, TextIO
+
+from confluent_kafka import KafkaException
 
 from retrylib.errors import ConfigError, RetrylibError
-from retrylib.logs import configure_logging
+from retrylib.logs import configure_logging, redact
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 
+_EXIT_CODES = """\
+exit codes:
+  0  success
+  1  failure: the job failed; check found a missing topic, a mismatched table or (with
+     --require-broker) no broker; status could not reach the broker; a redrive failed
+  2  bad usage or invalid config (every problem is listed, each naming its key)
+
+environment:
+  RETRYLIB_LOG_LEVEL   retrylib's log level: DEBUG, INFO (default), WARNING, ERROR
+  RETRYLIB_LOG_FORMAT  text (default) or json (one object per line)
+"""
+
 
 def _parser() -> argparse.ArgumentParser:
+    def command(name: str, summary: str, details: str = "") -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name,
+            help=summary,
+            description=summary + (f"\n\n{details}" if details else ""),
+            epilog=_EXIT_CODES,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        return sub
+
     parser = argparse.ArgumentParser(
         prog="retrylib",
         description="Kafka retries with delays, a dead-letter path and exactly-once Delta output.",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run the job described by a config file")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = command("run", "run the job described by a config file")
     run.add_argument("config", help="path of the job's TOML config")
     run.add_argument(
         "--available-now",
@@ -30,31 +63,248 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--master", help="Spark master when not launched by spark-submit, e.g. local[2]"
     )
-    check = commands.add_parser("check", help="validate a config without starting Spark")
+
+    check = command(
+        "check",
+        "validate a config without starting Spark",
+        "Lists every config problem at once. When the config is valid and the broker answers,\n"
+        "also checks that the main topics exist, which other topics the job would create, and\n"
+        "that existing tables have the expected columns. An unreachable broker is a warning.",
+    )
     check.add_argument("config", help="path of the job's TOML config")
-    demo = commands.add_parser("demo", help="run the embedded end-to-end demo")
+    check.add_argument(
+        "--require-broker",
+        action="store_true",
+        help="fail (exit 1) when the broker does not answer",
+    )
+    check.add_argument(
+        "--timeout", type=_positive, default=5.0, help="seconds to wait for the broker (5)"
+    )
+    check.add_argument(
+        "--show", action="store_true", help="print the resolved config (secrets as ***) as JSON"
+    )
+
+    status = command(
+        "status",
+        "show what the job holds: retry tiers, dead letters, last batches",
+        "Retry tiers: records waiting, how many are due, the oldest one's age, when the next\n"
+        "is due (read from the tier topics past the job's checkpointed position). Dead\n"
+        "letters by error class (from the dead-letter table). Last batches' figures (from the\n"
+        "metrics table, else the checkpoint's manifests). Starts no Spark, changes nothing.",
+    )
+    status.add_argument("config", help="path of the job's TOML config")
+    status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    status.add_argument("--batches", type=int, default=5, help="how many last batches (5)")
+    status.add_argument(
+        "--timeout", type=_positive, default=5.0, help="seconds to wait for the broker (5)"
+    )
+
+    redrive = command(
+        "redrive",
+        "send dead-lettered records back to their main topic",
+        "Each chosen record goes back once, with its key, value and own headers (retrylib.*\n"
+        "headers dropped), to its origin topic or --to; the dead-letter table records it\n"
+        "(redrive_id, redrive_topic, redriven_at), so running it again sends nothing twice.\n"
+        "A redrive interrupted by a crash is finished by the next run. Filters combine with\n"
+        "AND; --error-class and --id may repeat (OR within each). Times are ISO 8601, UTC\n"
+        "unless they carry an offset.",
+    )
+    redrive.add_argument("config", help="path of the job's TOML config")
+    redrive.add_argument("--to", metavar="TOPIC", help="send to this topic instead of the origin")
+    redrive.add_argument(
+        "--since", type=_moment, metavar="ISO", help="dead-lettered at or after this time"
+    )
+    redrive.add_argument("--until", type=_moment, metavar="ISO", help="dead-lettered before this")
+    redrive.add_argument(
+        "--error-class",
+        action="append",
+        default=[],
+        metavar="CLS",
+        help="e.g. builtins.ValueError, or just ValueError",
+    )
+    redrive.add_argument(
+        "--id", action="append", default=[], metavar="ID", help="a dead-letter row id"
+    )
+    redrive.add_argument(
+        "--dry-run", action="store_true", help="show what would be sent; change nothing"
+    )
+    redrive.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    demo = command("demo", "run the embedded end-to-end demo")
     demo.add_argument("--records", type=int, default=200, help="sample orders to produce")
     demo.add_argument("--workdir", default=".retrylib/demo", help="where tables and state go")
     return parser
 
 
-def _run(args: argparse.Namespace) -> int:
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
+
+
+def _moment(text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time like 2026-05-01T12:00:00Z, got {text!r}"
+        ) from None
+
+
+def _load(path: str, *, check_imports: bool = True):
+    """Load the config and register its secrets for redaction."""
     from retrylib.config import load_config
+    from retrylib.logs import config_secrets, redact_secrets
+
+    config = load_config(path, check_imports=check_imports)
+    redact_secrets(config_secrets(config))
+    return config
+
+
+def _out(text: str, stream: TextIO | None = None) -> None:
+    print(redact(text), file=stream or sys.stdout)
+
+
+def _run(args: argparse.Namespace) -> int:
     from retrylib.job import run
 
-    return run(load_config(args.config), available_now=args.available_now, master=args.master)
+    return run(_load(args.config), available_now=args.available_now, master=args.master)
 
 
 def _check(args: argparse.Namespace) -> int:
     from retrylib.config import collect_config_errors
 
     problems = collect_config_errors(args.config)
-    for problem in problems:
-        print(f"error: {problem}", file=sys.stderr)
     if problems:
+        for problem in problems:
+            _out(f"error: {problem}", sys.stderr)
+        count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
+        _out(f"{args.config}: invalid config ({count})", sys.stderr)
         return EXIT_CONFIG
-    print(f"{args.config}: ok")
+    config = _load(args.config)
+    _out(f"config {args.config}: valid")
+    if args.show:
+        _out(json.dumps(config.redacted(), indent=2))
+    from retrylib.status import preflight
+
+    reachable, findings = preflight(config, timeout=args.timeout)
+    for finding in findings:
+        stream = sys.stderr if finding.level in ("warning", "error") else sys.stdout
+        _out(f"{finding.level}: {finding.message}", stream)
+    errors = sum(f.level == "error" for f in findings)
+    if not reachable and args.require_broker:
+        _out(f"{args.config}: broker required (--require-broker) but not reachable", sys.stderr)
+        return EXIT_FAILED
+    if errors:
+        _out(f"{args.config}: {errors} problem{'s' if errors > 1 else ''} found", sys.stderr)
+        return EXIT_FAILED
+    _out(f"{args.config}: ok" + ("" if reachable else " (broker not checked)"))
     return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    from retrylib.status import collect_status, render_status, status_json
+
+    status = collect_status(
+        _load(args.config, check_imports=False), batches=args.batches, timeout=args.timeout
+    )
+    _out(status_json(status) if args.json else render_status(status))
+    return EXIT_OK if status["broker"]["reachable"] else EXIT_FAILED
+
+
+def _redrive(args: argparse.Namespace) -> int:
+    from retrylib.redrive import Selection, redrive
+
+    config = _load(args.config, check_imports=False)
+    selection = Selection(args.since, args.until, tuple(args.error_class), tuple(args.id))
+    progress = None if args.dry_run else _Progress("redrive: sent")
+    try:
+        report = redrive(config, selection, to=args.to, dry_run=args.dry_run, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    if args.json:
+        _out(json.dumps(report.as_json(), indent=2, default=str))
+    else:
+        _out(_render_redrive(report))
+    return EXIT_OK
+
+
+def _render_redrive(report: Any) -> str:
+    lines = []
+    if report.dry_run:
+        lines.append(
+            f"dry run: {len(report.selected)} record(s) would be redriven; nothing was "
+            "sent or changed"
+        )
+    elif report.selected:
+        lines.append(f"redrive {report.redrive_id}: {len(report.selected)} record(s) sent")
+    else:
+        lines.append("nothing to redrive: no dead letter matches that was not redriven before")
+    lines += _rows_table(report.selected)
+    if report.resumed:
+        verb = "would be resent" if report.dry_run else "resent"
+        lines.append(f"{len(report.resumed)} record(s) of an interrupted redrive {verb}:")
+        lines += _rows_table(report.resumed)
+    if report.confirmed:
+        verb = "would be marked" if report.dry_run else "marked"
+        lines.append(
+            f"{len(report.confirmed)} record(s) sent by an interrupted redrive {verb} as "
+            "redriven (not sent again):"
+        )
+        lines += _rows_table(report.confirmed)
+    return "\n".join(lines)
+
+
+def _rows_table(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    table = [("id", "dead lettered at", "error class", "origin", "to")]
+    for row in rows:
+        at = row["dead_lettered_at"]
+        table.append(
+            (
+                row["id"],
+                at.isoformat(timespec="seconds") if at is not None else "-",
+                row["error_class"] or "-",
+                f"{row['origin_topic']}[{row['origin_partition']}]@{row['origin_offset']}",
+                row["redrive_topic"] or "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table]
+
+
+class _Progress:
+    """Shows (done, total) on stderr: rewritten in place on a terminal, else a line every
+    few seconds and at the end.
+    """
+
+    def __init__(self, label: str, stream: TextIO | None = None, every: float = 5.0) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.every = every
+        self._last = 0.0
+        self._shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        text = f"{self.label} {done}/{total}"
+        if self.stream.isatty():
+            self.stream.write(f"\r{text}")
+            self.stream.flush()
+            self._shown = True
+        elif done == total or now - self._last >= self.every:
+            self.stream.write(text + "\n")
+            self._last = now
+
+    def close(self) -> None:
+        if self._shown:
+            self.stream.write("\n")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -63,21 +313,35 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(records=args.records, workdir=args.workdir)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `retrylib` console script; returns the exit code.
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": _run,
+    "check": _check,
+    "status": _status,
+    "redrive": _redrive,
+    "demo": _demo,
+}
 
-    Exit codes: 0 success, 1 the job or a command failed, 2 the config is invalid.
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `retrylib` console script; returns the exit code (see
+    `_EXIT_CODES`: 0 success, 1 failure, 2 bad usage or invalid config).
     """
-    args = _parser().parse_args(argv)
-    configure_logging()
-    commands = {"run": _run, "check": _check, "demo": _demo}
     try:
-        return commands[args.command](args)
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else EXIT_CONFIG
+    configure_logging()
+    try:
+        return _COMMANDS[args.command](args)
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        _out(f"config error: {e}", sys.stderr)
         return EXIT_CONFIG
     except RetrylibError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _out(f"error: {e}", sys.stderr)
+        return EXIT_FAILED
+    except KafkaException as e:
+        error = e.args[0] if e.args else e
+        _out(f"error: Kafka: {error.str() if hasattr(error, 'str') else error}", sys.stderr)
         return EXIT_FAILED
 
 

@@ -13,12 +13,15 @@ from pyspark.sql.streaming import StreamingQuery
 
 from retrylib.batch_task import TaskPlan
 from retrylib.config import Config
-from retrylib.dead_letter import DEAD_LETTER_SCHEMA
+from retrylib.dead_letter import ensure_dead_letter_table
 from retrylib.delta_sink import ensure_table
 from retrylib.errors import TopicError
 from retrylib.kafka_client import ensure_topics, make_admin, partition_counts
-from retrylib.router import BatchResult, BatchRouter
+from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
+from retrylib.metrics import MetricsRecorder, spark_checkpoint
+from retrylib.router import BatchResult, BatchRouter, checkpoint_identity
 from retrylib.session import build_spark_session
+from retrylib.shipping import ship_handler
 from retrylib.staging import control_topic
 from retrylib.storage import join
 
@@ -121,6 +124,7 @@ def task_plan(config: Config, partitions: dict[str, int]) -> TaskPlan:
         max_attempts=retry.max_attempts,
         jitter=retry.jitter,
         non_retryable=retry.non_retryable,
+        handler_kind=config.handler.kind,
     )
 
 
@@ -131,21 +135,30 @@ def start_query(
     available_now: bool = False,
     on_result: Callable[[BatchResult], None] | None = None,
 ) -> tuple[StreamingQuery, BatchRouter]:
-    """Prepare topics and tables, then start the streaming query; returns it and its router."""
+    """Prepare topics and tables, then start the streaming query; returns it and its router.
+
+    Every batch's metrics are logged, and stored when `[metrics] table` is set
+    (`retrylib.metrics`); `on_result` is then called with the batch's `BatchResult`.
+    """
     partitions = prepare_topics(config)
     ensure_table(config.output.table, config.handler.output_schema.to_arrow(), "output")
-    ensure_table(config.dead_letter.table, DEAD_LETTER_SCHEMA, "dead-letter")
+    ensure_dead_letter_table(config.dead_letter.table)
+    state_dir = join(config.job.checkpoint, "retrylib")
+    metrics = MetricsRecorder(
+        config, checkpoint_identity(state_dir, config.job.name), forward=on_result
+    )
+    metrics.prepare()
     router = BatchRouter(
         task_plan(config, partitions),
-        state_dir=join(config.job.checkpoint, "retrylib"),
+        state_dir=state_dir,
         kafka_options=dict(config.kafka.options),
         bootstrap_servers=config.kafka.bootstrap_servers,
-        on_result=on_result,
+        on_result=metrics.on_result,
     )
     writer = (
         source_frame(spark, config)
         .writeStream.queryName(config.job.name)
-        .option("checkpointLocation", join(config.job.checkpoint, "spark"))
+        .option("checkpointLocation", spark_checkpoint(config))
         .foreachBatch(router)
     )
     if available_now:
@@ -173,7 +186,11 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
     Returns the process exit code: 0 when it finished or was stopped, 1 when the query
     failed (the error is logged).
     """
-    spark = build_spark_session(f"retrylib-{config.job.name}", master=master)
+    redact_secrets(config_secrets(config))
+    spark = build_spark_session(
+        f"retrylib-{config.job.name}", master=master, extra=spark_log_conf()
+    )
+    ship_handler(spark, config.handler)
     stop_requested = threading.Event()
 
     def request_stop(signum: int, frame: object) -> None:

@@ -1,21 +1,219 @@
-"""Log setup: retrylib's own lines at INFO, Spark, py4j and Kafka client noise quiet."""
+"""Log setup: retrylib's own lines at INFO, Spark, py4j and Kafka client noise quiet, secrets
+never written.
+
+Lines go to stderr as text (`time level logger: message`) or, with RETRYLIB_LOG_FORMAT=json,
+as one JSON object per line. Every line passes a `RedactingFilter` that replaces the secret
+values of the loaded config (see `config_secrets`) with "***", tracebacks included; the CLI
+runs what it prints through `redact` too.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import fields, is_dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from retrylib.config import Config
 
 _QUIET = ("py4j", "pyspark", "urllib3", "deltalake")
+KAFKA_CLIENT_LOGGER = "retrylib.kafka.librdkafka"
+"""Where the command-line tools send librdkafka's own log lines (quiet unless DEBUG)."""
+_MASK = "***"
+_ANYWHERE = 6
+_ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+# Spark's JVM logging when this process launches the JVM itself: warnings only, without the
+# start-up chatter (hostname, native libraries, UI port, AQE-in-streaming notices).
+_LOG4J2_PROPERTIES = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{yyyy-MM-dd HH:mm:ss,SSS} %p %c: %m%n%ex
+logger.utils.name = org.apache.spark.util.Utils
+logger.utils.level = error
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = error
+logger.stream.name = org.apache.spark.sql.catalyst.analysis.ResolveWriteToStream
+logger.stream.level = error
+logger.stream4.name = org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream
+logger.stream4.level = error
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = error
+"""
 
 
-def configure_logging(level: str | None = None) -> None:
-    """Log to stderr as `time level logger: message`; RETRYLIB_LOG_LEVEL overrides `level`."""
+class RedactingFilter(logging.Filter):
+    """Replaces known secret values in a record's message and traceback with "***".
+
+    Attached to the handlers `configure_logging` installs, so it sees every record that
+    reaches them, whichever logger made it. The record's arguments are merged into its
+    message first, so a secret passed as `%s` argument is caught too. A value of at least
+    `_ANYWHERE` characters is masked wherever it occurs; a shorter one only where it stands
+    alone (not inside a longer word), so that a short value does not garble every line.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._secrets: set[str] = set()
+        self._pattern: re.Pattern[str] | None = None
+
+    def add(self, values: Iterable[str]) -> None:
+        """Add secret values; longer ones are matched first so none is left half-masked."""
+        self._secrets |= {v for v in values if v}
+        if self._secrets:
+            alternatives = [
+                re.escape(s) if len(s) >= _ANYWHERE else rf"(?<!\w){re.escape(s)}(?!\w)"
+                for s in sorted(self._secrets, key=len, reverse=True)
+            ]
+            self._pattern = re.compile("|".join(alternatives))
+
+    def redact(self, text: str) -> str:
+        return text if self._pattern is None else self._pattern.sub(_MASK, text)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._pattern is None:
+            return True
+        record.msg = self.redact(record.getMessage())
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
+        return True
+
+
+_REDACTOR = RedactingFilter()
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, and the
+    traceback when there is one. A `retrylib.metrics` line's message is JSON itself; it is
+    kept as an object under "metrics".
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.name == "retrylib.metrics":
+            try:
+                line["metrics"] = json.loads(line.pop("message"))
+            except ValueError:
+                line["message"] = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exception"] = record.exc_text
+        return json.dumps(line, default=str)
+
+
+def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
+    """Log to stderr; RETRYLIB_LOG_LEVEL overrides `level` (INFO), RETRYLIB_LOG_FORMAT
+    overrides `fmt` ("text" or "json").
+
+    Secrets added with `redact_secrets` before or after this call are masked.
+    """
     chosen = (os.environ.get("RETRYLIB_LOG_LEVEL") or level or "INFO").upper()
-    logging.basicConfig(
-        level=logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        force=True,
-    )
+    style = (os.environ.get("RETRYLIB_LOG_FORMAT") or fmt or "text").lower()
+    handler = logging.StreamHandler(sys.stderr)
+    if style == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_REDACTOR)
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
     logging.getLogger("retrylib").setLevel(chosen)
+    debug = logging.getLogger("retrylib").isEnabledFor(logging.DEBUG)
+    logging.getLogger(KAFKA_CLIENT_LOGGER).setLevel(logging.DEBUG if debug else logging.CRITICAL)
     for name in _QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def redact_secrets(values: Iterable[str]) -> None:
+    """Mask `values` in every log line from now on, and in `redact`."""
+    _REDACTOR.add(values)
+
+
+def redact(text: str) -> str:
+    """`text` with every secret registered by `redact_secrets` replaced by "***"."""
+    return _REDACTOR.redact(text)
+
+
+def config_secrets(config: Config) -> set[str]:
+    """The raw secret values of `config`: those `Config.redacted()` hides (values from
+    ${env:...} and secret-looking Kafka options), and each environment variable the config
+    file refers to with ${env:NAME}, in case it is only part of a value.
+    """
+    secrets = set(_hidden_values(_raw(config), config.redacted()))
+    try:
+        with open(config.source_path, encoding="utf-8") as f:
+            names = _ENV_REFERENCE.findall(f.read())
+    except OSError:
+        names = []
+    secrets.update(os.environ[name] for name in names if os.environ.get(name))
+    return {s for s in secrets if s}
+
+
+def spark_log_conf() -> dict[str, str]:
+    """Spark settings that keep the JVM's start-up chatter out of the terminal.
+
+    Empty when the JVM already runs (spark-submit, a notebook, an existing session), when
+    the user chose their own driver Java options, or at DEBUG level: the settings only take
+    effect when this process launches the JVM.
+    """
+    from pyspark import SparkContext
+
+    if (
+        SparkContext._active_spark_context is not None
+        or os.environ.get("PYSPARK_GATEWAY_PORT")
+        or "extraJavaOptions" in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+        or logging.getLogger("retrylib").isEnabledFor(logging.DEBUG)
+    ):
+        return {}
+    digest = hashlib.sha256(_LOG4J2_PROPERTIES.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"retrylib-log4j2-{digest}.properties")
+    if not os.path.exists(path):
+        temporary = f"{path}.{os.getpid()}"
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(_LOG4J2_PROPERTIES)
+        os.replace(temporary, path)
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}"}
+
+
+def _raw(value: Any) -> Any:
+    """`value` as plain dicts and lists, shaped like `Config.redacted()` but unmasked."""
+    if is_dataclass(value):
+        return {f.name: _raw(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Mapping):
+        return {k: _raw(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_raw(v) for v in value]
+    return value
+
+
+def _hidden_values(raw: Any, masked: Any) -> Iterable[str]:
+    """The leaves of `raw` whose counterpart in `masked` is "***"."""
+    if isinstance(masked, dict) and isinstance(raw, dict):
+        for key, value in masked.items():
+            yield from _hidden_values(raw.get(key), value)
+    elif isinstance(masked, list) and isinstance(raw, list):
+        for raw_item, masked_item in zip(raw, masked, strict=False):
+            yield from _hidden_values(raw_item, masked_item)
+    elif masked == _MASK and raw is not None and raw != _MASK:
+        yield str(raw)

@@ -1,0 +1,342 @@
+"""Per-batch metrics: one JSON log line per micro-batch, and an optional Delta table.
+
+`MetricsRecorder.on_result` runs at the end of every batch (it is the router's `on_result`
+callback, so it runs inside `foreachBatch`, on the driver, wherever the batch runs). It logs
+one line on the `retrylib.metrics` logger whose message is a JSON object:
+
+    {"job": "orders", "batch_id": 7, "replayed": false, "finished_at": "2026-...Z",
+     "duration_ms": 812, "records_main": 100, "records_retry": 4, "succeeded": 97,
+     "output_rows": 97, "retried": 5, "retried_by_tier": [4, 1], "dead_lettered": 2,
+     "duplicates_skipped": 0, "requeued_not_due": 0, "handler_ms": 40, "produced": 7,
+     "input_lag": {"orders": {"lag": 0, "not_due": 0},
+                   "orders.retry.5s": {"lag": 0, "not_due": 3}}}
+
+and, when `[metrics] table` is set, appends the same figures as one row to that Delta table
+(`METRICS_SCHEMA`; `input_lag` there is a list of (topic, lag, not_due) structs). The
+append carries the app transaction (`<app id>:metrics`, batch id), so a replayed batch
+never adds a second row.
+
+Input lag is measured right after the batch: for a main topic, records in Kafka past the
+batch's end offsets (read from the Spark checkpoint's offset log); for a retry tier topic,
+`lag` counts records past the end that are already due and `not_due` those still waiting
+out their delay. Counts are offset distances, so transaction markers (one per partition per
+produced batch on retry topics) count too: an upper bound, off by a few per batch.
+
+Metrics never fail a batch: a failed lag look-up leaves `input_lag` null, a failed table
+append is logged as a warning and that batch's row is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from deltalake import DeltaTable, write_deltalake
+from deltalake.transaction import CommitProperties, Transaction
+
+from retrylib.config import Config
+from retrylib.delta_sink import ensure_table
+from retrylib.kafka_client import client_config
+from retrylib.logs import KAFKA_CLIENT_LOGGER
+from retrylib.offsets import PartitionKey, delay_frontier
+from retrylib.storage import filesystem, join, list_names
+
+if TYPE_CHECKING:
+    from retrylib.router import BatchResult
+
+log = logging.getLogger(__name__)
+metrics_log = logging.getLogger("retrylib.metrics")
+
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+_COUNTERS = (
+    "records_main",
+    "records_retry",
+    "succeeded",
+    "output_rows",
+    "retried",
+    "dead_lettered",
+    "duplicates_skipped",
+    "requeued_not_due",
+    "handler_ms",
+    "produced",
+)
+METRICS_SCHEMA = pa.schema(
+    [
+        pa.field("job", pa.string()),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field("replayed", pa.bool_()),
+        pa.field("finished_at", _TIMESTAMP),
+        pa.field("duration_ms", pa.int64()),
+        *(pa.field(name, pa.int64()) for name in _COUNTERS),
+        pa.field("retried_by_tier", pa.list_(pa.int64())),
+        pa.field(
+            "input_lag",
+            pa.list_(
+                pa.struct(
+                    [
+                        pa.field("topic", pa.string()),
+                        pa.field("lag", pa.int64()),
+                        pa.field("not_due", pa.int64()),
+                    ]
+                )
+            ),
+        ),
+    ]
+)
+"""Columns of the metrics Delta table, one row per batch (see the module docstring)."""
+
+_KAFKA_TIMEOUT_S = 10.0
+
+
+def spark_checkpoint(config: Config) -> str:
+    """Where Spark keeps the query's checkpoint (offset log, commit log)."""
+    return join(config.job.checkpoint, "spark")
+
+
+def last_committed_batch(config: Config) -> int | None:
+    """The id of the last batch Spark marked complete in the checkpoint, or None."""
+    numbers = [int(n) for n in list_names(join(spark_checkpoint(config), "commits")) if n.isdigit()]
+    return max(numbers, default=None)
+
+
+def batch_offsets(config: Config, batch_id: int) -> tuple[dict[PartitionKey, int], int | None]:
+    """End offsets of batch `batch_id` from the checkpoint's offset log, every source merged
+    (main and tier topics are distinct), and the batch's trigger time in epoch ms.
+
+    Spark writes `offsets/<N>` before it runs batch N: a "v1" line, a metadata line, then one
+    JSON line per source ({"topic": {"partition": offset}}). Raises `FileNotFoundError` when
+    the file does not exist.
+    """
+    fs, path = filesystem(join(spark_checkpoint(config), "offsets", str(batch_id)))
+    with fs.open_input_stream(path) as stream:
+        lines = stream.read().decode("utf-8").splitlines()
+    metadata = json.loads(lines[1]) if len(lines) > 1 else {}
+    offsets: dict[PartitionKey, int] = {}
+    for line in lines[2:]:
+        if not line.startswith("{"):
+            continue  # "-": a source with no offsets yet
+        for topic, partitions in json.loads(line).items():
+            for partition, offset in partitions.items():
+                offsets[(topic, int(partition))] = int(offset)
+    return offsets, metadata.get("batchTimestampMs")
+
+
+class KafkaOffsets:
+    """Offset look-ups for many partitions at once (AdminClient ListOffsets, read_committed),
+    with the job's pass-through Kafka options.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        options: Mapping[str, str],
+        timeout: float = _KAFKA_TIMEOUT_S,
+        errors: list[str] | None = None,
+    ) -> None:
+        """`errors`, when given, collects the client's connection errors as text."""
+        settings = client_config(bootstrap_servers, options)
+        settings["logger"] = logging.getLogger(KAFKA_CLIENT_LOGGER)
+        if errors is not None:
+            settings["error_cb"] = lambda error: errors.append(error.str())
+        self.admin = AdminClient(settings)
+        self.timeout = timeout
+
+    def partitions(self, topics: Iterable[str]) -> dict[str, list[int]]:
+        """Partition numbers of each existing topic among `topics` (missing ones left out).
+
+        Raises `KafkaException` when the broker does not answer within the timeout.
+        """
+        metadata = self.admin.list_topics(timeout=self.timeout)
+        found = {}
+        for topic in topics:
+            info = metadata.topics.get(topic)
+            if info is not None and info.error is None and info.partitions:
+                found[topic] = sorted(info.partitions)
+        return found
+
+    def latest(self, keys: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        return self._list({key: OffsetSpec.latest() for key in keys})
+
+    def earliest(self, keys: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        return self._list({key: OffsetSpec.earliest() for key in keys})
+
+    def first_at(self, times_ms: Mapping[PartitionKey, int]) -> dict[PartitionKey, int]:
+        """The first offset with a timestamp at or after the given time; -1 when none."""
+        return self._list({key: OffsetSpec.for_timestamp(ms) for key, ms in times_ms.items()})
+
+    def _list(self, specs: Mapping[PartitionKey, OffsetSpec]) -> dict[PartitionKey, int]:
+        if not specs:
+            return {}
+        futures = self.admin.list_offsets(
+            {TopicPartition(topic, partition): spec for (topic, partition), spec in specs.items()},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=self.timeout,
+        )
+        return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+
+
+def input_lag(
+    config: Config, end: Mapping[PartitionKey, int], kafka: KafkaOffsets, now_ms: int
+) -> dict[str, dict[str, int]]:
+    """Per topic, records past `end` that are ready ("lag") and, on retry topics, those
+    still inside their delay ("not_due"). Partitions missing from `end` count from their
+    earliest offset.
+    """
+    delays = {
+        topic: round(tier.delay_seconds * 1000)
+        for tier in config.retry.tiers
+        for topic in tier.topics.values()
+    }
+    found = kafka.partitions([*config.kafka.topics, *delays])
+    keys = [(topic, p) for topic, partitions in found.items() for p in partitions]
+    latest = kafka.latest(keys)
+    start = dict(end)
+    start.update(kafka.earliest([key for key in keys if key not in end]))
+    tier_keys = [key for key in keys if key[0] in delays]
+    frontier = delay_frontier(
+        kafka.first_at({key: now_ms - delays[key[0]] for key in tier_keys}),
+        {key: latest[key] for key in tier_keys},
+    )
+    lag: dict[str, dict[str, int]] = {}
+    for key in keys:
+        position = start[key]
+        ready = frontier.get(key, latest[key])
+        figures = lag.setdefault(key[0], {"lag": 0, "not_due": 0})
+        figures["lag"] += max(0, ready - position)
+        figures["not_due"] += max(0, latest[key] - max(ready, position))
+    return lag
+
+
+def metrics_row(
+    result: BatchResult,
+    *,
+    job: str,
+    tiers: int,
+    finished_ms: int,
+    lag: Mapping[str, Mapping[str, int]] | None,
+) -> dict[str, Any]:
+    """The figures of one batch, as logged (JSON-ready; see the module docstring)."""
+    counters = result.counters
+    by_tier = [int(counters.get(f"retried_tier_{i}", 0)) for i in range(tiers)]
+    row: dict[str, Any] = {
+        "job": job,
+        "batch_id": result.batch_id,
+        "replayed": result.replayed,
+        "finished_at": datetime.fromtimestamp(finished_ms / 1000, UTC).isoformat(
+            timespec="milliseconds"
+        ),
+        "duration_ms": result.duration_ms,
+    }
+    for name in _COUNTERS:
+        row[name] = int(counters.get(name, 0))
+    row["retried"] = sum(by_tier)
+    row["retried_by_tier"] = by_tier
+    row["produced"] = result.produced
+    row["input_lag"] = {topic: dict(figures) for topic, figures in lag.items()} if lag else None
+    return row
+
+
+def table_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """`row` (from `metrics_row`) in the shape of `METRICS_SCHEMA`."""
+    lag = row["input_lag"]
+    return {
+        **row,
+        "finished_at": datetime.fromisoformat(row["finished_at"]),
+        "input_lag": None
+        if lag is None
+        else [{"topic": topic, **figures} for topic, figures in sorted(lag.items())],
+    }
+
+
+def append_once(uri: str, row: Mapping[str, Any], app_id: str) -> bool:
+    """Append `row` to the metrics table at `uri` once for (`app_id`, its batch id).
+
+    Returns False, writing nothing, when the table holds a commit for this or a later batch.
+    """
+    table = DeltaTable(uri)
+    batch_id = row["batch_id"]
+    done = table.transaction_version(app_id)
+    if done is not None and done >= batch_id:
+        return False
+    data = pa.Table.from_pylist([table_row(row)], schema=METRICS_SCHEMA)
+    write_deltalake(
+        table,
+        data,
+        mode="append",
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id, batch_id, int(time.time() * 1000))]
+        ),
+    )
+    return True
+
+
+class MetricsRecorder:
+    """The `on_result` callback that logs and stores each batch's metrics.
+
+    `app_id` is the job's Delta app id (the router's); rows are committed under
+    "<app_id>:metrics". `forward` is called with each result afterwards (a caller's own
+    callback). Call `prepare()` before the query starts: it creates the table if configured.
+    """
+
+    def __init__(self, config: Config, app_id: str, forward=None) -> None:
+        self.config = config
+        self.app_id = f"{app_id}:metrics"
+        self.forward = forward
+        self.rows: list[dict[str, Any]] = []
+        self._kafka: KafkaOffsets | None = None
+
+    def prepare(self) -> None:
+        if self.config.metrics.table:
+            ensure_table(self.config.metrics.table, METRICS_SCHEMA, "metrics")
+
+    def on_result(self, result: BatchResult) -> None:
+        try:
+            self.record(result)
+        except Exception as e:  # metrics must never fail the batch
+            log.warning("metrics of batch %d not recorded: %s", result.batch_id, e)
+        if self.forward is not None:
+            self.forward(result)
+
+    __call__ = on_result
+
+    def record(self, result: BatchResult) -> dict[str, Any]:
+        """Log the batch's metrics line and append it to the table; returns the row."""
+        now_ms = int(time.time() * 1000)
+        row = metrics_row(
+            result,
+            job=self.config.job.name,
+            tiers=len(self.config.retry.tiers),
+            finished_ms=now_ms,
+            lag=self._lag(result.batch_id, now_ms),
+        )
+        metrics_log.info(json.dumps(row))
+        self.rows.append(row)
+        if self.config.metrics.table:
+            try:
+                append_once(self.config.metrics.table, row, self.app_id)
+            except Exception as e:
+                log.warning(
+                    "metrics row of batch %d not written to %s: %s",
+                    result.batch_id,
+                    self.config.metrics.table,
+                    e,
+                )
+        return row
+
+    def _lag(self, batch_id: int, now_ms: int) -> dict[str, dict[str, int]] | None:
+        try:
+            end, _ = batch_offsets(self.config, batch_id)
+            if self._kafka is None:
+                kafka = self.config.kafka
+                self._kafka = KafkaOffsets(kafka.bootstrap_servers, kafka.options)
+            return input_lag(self.config, end, self._kafka, now_ms)
+        except Exception as e:
+            log.warning("input lag after batch %d unknown: %s", batch_id, e)
+            return None

@@ -1,0 +1,427 @@
+"""`retrylib redrive`: send dead-lettered records back to a main topic, each exactly once.
+
+A record goes back with its key, value and own headers (any `retrylib.*` header dropped),
+to its origin topic (and origin partition) or to the topic given; the job then reads it as a
+new record, with fresh attempts. Which rows go is chosen by time range (`dead_lettered_at`),
+error class and id; rows already redriven never go again.
+
+Exactly once, across a crash at any point, in three steps:
+
+1. Claim: one Delta UPDATE sets `redrive_id` (fresh for this run) and `redrive_topic` on
+   every chosen row not claimed before. Rows with a `redrive_id` belong to that redrive.
+2. Send: one Kafka transaction (transactional.id "retrylib-redrive-<job>") produces the
+   claimed rows and a marker, the redrive id, to the control topic
+   `_retrylib.<job>.redriven`. Records and marker become visible together or not at all.
+3. Confirm: one Delta UPDATE sets `redriven_at` on the redrive's rows.
+
+A run first finishes what an earlier one left: claimed rows without `redriven_at` are
+confirmed when their redrive's marker is committed (the crash came after the send), and
+sent (with the same id and marker) when it is not (the crash came before or during it).
+Opening the transactional producer first fences a stale instance and settles its
+in-flight transaction, so the markers read afterwards are final. Consumers that must not
+see the records of an aborted send read with `isolation.level = read_committed`: the
+librdkafka default, so retrylib's own source does; Spark's built-in Kafka source does not
+unless `"isolation.level" = "read_committed"` is among `[kafka.options]`.
+
+Run one redrive per job at a time; a second one fences the first, whose send then fails
+and is finished by the next run. Target topics are checked before rows are claimed; if a
+claimed row's topic disappears before it is sent, every run fails on it until the topic
+exists again, or until its claim is released by hand (set `redrive_id` and
+`redrive_topic` back to null for that redrive id, which is only safe when its marker is
+not in the control topic).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from deltalake import DeltaTable, QueryBuilder
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from retrylib.config import Config
+from retrylib.dead_letter import ensure_dead_letter_table
+from retrylib.errors import RetrylibError
+from retrylib.headers import PREFIX
+from retrylib.kafka_client import ensure_topics, make_admin, make_consumer, make_producer
+from retrylib.logs import KAFKA_CLIENT_LOGGER
+
+log = logging.getLogger(__name__)
+
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_COMMIT_ATTEMPTS = 5
+_TRANSACTION_TIMEOUT_MS = 900_000  # Kafka's default transaction.max.timeout.ms
+_SHOWN_COLUMNS = (
+    "id",
+    "dead_lettered_at",
+    "error_class",
+    "reason",
+    "origin_topic",
+    "origin_partition",
+    "origin_offset",
+    "redrive_id",
+    "redrive_topic",
+)
+
+Progress = Callable[[int, int], None]
+"""Called with (records sent so far, records to send) while sending."""
+
+
+class RedriveError(RetrylibError):
+    """Raised when a redrive cannot start or its send fails (nothing is marked as sent)."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which dead-lettered rows to redrive: all conditions must hold; empty means any."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    error_classes: tuple[str, ...] = ()
+    ids: tuple[str, ...] = ()
+
+    def predicate(self) -> str:
+        """A SQL predicate over the dead-letter table for rows not claimed by any redrive.
+
+        An error class matches the stored class exactly ("builtins.ValueError") or by its
+        last part ("ValueError").
+        """
+        parts = ["redrive_id IS NULL", "redriven_at IS NULL"]
+        if self.since is not None:
+            parts.append(f"dead_lettered_at >= {_timestamp(self.since)}")
+        if self.until is not None:
+            parts.append(f"dead_lettered_at < {_timestamp(self.until)}")
+        if self.error_classes:
+            classes = ", ".join(_quote(c) for c in self.error_classes)
+            short = " OR ".join(
+                f"ends_with(error_class, {_quote('.' + c)})" for c in self.error_classes
+            )
+            parts.append(f"(error_class IN ({classes}) OR {short})")
+        if self.ids:
+            parts.append(f"id IN ({', '.join(_quote(i) for i in self.ids)})")
+        return " AND ".join(parts)
+
+
+@dataclass
+class RedriveReport:
+    """What a redrive did (or, dry, would do). Rows are dicts of `_SHOWN_COLUMNS`."""
+
+    dry_run: bool
+    redrive_id: str | None = None
+    selected: list[dict[str, Any]] = field(default_factory=list)
+    resumed: list[dict[str, Any]] = field(default_factory=list)  # sent now for an earlier run
+    confirmed: list[dict[str, Any]] = field(default_factory=list)  # sent by an earlier run
+    sent: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        def rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [{k: _plain(v) for k, v in row.items()} for row in items]
+
+        return {
+            "dry_run": self.dry_run,
+            "redrive_id": self.redrive_id,
+            "sent": self.sent,
+            "selected": rows(self.selected),
+            "resumed": rows(self.resumed),
+            "confirmed": rows(self.confirmed),
+        }
+
+
+def control_topic(job_name: str) -> str:
+    """The one-partition topic holding the id of every committed redrive of the job."""
+    return f"_retrylib.{job_name}.redriven"
+
+
+def redrive(
+    config: Config,
+    selection: Selection,
+    *,
+    to: str | None = None,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> RedriveReport:
+    """Redrive the rows `selection` picks, to `to` or each row's origin topic; see the module
+    docstring. With `dry_run`, change nothing and report what would go.
+
+    Raises `RedriveError` for a bad `to`, a missing target topic, or a failed send, and
+    `TopicError` when the control topic is missing and may not be created.
+    """
+    if to is not None and not _TOPIC.fullmatch(to):
+        raise RedriveError(f"--to: not a Kafka topic name, got {to!r}")
+    report = RedriveReport(dry_run=dry_run)
+    table = _open_table(config.dead_letter.table, create=not dry_run)
+    if table is None:
+        return report
+    if dry_run:
+        return _dry_run(config, table, selection, to, report)
+    kafka = config.kafka
+    options = {**kafka.options, "logger": logging.getLogger(KAFKA_CLIENT_LOGGER)}
+    admin = make_admin(kafka.bootstrap_servers, options)
+    ensure_topics(admin, {control_topic(config.job.name): 1}, create=kafka.create_topics)
+    producer = make_producer(
+        kafka.bootstrap_servers,
+        {
+            **options,
+            "transactional.id": f"retrylib-redrive-{config.job.name}",
+            "transaction.timeout.ms": str(_TRANSACTION_TIMEOUT_MS),
+        },
+    )
+    producer.init_transactions(30)  # fences a stale redrive and settles its transaction
+    sender = _Sender(config, producer, admin, progress)
+    committed = committed_redrives(config)
+    for redrive_id, rows in _claimed(table).items():
+        if redrive_id in committed:
+            _confirm(table, redrive_id, committed[redrive_id])
+            report.confirmed += [_shown(row) for row in rows]
+        else:
+            log.info("resending %d records of interrupted redrive %s", len(rows), redrive_id)
+            report.sent += sender.send(redrive_id, rows)
+            _confirm(table, redrive_id, int(time.time() * 1000))
+            report.resumed += [_shown(row) for row in rows]
+    predicate = selection.predicate()
+    targets = [to] if to is not None else _origin_topics(table, predicate)
+    if not targets:
+        return report
+    sender.check_topics(targets)  # before claiming, so no row is claimed for a missing topic
+    report.redrive_id = uuid.uuid4().hex
+    _update(
+        table,
+        predicate=predicate,
+        updates={
+            "redrive_id": _quote(report.redrive_id),
+            "redrive_topic": _quote(to) if to is not None else "origin_topic",
+        },
+    )
+    rows = _rows(table, f"redrive_id = {_quote(report.redrive_id)}", full=True)
+    if rows:
+        report.sent += sender.send(report.redrive_id, rows)
+        _confirm(table, report.redrive_id, int(time.time() * 1000))
+    report.selected = [_shown(row) for row in rows]
+    return report
+
+
+def _dry_run(
+    config: Config,
+    table: DeltaTable,
+    selection: Selection,
+    to: str | None,
+    report: RedriveReport,
+) -> RedriveReport:
+    """Fill `report` with the rows a real run would send or confirm; change nothing."""
+    claimed = _claimed(table)
+    committed = committed_redrives(config) if claimed else {}
+    for redrive_id, rows in claimed.items():
+        (report.confirmed if redrive_id in committed else report.resumed).extend(
+            _shown(row) for row in rows
+        )
+    names = pa.schema(table.schema().to_arrow()).names
+    predicate = selection.predicate() if "redrive_id" in names else _legacy(selection)
+    report.selected = [
+        {**_shown(row), "redrive_topic": to or row["origin_topic"]}
+        for row in _rows(table, predicate)
+    ]
+    return report
+
+
+def committed_redrives(config: Config) -> dict[str, int]:
+    """Redrive id -> commit time (epoch ms) of every committed marker in the control topic."""
+    kafka = config.kafka
+    options = {
+        **kafka.options,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        "logger": logging.getLogger(KAFKA_CLIENT_LOGGER),
+    }
+    consumer = make_consumer(kafka.bootstrap_servers, options, "retrylib-redrive")
+    topic = control_topic(config.job.name)
+    markers: dict[str, int] = {}
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=15)
+        if high <= low:
+            return markers
+        consumer.assign([TopicPartition(topic, 0, low)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            if message.error() is not None:
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    return markers
+                raise KafkaException(message.error())
+            markers[(message.value() or b"").decode()] = message.timestamp()[1]
+        raise RedriveError(f"could not read the redrive markers in {topic} within 60s")
+    except KafkaException as e:
+        if e.args and e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return markers
+        raise
+    finally:
+        consumer.close()
+
+
+class _Sender:
+    """Produces claimed rows and their redrive's marker in one transaction."""
+
+    def __init__(self, config: Config, producer: Any, admin: Any, progress: Progress | None):
+        self._config = config
+        self._producer = producer
+        self._admin = admin
+        self._progress = progress
+        self._partitions: dict[str, int] = {}
+
+    def send(self, redrive_id: str, rows: Sequence[dict[str, Any]]) -> int:
+        """Send `rows` and the marker `redrive_id`; returns the number of records sent.
+
+        Raises `RedriveError` when a target topic is missing or the transaction fails
+        (then aborted: nothing of it is visible to read_committed consumers).
+        """
+        self.check_topics({row["redrive_topic"] for row in rows})
+        producer = self._producer
+        producer.begin_transaction()
+        try:
+            for done, row in enumerate(rows, 1):
+                self._produce(row)
+                if self._progress is not None and (done % 1000 == 0 or done == len(rows)):
+                    self._progress(done, len(rows))
+            producer.produce(
+                control_topic(self._config.job.name), value=redrive_id.encode(), partition=0
+            )
+            producer.commit_transaction(120)
+        except KafkaException as e:
+            try:
+                producer.abort_transaction(30)
+            except KafkaException:
+                pass  # fenced or broker gone: the transaction times out on the broker
+            raise RedriveError(f"redrive {redrive_id} failed, nothing was sent: {e}") from e
+        log.info("redrive %s: %d records sent", redrive_id, len(rows))
+        return len(rows)
+
+    def check_topics(self, topics: Iterable[str]) -> None:
+        """Raises `RedriveError` naming the first of `topics` that does not exist."""
+        wanted = set(topics) - set(self._partitions)
+        if not wanted:
+            return
+        metadata = self._admin.list_topics(timeout=15)
+        for topic in sorted(wanted):
+            info = metadata.topics.get(topic)
+            if info is None or info.error is not None or not info.partitions:
+                raise RedriveError(
+                    f"target topic {topic!r} does not exist on "
+                    f"{self._config.kafka.bootstrap_servers}; create it or pass --to"
+                )
+            self._partitions[topic] = len(info.partitions)
+
+    def _produce(self, row: dict[str, Any]) -> None:
+        topic = row["redrive_topic"]
+        kwargs: dict[str, Any] = {}
+        partition = row["origin_partition"]
+        # Back to its own partition when it goes home, so per-key order holds there.
+        if topic == row["origin_topic"] and partition is not None:
+            if 0 <= partition < self._partitions[topic]:
+                kwargs["partition"] = partition
+        headers = [
+            (h["key"], h["value"]) for h in row["headers"] or () if not h["key"].startswith(PREFIX)
+        ]
+        while True:
+            try:
+                self._producer.produce(
+                    topic, key=row["key"], value=row["value"], headers=headers, **kwargs
+                )
+                return
+            except BufferError:  # local queue full: let deliveries drain, then try again
+                self._producer.poll(0.1)
+
+
+def _open_table(uri: str, *, create: bool) -> DeltaTable | None:
+    """The dead-letter table with its redrive columns; None when it does not exist yet."""
+    try:
+        DeltaTable(uri)
+    except TableNotFoundError:
+        log.info("no dead-letter table at %s: nothing to redrive", uri)
+        return None
+    if create:
+        ensure_dead_letter_table(uri)
+    return DeltaTable(uri)
+
+
+def _claimed(table: DeltaTable) -> dict[str, list[dict[str, Any]]]:
+    """Rows claimed by a redrive but not confirmed, by redrive id."""
+    if "redrive_id" not in pa.schema(table.schema().to_arrow()).names:
+        return {}
+    claimed: dict[str, list[dict[str, Any]]] = {}
+    for row in _rows(table, "redrive_id IS NOT NULL AND redriven_at IS NULL", full=True):
+        claimed.setdefault(row["redrive_id"], []).append(row)
+    return claimed
+
+
+def _rows(table: DeltaTable, predicate: str, *, full: bool = False) -> list[dict[str, Any]]:
+    table.update_incremental()
+    names = pa.schema(table.schema().to_arrow()).names
+    columns = ", ".join(c for c in _SHOWN_COLUMNS if c in names)
+    if full:
+        columns += ", key, value, headers"
+    sql = f"SELECT {columns} FROM t WHERE {predicate} ORDER BY dead_lettered_at, id"
+    return pa.table(QueryBuilder().register("t", table).execute(sql).read_all()).to_pylist()
+
+
+def _origin_topics(table: DeltaTable, predicate: str) -> list[str]:
+    """The distinct origin topics of the rows `predicate` picks (none when no row matches)."""
+    sql = f"SELECT DISTINCT origin_topic FROM t WHERE {predicate}"
+    result = pa.table(QueryBuilder().register("t", table).execute(sql).read_all())
+    return sorted(result.column(0).to_pylist())
+
+
+def _shown(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row.get(k) for k in _SHOWN_COLUMNS}
+
+
+def _confirm(table: DeltaTable, redrive_id: str, at_ms: int) -> None:
+    at = datetime.fromtimestamp(at_ms / 1000, UTC)
+    _update(
+        table,
+        predicate=f"redrive_id = {_quote(redrive_id)} AND redriven_at IS NULL",
+        new_values={"redriven_at": at},
+    )
+
+
+def _update(table: DeltaTable, *, predicate: str, **changes: Any) -> None:
+    """UPDATE the table, retrying when a concurrent commit (the job appending dead letters)
+    wins the race.
+    """
+    for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+        table.update_incremental()
+        try:
+            table.update(predicate=predicate, **changes)
+            return
+        except CommitFailedError:
+            if attempt == _COMMIT_ATTEMPTS:
+                raise
+            time.sleep(0.2 * attempt)
+
+
+def _legacy(selection: Selection) -> str:
+    """`selection.predicate()` for a table made before the redrive columns existed."""
+    return selection.predicate().replace("redrive_id IS NULL AND redriven_at IS NULL", "true", 1)
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _timestamp(moment: datetime) -> str:
+    """A SQL literal for `moment` (naive datetimes are taken as UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return _quote(moment.astimezone(UTC).isoformat())
+
+
+def _plain(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value

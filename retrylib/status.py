@@ -1,0 +1,570 @@
+"""`retrylib status`: what a job is holding, read from Kafka, the checkpoint and its tables.
+
+Nothing here starts Spark or changes anything. Where each figure comes from:
+
+- The job's position: the end offsets of the last batch Spark marked complete
+  (`<checkpoint>/spark/commits/<N>` and `offsets/<N>`). Before the first completed batch,
+  retry topics count from their earliest offset and main-topic lag is unknown (null).
+- Main topics: `lag` = latest offset - position, summed over partitions.
+- Retry tiers: the records between the position and the end of each tier topic are read
+  (read_committed, so aborted records and transaction markers are not counted) and counted:
+  `waiting` in all, `due` (their `retrylib.not_before` has passed, so the next batch takes
+  them), `oldest_waiting_since` (earliest `retrylib.last_failure`: when the longest-waiting
+  one failed and entered the tier), `next_due_at` (earliest `retrylib.not_before`; in the
+  past means due already). At most `scan_limit` records are read per tier; beyond that
+  the rest are counted by offsets (an upper bound) and `exact` is false.
+- Dead letters: counted by error class from the dead-letter Delta table, with how many
+  were redriven.
+- Last batches: from the metrics table when `[metrics] table` is set and holds rows, else
+  from the router's manifests under `<checkpoint>/retrylib/manifests` (counters only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from deltalake import DeltaTable, QueryBuilder
+from deltalake.exceptions import TableNotFoundError
+
+from retrylib import headers
+from retrylib.config import Config, RetryTier
+from retrylib.durations import format_duration
+from retrylib.kafka_client import make_consumer
+from retrylib.logs import KAFKA_CLIENT_LOGGER
+from retrylib.metrics import KafkaOffsets, batch_offsets, last_committed_batch
+from retrylib.offsets import PartitionKey
+from retrylib.staging import control_topic
+from retrylib.storage import join, list_names, read_json
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCAN_LIMIT = 10_000
+_CONSUME_BATCH = 500
+
+
+def collect_status(
+    config: Config,
+    *,
+    batches: int = 5,
+    timeout: float = 5.0,
+    scan_limit: int = DEFAULT_SCAN_LIMIT,
+) -> dict[str, Any]:
+    """The job's status as plain JSON-ready data (see the module docstring for each part).
+
+    Kafka is given `timeout` seconds to answer; when it does not, `broker.reachable` is false
+    and the topic sections are empty. Table and checkpoint problems are reported in place
+    (`exists: false`), never raised.
+    """
+    now_ms = int(time.time() * 1000)
+    committed = last_committed_batch(config)
+    position: dict[PartitionKey, int] = {}
+    last_batch = None
+    if committed is not None:
+        position, triggered_ms = batch_offsets(config, committed)
+        last_batch = {"id": committed, "triggered_at": _iso(triggered_ms)}
+    errors: list[str] = []
+    kafka = KafkaOffsets(
+        config.kafka.bootstrap_servers, config.kafka.options, timeout=timeout, errors=errors
+    )
+    broker: dict[str, Any] = {
+        "bootstrap_servers": config.redacted()["kafka"]["bootstrap_servers"],
+        "reachable": True,
+        "error": None,
+    }
+    main_topics: list[dict[str, Any]] = []
+    tiers: list[dict[str, Any]] = []
+    try:
+        main_topics = _main_topics(config, kafka, position, known=committed is not None)
+        tiers = [
+            _tier(config, tier, kafka, position, now_ms, timeout, scan_limit)
+            for tier in config.retry.tiers
+        ]
+    except KafkaException as e:
+        broker["reachable"] = False
+        broker["error"] = errors[0] if errors else _kafka_text(e)
+    return {
+        "job": config.job.name,
+        "generated_at": _iso(now_ms),
+        "checkpoint": config.job.checkpoint,
+        "last_completed_batch": last_batch,
+        "broker": broker,
+        "main_topics": main_topics,
+        "retry_tiers": tiers,
+        "dead_letters": dead_letter_summary(config.dead_letter.table),
+        "last_batches": last_batches(config, batches),
+    }
+
+
+def _main_topics(
+    config: Config, kafka: KafkaOffsets, position: Mapping[PartitionKey, int], known: bool
+) -> list[dict[str, Any]]:
+    found = kafka.partitions(config.kafka.topics)
+    keys = [(topic, p) for topic, partitions in found.items() for p in partitions]
+    latest = kafka.latest(keys)
+    result = []
+    for topic in config.kafka.topics:
+        if topic not in found:
+            result.append({"topic": topic, "exists": False, "partitions": 0, "lag": None})
+            continue
+        lag = None
+        if known:
+            lag = sum(
+                max(0, latest[(topic, p)] - position.get((topic, p), 0)) for p in found[topic]
+            )
+        result.append({"topic": topic, "exists": True, "partitions": len(found[topic]), "lag": lag})
+    return result
+
+
+def _tier(
+    config: Config,
+    tier: RetryTier,
+    kafka: KafkaOffsets,
+    position: Mapping[PartitionKey, int],
+    now_ms: int,
+    timeout: float,
+    scan_limit: int,
+) -> dict[str, Any]:
+    topics = sorted(set(tier.topics.values()))
+    found = kafka.partitions(topics)
+    keys = [(topic, p) for topic, partitions in found.items() for p in partitions]
+    earliest = kafka.earliest(keys)
+    latest = kafka.latest(keys)
+    start = {key: max(position.get(key, earliest[key]), earliest[key]) for key in keys}
+    delay_ms = round(tier.delay_seconds * 1000)
+    scan = _scan(config, start, latest, delay_ms, now_ms, timeout, scan_limit)
+    oldest, next_due = scan["oldest_ms"], scan["next_due_ms"]
+    return {
+        "tier": tier.index + 1,
+        "delay": format_duration(tier.delay_seconds),
+        "delay_seconds": tier.delay_seconds,
+        "topics": topics,
+        "missing_topics": [topic for topic in topics if topic not in found],
+        "waiting": scan["waiting"],
+        "due": scan["due"],
+        "not_due": scan["waiting"] - scan["due"],
+        "exact": scan["exact"],
+        "oldest_waiting_since": _iso(oldest),
+        "oldest_waiting_age_seconds": None if oldest is None else (now_ms - oldest) / 1000,
+        "next_due_at": _iso(next_due),
+        "next_due_in_seconds": None if next_due is None else (next_due - now_ms) / 1000,
+    }
+
+
+def _scan(
+    config: Config,
+    start: Mapping[PartitionKey, int],
+    latest: Mapping[PartitionKey, int],
+    delay_ms: int,
+    now_ms: int,
+    timeout: float,
+    limit: int,
+) -> dict[str, Any]:
+    """Read the committed records from `start` to the end of each partition (at most
+    `limit` in all) and summarise them; see the module docstring.
+    """
+    summary: dict[str, Any] = {
+        "waiting": 0,
+        "due": 0,
+        "exact": True,
+        "oldest_ms": None,
+        "next_due_ms": None,
+    }
+    pending = {key for key, offset in start.items() if latest[key] > offset}
+    if not pending:
+        return summary
+    options = {
+        **config.kafka.options,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        "logger": logging.getLogger(KAFKA_CLIENT_LOGGER),
+    }
+    consumer = make_consumer(config.kafka.bootstrap_servers, options, "retrylib-status")
+    next_offset = dict(start)
+    deadline = time.monotonic() + max(timeout, 1.0) * 3
+    try:
+        consumer.assign([TopicPartition(t, p, start[(t, p)]) for t, p in sorted(pending)])
+        while pending and summary["waiting"] < limit and time.monotonic() < deadline:
+            wanted = min(_CONSUME_BATCH, limit - summary["waiting"])
+            for message in consumer.consume(wanted, timeout=0.2):
+                key = (message.topic(), message.partition())
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(error)
+                    pending.discard(key)
+                    continue
+                next_offset[key] = message.offset() + 1
+                _count(summary, message, delay_ms, now_ms)
+    finally:
+        consumer.close()
+    if pending:
+        summary["exact"] = False
+        summary["waiting"] += sum(max(0, latest[key] - next_offset[key]) for key in pending)
+    return summary
+
+
+def _count(summary: dict[str, Any], message: Any, delay_ms: int, now_ms: int) -> None:
+    _, ours = headers.split_headers(message.headers())
+    timestamp = message.timestamp()[1]
+    not_before = _header_ms(ours, headers.NOT_BEFORE, timestamp + delay_ms)
+    entered = _header_ms(ours, headers.LAST_FAILURE, timestamp)
+    summary["waiting"] += 1
+    summary["due"] += not_before <= now_ms
+    summary["oldest_ms"] = min(entered, summary["oldest_ms"] or entered)
+    summary["next_due_ms"] = min(not_before, summary["next_due_ms"] or not_before)
+
+
+def _header_ms(ours: Mapping[str, bytes | None], name: str, default: int) -> int:
+    try:
+        return int((ours.get(name) or b"").decode())
+    except ValueError:
+        return default
+
+
+def dead_letter_summary(uri: str) -> dict[str, Any]:
+    """Dead-lettered records by error class, with how many were redriven."""
+    try:
+        table = DeltaTable(uri)
+    except TableNotFoundError:
+        return {"table": uri, "exists": False, "total": 0, "redriven": 0, "by_error_class": []}
+    names = set(pa.schema(table.schema().to_arrow()).names)
+    redriven = "count(redriven_at)" if "redriven_at" in names else "0"
+    pending = (
+        "sum(CASE WHEN redrive_id IS NOT NULL AND redriven_at IS NULL THEN 1 ELSE 0 END)"
+        if "redrive_id" in names
+        else "0"
+    )
+    sql = (
+        f"SELECT error_class, count(*) AS records, {redriven} AS redriven, "
+        f"{pending} AS redrive_pending, min(dead_lettered_at) AS first, "
+        "max(dead_lettered_at) AS last FROM t GROUP BY error_class "
+        "ORDER BY records DESC, error_class"
+    )
+    rows = _query(table, sql)
+    classes = [
+        {
+            "error_class": row["error_class"],
+            "records": int(row["records"]),
+            "redriven": int(row["redriven"] or 0),
+            "redrive_pending": int(row["redrive_pending"] or 0),
+            "first_dead_lettered_at": _iso_datetime(row["first"]),
+            "last_dead_lettered_at": _iso_datetime(row["last"]),
+        }
+        for row in rows
+    ]
+    return {
+        "table": uri,
+        "exists": True,
+        "total": sum(c["records"] for c in classes),
+        "redriven": sum(c["redriven"] for c in classes),
+        "by_error_class": classes,
+    }
+
+
+def last_batches(config: Config, count: int) -> dict[str, Any]:
+    """The last `count` batches' figures, newest first, and where they came from."""
+    if config.metrics.table:
+        try:
+            table = DeltaTable(config.metrics.table)
+        except TableNotFoundError:
+            table = None
+        if table is not None:
+            rows = _query(
+                table,
+                "SELECT batch_id, finished_at, replayed, duration_ms, records_main, "
+                "records_retry, succeeded, retried, dead_lettered, duplicates_skipped "
+                f"FROM t ORDER BY finished_at DESC, batch_id DESC LIMIT {int(count)}",
+            )
+            if rows:
+                for row in rows:
+                    row["at"] = _iso_datetime(row.pop("finished_at"))
+                return {"source": "metrics_table", "batches": rows}
+    manifests = join(config.job.checkpoint, "retrylib", "manifests")
+    numbers = sorted(
+        (int(name[:-5]) for name in list_names(manifests) if name[:-5].isdigit()), reverse=True
+    )
+    batches = []
+    for number in numbers[:count]:
+        manifest = read_json(join(manifests, f"{number}.json"))
+        if manifest is None:  # removed by the job's clean-up since the listing
+            continue
+        counters = manifest.get("counters", {})
+        retried = sum(v for k, v in counters.items() if k.startswith("retried_tier_"))
+        batches.append(
+            {
+                "batch_id": number,
+                "at": _iso(manifest.get("now_ms")),
+                "replayed": None,
+                "duration_ms": None,
+                "records_main": counters.get("records_main", 0),
+                "records_retry": counters.get("records_retry", 0),
+                "succeeded": counters.get("succeeded", 0),
+                "retried": retried,
+                "dead_lettered": counters.get("dead_lettered", 0),
+                "duplicates_skipped": counters.get("duplicates_skipped", 0),
+            }
+        )
+    return {"source": "manifests" if batches else None, "batches": batches}
+
+
+def _kafka_text(error: KafkaException) -> str:
+    first = error.args[0] if error.args else error
+    return first.str() if hasattr(first, "str") else str(first)
+
+
+def _query(table: DeltaTable, sql: str) -> list[dict[str, Any]]:
+    return pa.table(QueryBuilder().register("t", table).execute(sql).read_all()).to_pylist()
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
+
+
+def _iso_datetime(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat(timespec="seconds")
+
+
+def render_status(status: Mapping[str, Any]) -> str:
+    """`status` (from `collect_status`) as text for a terminal."""
+    lines = [f"job {status['job']}   checkpoint {status['checkpoint']}"]
+    batch = status["last_completed_batch"]
+    lines.append(
+        f"last completed batch: {batch['id']} (triggered {batch['triggered_at']})"
+        if batch
+        else "last completed batch: none yet"
+    )
+    broker = status["broker"]
+    if broker["reachable"]:
+        lines.append(f"broker {broker['bootstrap_servers']}: reachable")
+    else:
+        lines.append(f"broker {broker['bootstrap_servers']}: NOT reachable ({broker['error']})")
+    if status["main_topics"]:
+        lines += ["", "main topics"]
+        rows = [("topic", "partitions", "lag")]
+        for topic in status["main_topics"]:
+            lag = "-" if topic["lag"] is None else str(topic["lag"])
+            partitions = str(topic["partitions"]) if topic["exists"] else "missing"
+            rows.append((topic["topic"], partitions, lag))
+        lines += _table(rows)
+    if status["retry_tiers"]:
+        lines += ["", "retry tiers"]
+        rows = [("tier", "delay", "waiting", "due", "oldest waiting", "next due")]
+        for tier in status["retry_tiers"]:
+            waiting = str(tier["waiting"]) + ("" if tier["exact"] else "+")
+            rows.append(
+                (
+                    str(tier["tier"]),
+                    tier["delay"],
+                    waiting,
+                    str(tier["due"]),
+                    _ago(tier["oldest_waiting_age_seconds"]),
+                    _due(tier["next_due_in_seconds"]),
+                )
+            )
+        lines += _table(rows)
+        missing = [t for tier in status["retry_tiers"] for t in tier["missing_topics"]]
+        if missing:
+            lines.append(f"  missing retry topics (created when the job starts): {missing}")
+    dead = status["dead_letters"]
+    lines.append("")
+    if not dead["exists"]:
+        lines.append(f"dead letters: no table at {dead['table']} yet")
+    else:
+        lines.append(
+            f"dead letters: {dead['total']} in {dead['table']}, {dead['redriven']} redriven"
+        )
+        if dead["by_error_class"]:
+            rows = [("error class", "records", "redriven", "last")]
+            for c in dead["by_error_class"]:
+                rows.append(
+                    (
+                        c["error_class"] or "-",
+                        str(c["records"]),
+                        str(c["redriven"]),
+                        c["last_dead_lettered_at"] or "-",
+                    )
+                )
+            lines += _table(rows)
+    recent = status["last_batches"]
+    lines.append("")
+    if not recent["batches"]:
+        lines.append("last batches: none recorded")
+    else:
+        lines.append(f"last batches (from {recent['source'].replace('_', ' ')})")
+        rows = [("batch", "at", "in main", "in retry", "ok", "retried", "dead", "dup", "ms")]
+        for b in recent["batches"]:
+            rows.append(
+                (
+                    str(b["batch_id"]),
+                    b["at"] or "-",
+                    *(
+                        "-" if b[k] is None else str(b[k])
+                        for k in (
+                            "records_main",
+                            "records_retry",
+                            "succeeded",
+                            "retried",
+                            "dead_lettered",
+                            "duplicates_skipped",
+                            "duration_ms",
+                        )
+                    ),
+                )
+            )
+        lines += _table(rows)
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  "
+        + "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def _ago(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{format_duration(max(0, round(seconds)))} ago"
+
+
+def _due(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds <= 0:
+        return f"now (due {format_duration(round(-seconds))} ago)"
+    return f"in {format_duration(round(seconds))}"
+
+
+def status_json(status: Mapping[str, Any]) -> str:
+    return json.dumps(status, indent=2, default=str)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of `retrylib check`: level is "ok", "note", "warning" or "error"."""
+
+    level: str
+    message: str
+
+
+def preflight(config: Config, *, timeout: float = 5.0) -> tuple[bool, list[Finding]]:
+    """What would stop the job from starting, beyond the config itself: whether the broker
+    answers within `timeout`, the main topics exist, the other topics exist or may be
+    created, and existing tables have the expected columns. Returns (broker reachable,
+    findings); changes nothing.
+    """
+    reachable, findings = _topic_findings(config, timeout)
+    return reachable, findings + _table_findings(config)
+
+
+def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]]:
+    kafka = config.kafka
+    shown_servers = config.redacted()["kafka"]["bootstrap_servers"]
+    errors: list[str] = []
+    lookups = KafkaOffsets(kafka.bootstrap_servers, kafka.options, timeout=timeout, errors=errors)
+    tier_topics = {
+        topic: (tier, main) for tier in config.retry.tiers for main, topic in tier.topics.items()
+    }
+    internal = control_topic(config.job.name)
+    try:
+        found = lookups.partitions(
+            [*kafka.topics, *tier_topics, config.dead_letter.topic, internal]
+        )
+    except KafkaException as e:
+        reason = errors[0] if errors else _kafka_text(e)
+        message = f"broker {shown_servers} not reachable within {timeout:g}s ({reason})"
+        return False, [Finding("warning", f"{message}; topics not checked")]
+    findings = [Finding("ok", f"broker {shown_servers} reachable")]
+    for i, topic in enumerate(kafka.topics):
+        if topic in found:
+            findings.append(Finding("ok", f"main topic {topic!r}: {len(found[topic])} partitions"))
+        else:
+            findings.append(
+                Finding(
+                    "error",
+                    f"kafka.topics[{i}]: topic {topic!r} does not exist on {shown_servers}; "
+                    "create it before starting the job",
+                )
+            )
+    others = [
+        *(
+            (
+                topic,
+                f"retry topic {topic!r} (tier {tier.index + 1}, "
+                f"{format_duration(tier.delay_seconds)}, for {main!r})",
+            )
+            for topic, (tier, main) in tier_topics.items()
+        ),
+        (config.dead_letter.topic, f"dead-letter topic {config.dead_letter.topic!r}"),
+        (internal, f"control topic {internal!r}"),
+    ]
+    for topic, label in others:
+        if topic in found:
+            findings.append(Finding("ok", f"{label}: {len(found[topic])} partitions"))
+        elif kafka.create_topics:
+            findings.append(Finding("note", f"{label} does not exist; created when the job starts"))
+        else:
+            findings.append(
+                Finding(
+                    "error",
+                    f"{label} does not exist and kafka.create_topics = false; create it "
+                    "or set kafka.create_topics = true",
+                )
+            )
+    return True, findings
+
+
+def _table_findings(config: Config) -> list[Finding]:
+    from retrylib.dead_letter import DEAD_LETTER_SCHEMA, REDRIVE_COLUMNS
+    from retrylib.metrics import METRICS_SCHEMA
+
+    wanted = [
+        ("output.table", config.output.table, config.handler.output_schema.to_arrow()),
+        ("dead_letter.table", config.dead_letter.table, DEAD_LETTER_SCHEMA),
+    ]
+    if config.metrics.table:
+        wanted.append(("metrics.table", config.metrics.table, METRICS_SCHEMA))
+    findings = []
+    for key, uri, schema in wanted:
+        try:
+            names = pa.schema(DeltaTable(uri).schema().to_arrow()).names
+        except TableNotFoundError:
+            findings.append(Finding("note", f"{key}: no Delta table at {uri}; created on start"))
+            continue
+        except Exception as e:  # object-store credentials, permissions, a broken log
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            findings.append(Finding("warning", f"{key}: cannot read the table at {uri}: {reason}"))
+            continue
+        upgradable = (
+            key == "dead_letter.table"
+            and names + [c for c in REDRIVE_COLUMNS if c not in names] == schema.names
+        )
+        if names == schema.names:
+            findings.append(Finding("ok", f"{key}: Delta table at {uri}"))
+        elif upgradable:
+            findings.append(
+                Finding("note", f"{key}: the redrive columns are added to {uri} on start")
+            )
+        else:
+            findings.append(
+                Finding(
+                    "error",
+                    f"{key}: the table at {uri} has columns {names}, expected "
+                    f"{schema.names}; point {key} at a new path or migrate the table",
+                )
+            )
+    return findings

@@ -1,0 +1,402 @@
+"""The `retrylib` command against the broker and real Delta tables: run, check, status, redrive.
+
+One small job run (module fixture, through `retrylib run --available-now`) leaves records in
+a retry tier, rows in the dead-letter table and a metrics row; the tests read and redrive
+those. Each redrive test picks its own rows by id or error class, so none depends on
+another having run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TopicPartition
+from deltalake import DeltaTable
+
+import retrylib.redrive as redrive_module
+from retrylib.cli import main
+from retrylib.config import load_config
+from retrylib.delta_sink import read_table
+from retrylib.kafka_client import make_consumer, make_producer
+
+pytestmark = pytest.mark.slow
+
+HANDLERS_DIR = Path(__file__).parent / "handlers"
+SECRET = f"s3cr3t-{uuid.uuid4().hex}"
+SECRET_VARIABLE = "RETRYLIB_TEST_KAFKA_PASSWORD"
+OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"
+RECORDS = (
+    [(f"ok-{i}", "fine") for i in range(4)]
+    + [(f"bad-{i}", "broken") for i in range(3)]  # ValueError: non-retryable
+    + [(f"stop-{i}", "halt") for i in range(3)]  # NonRetryable
+    + [(f"always-{i}", "again") for i in range(3)]  # RuntimeError: waits in tier 1 (30m)
+)
+
+
+def job_config(tmp: Path, bootstrap: str, topic: str, name: str = "clitest") -> Path:
+    path = tmp / f"{name}.toml"
+    path.write_text(f"""
+[job]
+name = "{name}"
+checkpoint = "{tmp}/checkpoint"
+trigger = "500ms"
+[kafka]
+bootstrap_servers = "{bootstrap}"
+topics = ["{topic}"]
+[kafka.options]
+"sasl.password" = "${{env:{SECRET_VARIABLE}}}"
+[handler]
+function = "job_handlers:by_key"
+output_schema = "{OUTPUT_SCHEMA}"
+paths = ["{HANDLERS_DIR}"]
+[output]
+table = "{tmp}/out"
+[retry]
+delays = ["30m", "1h"]
+max_attempts = 3
+non_retryable = ["ValueError"]
+[dead_letter]
+topic = "{topic}.dlt"
+table = "{tmp}/dlq"
+[metrics]
+table = "{tmp}/metrics"
+""")
+    return path
+
+
+@contextlib.contextmanager
+def captured_logging():
+    """Capture what the CLI prints and logs; put the root logger back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield out, err
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+@pytest.fixture(scope="module")
+def job(spark, bootstrap_servers, make_topic, tmp_path_factory):
+    """A job run once: returns (config path, topic, exit code, stdout, stderr)."""
+    previous = os.environ.get(SECRET_VARIABLE)
+    os.environ[SECRET_VARIABLE] = SECRET
+    sys.path.insert(0, str(HANDLERS_DIR))
+    topic = make_topic("clijob", partitions=2)
+    producer = make_producer(bootstrap_servers, {})
+    for i, (key, value) in enumerate(RECORDS):
+        producer.produce(
+            topic,
+            key=key.encode(),
+            value=value.encode(),
+            partition=i % 2,
+            headers=[("trace", b"t-" + key.encode()), ("retrylib.attempt", b"7")],
+        )
+    producer.flush(30)
+    path = job_config(tmp_path_factory.mktemp("clijob"), bootstrap_servers, topic)
+    with captured_logging() as (out, err):
+        code = main(["run", str(path), "--available-now"])
+    yield path, topic, code, out.getvalue(), err.getvalue()
+    if previous is None:
+        os.environ.pop(SECRET_VARIABLE, None)
+    else:
+        os.environ[SECRET_VARIABLE] = previous
+
+
+def config_of(job):
+    return load_config(job[0], check_imports=False)
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = main(list(args))
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def dead_letters(job) -> list[dict]:
+    return read_table(config_of(job).dead_letter.table).to_pylist()
+
+
+def dead_letter_ids(job, prefix: str) -> list[str]:
+    rows = [r for r in dead_letters(job) if r["key"].decode().startswith(prefix)]
+    return [r["id"] for r in sorted(rows, key=lambda r: r["key"])]
+
+
+def copies_in_topic(bootstrap: str, topic: str, key: str) -> list[list[tuple[str, bytes]]]:
+    """Headers of every committed record with `key` in `topic`."""
+    consumer = make_consumer(
+        bootstrap, {"isolation.level": "read_committed", "enable.partition.eof": True}
+    )
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    found, ended = [], set()
+    try:
+        while len(ended) < len(partitions):
+            message = consumer.poll(5)
+            assert message is not None, "timed out reading the topic"
+            if message.error() is not None:
+                ended.add(message.partition())
+            elif message.key() == key.encode():
+                found.append(message.headers() or [])
+    finally:
+        consumer.close()
+    return found
+
+
+def test_run_exits_0_and_logs_one_metrics_line_per_batch(job):
+    _, _, code, _, err = job
+    assert code == 0
+    lines = [
+        json.loads(line.split("retrylib.metrics: ", 1)[1])
+        for line in err.splitlines()
+        if "retrylib.metrics: " in line
+    ]
+    assert lines, err
+    assert len({line["batch_id"] for line in lines}) == len(lines)
+    totals = {
+        name: sum(line[name] for line in lines)
+        for name in ("records_main", "records_retry", "succeeded", "dead_lettered", "retried")
+    }
+    assert totals == {
+        "records_main": 13,
+        "records_retry": 0,
+        "succeeded": 4,
+        "dead_lettered": 6,
+        "retried": 3,
+    }
+    assert [sum(t) for t in zip(*(line["retried_by_tier"] for line in lines), strict=True)] == [
+        3,
+        0,
+    ]
+    assert lines[-1]["input_lag"][job[1]] == {"lag": 0, "not_due": 0}
+
+
+def test_secret_never_printed(job, capsys):
+    assert SECRET not in job[3] + job[4]
+    for args in (["status", str(job[0])], ["status", str(job[0]), "--json"]):
+        code, out, err = run_cli(capsys, *args)
+        assert code == 0
+        assert SECRET not in out + err
+    code, out, err = run_cli(capsys, "check", str(job[0]), "--show")
+    assert code == 0, err
+    assert SECRET not in out + err
+    assert '"sasl.password": "***"' in out
+
+
+def test_status_json_reports_tiers_dead_letters_and_batches(job, capsys):
+    code, out, _ = run_cli(capsys, "status", str(job[0]), "--json")
+
+    assert code == 0
+    status = json.loads(out)
+    assert set(status) == {
+        "job",
+        "generated_at",
+        "checkpoint",
+        "last_completed_batch",
+        "broker",
+        "main_topics",
+        "retry_tiers",
+        "dead_letters",
+        "last_batches",
+    }
+    assert status["broker"]["reachable"] is True
+    assert status["main_topics"] == [{"topic": job[1], "exists": True, "partitions": 2, "lag": 0}]
+    first, second = status["retry_tiers"]
+    assert (first["tier"], first["delay"], first["waiting"], first["due"]) == (1, "30m", 3, 0)
+    assert first["exact"] is True
+    assert 0 <= first["oldest_waiting_age_seconds"] < 600
+    assert 1200 < first["next_due_in_seconds"] <= 1800
+    assert (second["waiting"], second["next_due_at"]) == (0, None)
+    classes = {c["error_class"]: c["records"] for c in status["dead_letters"]["by_error_class"]}
+    assert classes == {"builtins.ValueError": 3, "retrylib.errors.NonRetryable": 3}
+    batches = status["last_batches"]
+    assert batches["source"] == "metrics_table"
+    assert sum(b["records_main"] for b in batches["batches"]) == 13
+
+
+def test_status_text_is_readable(job, capsys):
+    code, out, _ = run_cli(capsys, "status", str(job[0]))
+
+    assert code == 0
+    assert "retry tiers" in out and "30m" in out and "in 2" in out  # next due in 2xm
+    assert "builtins.ValueError" in out
+    assert "last batches (from metrics table)" in out
+
+
+def test_check_passes_for_the_job_config(job, capsys):
+    code, out, err = run_cli(capsys, "check", str(job[0]))
+
+    assert code == 0, err
+    assert f"ok: main topic '{job[1]}': 2 partitions" in out
+    assert out.rstrip().endswith(": ok")
+
+
+def test_redrive_dry_run_changes_nothing(job, capsys, bootstrap_servers):
+    config = config_of(job)
+    chosen = dead_letter_ids(job, "stop-")[0]
+    version = DeltaTable(config.dead_letter.table).version()
+
+    code, out, _ = run_cli(capsys, "redrive", str(job[0]), "--id", chosen, "--dry-run", "--json")
+
+    assert code == 0
+    report = json.loads(out)
+    assert report["dry_run"] is True
+    assert [row["id"] for row in report["selected"]] == [chosen]
+    assert report["selected"][0]["redrive_topic"] == job[1]
+    assert DeltaTable(config.dead_letter.table).version() == version
+    assert len(copies_in_topic(bootstrap_servers, job[1], "stop-0")) == 1
+
+
+def test_redrive_sends_once_with_original_headers(job, capsys, bootstrap_servers):
+    code, out, err = run_cli(
+        capsys, "redrive", str(job[0]), "--error-class", "ValueError", "--json"
+    )
+
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["sent"] == 3
+    assert sorted(row["id"] for row in report["selected"]) == sorted(dead_letter_ids(job, "bad-"))
+    for i in range(3):
+        copies = copies_in_topic(bootstrap_servers, job[1], f"bad-{i}")
+        assert len(copies) == 2  # the original and one redriven copy
+        assert copies[1] == [("trace", f"t-bad-{i}".encode())]  # retrylib.* dropped
+    redriven = [r for r in dead_letters(job) if r["key"].startswith(b"bad-")]
+    assert all(r["redriven_at"] is not None and r["redrive_topic"] == job[1] for r in redriven)
+
+    code, out, _ = run_cli(capsys, "redrive", str(job[0]), "--error-class", "ValueError", "--json")
+
+    assert code == 0
+    assert json.loads(out)["sent"] == 0
+    assert len(copies_in_topic(bootstrap_servers, job[1], "bad-0")) == 2
+
+
+def test_redrive_filters_by_time(job, capsys):
+    code, out, _ = run_cli(
+        capsys, "redrive", str(job[0]), "--until", "2000-01-01T00:00:00Z", "--dry-run", "--json"
+    )
+    assert code == 0
+    assert json.loads(out)["selected"] == []
+
+    code, out, _ = run_cli(
+        capsys,
+        "redrive",
+        str(job[0]),
+        "--since",
+        "2000-01-01",
+        "--error-class",
+        "retrylib.errors.NonRetryable",
+        "--dry-run",
+        "--json",
+    )
+    assert code == 0
+    selected = {row["id"] for row in json.loads(out)["selected"]}
+    assert selected <= set(dead_letter_ids(job, "stop-")) and selected
+
+
+class Crash(BaseException):
+    """Stands for the process dying: nothing catches it, nothing is cleaned up."""
+
+
+def test_redrive_crash_before_commit_is_resent_once(job, capsys, bootstrap_servers, monkeypatch):
+    chosen = dead_letter_ids(job, "stop-")[1]
+
+    # Records produced inside the transaction, then the process dies before committing.
+    original_producer = redrive_module.make_producer
+
+    class DyingProducer:
+        def __init__(self, producer):
+            self._producer = producer
+
+        def __getattr__(self, name):
+            return getattr(self._producer, name)
+
+        def commit_transaction(self, *args):
+            raise Crash()
+
+    monkeypatch.setattr(
+        redrive_module, "make_producer", lambda *a, **k: DyingProducer(original_producer(*a, **k))
+    )
+    with pytest.raises(Crash):
+        main(["redrive", str(job[0]), "--id", chosen])
+    capsys.readouterr()
+    row = next(r for r in dead_letters(job) if r["id"] == chosen)
+    assert row["redrive_id"] is not None and row["redriven_at"] is None
+    monkeypatch.setattr(redrive_module, "make_producer", original_producer)
+
+    code, out, err = run_cli(capsys, "redrive", str(job[0]), "--id", chosen, "--json")
+
+    assert code == 0, err
+    report = json.loads(out)
+    assert [r["id"] for r in report["resumed"]] == [chosen]
+    assert report["sent"] == 1
+    assert len(copies_in_topic(bootstrap_servers, job[1], "stop-1")) == 2
+    row = next(r for r in dead_letters(job) if r["id"] == chosen)
+    assert row["redriven_at"] is not None
+
+
+def test_redrive_crash_after_commit_is_not_resent(job, capsys, bootstrap_servers, monkeypatch):
+    chosen = dead_letter_ids(job, "stop-")[2]
+
+    def die(*args, **kwargs):
+        raise Crash()
+
+    monkeypatch.setattr(redrive_module, "_confirm", die)
+    with pytest.raises(Crash):
+        main(["redrive", str(job[0]), "--id", chosen])
+    capsys.readouterr()
+    monkeypatch.undo()
+    assert len(copies_in_topic(bootstrap_servers, job[1], "stop-2")) == 2
+
+    code, out, err = run_cli(capsys, "redrive", str(job[0]), "--id", chosen, "--json")
+
+    assert code == 0, err
+    report = json.loads(out)
+    assert [r["id"] for r in report["confirmed"]] == [chosen]
+    assert report["sent"] == 0
+    assert len(copies_in_topic(bootstrap_servers, job[1], "stop-2")) == 2
+    row = next(r for r in dead_letters(job) if r["id"] == chosen)
+    assert row["redriven_at"] is not None
+
+
+def test_check_reports_a_missing_main_topic(capsys, bootstrap_servers, tmp_path, monkeypatch):
+    path = job_config(tmp_path, bootstrap_servers, f"absent-{uuid.uuid4().hex[:8]}", "missing")
+    monkeypatch.setenv(SECRET_VARIABLE, SECRET)
+
+    code, out, err = run_cli(capsys, "check", str(path))
+
+    assert code == 1
+    assert "error: kafka.topics[0]: topic 'absent-" in err and "does not exist" in err
+    assert "note: retry topic 'absent-" in out and "created when the job starts" in out
+
+
+def test_check_notes_topics_the_job_would_create(
+    capsys, bootstrap_servers, make_topic, tmp_path, monkeypatch
+):
+    topic = make_topic("fresh", partitions=1)
+    path = job_config(tmp_path, bootstrap_servers, topic, "fresh")
+    monkeypatch.setenv(SECRET_VARIABLE, SECRET)
+
+    code, out, err = run_cli(capsys, "check", str(path))
+
+    assert code == 0, err
+    assert (
+        f"note: retry topic '{topic}.retry.30m' (tier 1, 30m, for '{topic}') does not exist" in out
+    )
+    assert f"note: dead-letter topic '{topic}.dlt' does not exist" in out
+    assert "note: output.table: no Delta table" in out

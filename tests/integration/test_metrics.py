@@ -1,0 +1,99 @@
+"""Per-batch metrics of a known run: the JSON log lines and the Delta metrics table agree
+with what the job did, and a replayed batch adds no second row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+from conftest import produce
+
+from retrylib.delta_sink import read_table
+from retrylib.job import start_query, stop_gracefully
+from retrylib.metrics import METRICS_SCHEMA, append_once
+from retrylib.router import BatchResult
+
+pytestmark = pytest.mark.slow
+
+
+def test_metrics_lines_and_table_match_the_run(
+    spark, bootstrap_servers, make_topic, write_config, caplog, tmp_path
+):
+    caplog.set_level(logging.INFO, logger="retrylib.metrics")
+    topic = make_topic("metrics", partitions=2)
+    records = (
+        [(f"ok-{i}", "v") for i in range(4)]
+        + [(f"flaky1-{i}", "v") for i in range(3)]  # fail once, succeed on the retry
+        + [(f"bad-{i}", "v") for i in range(2)]  # non-retryable: dead-lettered at once
+    )
+    produce(bootstrap_servers, topic, records, partitions=2)
+    config = write_config(
+        [topic],
+        retry='delays = ["1s"]\nmax_attempts = 2',
+        extra=f'[metrics]\ntable = "{tmp_path}/metrics"',
+    )
+    results: list[BatchResult] = []
+    query, router = start_query(spark, config, on_result=results.append)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and query.isActive:
+            done = sum(r.counters.get("succeeded", 0) for r in results)
+            if done >= 7:
+                break
+            time.sleep(0.5)
+    finally:
+        stop_gracefully(query)
+        router.close()
+
+    lines = [
+        json.loads(record.getMessage())
+        for record in caplog.records
+        if record.name == "retrylib.metrics"
+    ]
+    assert [line["batch_id"] for line in lines] == [r.batch_id for r in results]
+    totals = {
+        name: sum(line[name] for line in lines)
+        for name in (
+            "records_main",
+            "records_retry",
+            "succeeded",
+            "output_rows",
+            "retried",
+            "dead_lettered",
+            "duplicates_skipped",
+        )
+    }
+    assert totals == {
+        "records_main": 9,
+        "records_retry": 3,
+        "succeeded": 7,
+        "output_rows": 7,
+        "retried": 3,
+        "dead_lettered": 2,
+        "duplicates_skipped": 0,
+    }
+    assert sum(line["retried_by_tier"][0] for line in lines) == 3
+    assert all(line["duration_ms"] > 0 and line["replayed"] is False for line in lines)
+    assert all(line["input_lag"][topic]["lag"] == 0 for line in lines)
+    assert set(lines[-1]["input_lag"]) == {topic, f"{topic}.retry.1s"}
+
+    table = read_table(config.metrics.table)
+    assert table.schema.names == METRICS_SCHEMA.names
+    rows = sorted(table.to_pylist(), key=lambda row: row["batch_id"])
+    assert [row["batch_id"] for row in rows] == [line["batch_id"] for line in lines]
+    for row, line in zip(rows, lines, strict=True):
+        assert row["records_main"] == line["records_main"]
+        assert row["succeeded"] == line["succeeded"]
+        assert row["retried_by_tier"] == line["retried_by_tier"]
+        lag = {
+            item["topic"]: {"lag": item["lag"], "not_due": item["not_due"]}
+            for item in row["input_lag"]
+        }
+        assert lag == line["input_lag"]
+
+    # A replayed batch logs again but never adds a second row.
+    assert append_once(config.metrics.table, lines[-1], f"{router.app_id}:metrics") is False
+    assert read_table(config.metrics.table).num_rows == len(lines)

@@ -1,0 +1,102 @@
+"""`retrylib check` without a broker: every config problem at once, and an unreachable broker."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from retrylib.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, main
+
+
+@pytest.fixture(autouse=True)
+def keep_root_logger():
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "handlers_for_check.py").write_text("def handle(record):\n    return None\n")
+    path = tmp_path / "job.toml"
+    path.write_text(text.replace("TMP", str(tmp_path)))
+    return path
+
+
+VALID = """
+[job]
+name = "checked"
+checkpoint = "TMP/checkpoint"
+[kafka]
+bootstrap_servers = "127.0.0.1:1"
+topics = ["orders"]
+[handler]
+function = "handlers_for_check:handle"
+output_schema = "id STRING"
+paths = ["TMP"]
+[output]
+table = "TMP/out"
+"""
+
+
+def test_every_config_problem_is_listed_with_its_key(tmp_path, capsys):
+    path = write(
+        tmp_path,
+        VALID.replace('topics = ["orders"]', 'topics = ["orders"]\ntopcs = 1').replace(
+            'name = "checked"', 'name = "bad name!"'
+        )
+        + '[retry]\ndelays = ["5s", "soon"]\nmax_attempts = 0\n',
+    )
+
+    code = main(["check", str(path)])
+
+    err = capsys.readouterr().err
+    assert code == EXIT_CONFIG
+    for key in ("job.name", "kafka.topcs", "retry.delays[1]", "retry.max_attempts"):
+        assert f"error: {key}: " in err
+    assert "invalid config (4 problems)" in err
+
+
+def test_an_unreachable_broker_is_a_warning(tmp_path, capsys):
+    path = write(tmp_path, VALID)
+
+    code = main(["check", str(path), "--timeout", "1"])
+
+    captured = capsys.readouterr()
+    assert code == EXIT_OK
+    assert "warning: broker 127.0.0.1:1 not reachable within 1s" in captured.err
+    assert "topics not checked" in captured.err
+    assert captured.out.rstrip().endswith("ok (broker not checked)")
+
+
+def test_an_unreachable_broker_fails_when_required(tmp_path, capsys):
+    path = write(tmp_path, VALID)
+
+    code = main(["check", str(path), "--timeout", "1", "--require-broker"])
+
+    assert code == EXIT_FAILED
+    assert "--require-broker" in capsys.readouterr().err
+
+
+def test_show_prints_the_config_with_secrets_masked(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CHECK_TEST_TOKEN", "tok-7f3a9")
+    path = write(
+        tmp_path,
+        VALID.replace(
+            'topics = ["orders"]',
+            'topics = ["orders"]\n[kafka.options]\n'
+            '"sasl.oauthbearer.config" = "x=${env:CHECK_TEST_TOKEN}"\n'
+            '"client.id" = "visible"',
+        ),
+    )
+
+    code = main(["check", str(path), "--timeout", "1", "--show"])
+
+    captured = capsys.readouterr()
+    assert code == EXIT_OK
+    assert '"client.id": "visible"' in captured.out
+    assert '"sasl.oauthbearer.config": "***"' in captured.out
+    assert "tok-7f3a9" not in captured.out + captured.err

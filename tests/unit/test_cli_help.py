@@ -1,0 +1,51 @@
+"""The `retrylib` command's help and usage errors: every subcommand documents its exit codes."""
+
+from __future__ import annotations
+
+import pytest
+
+from retrylib.cli import EXIT_CONFIG, EXIT_OK, main
+
+COMMANDS = ("run", "check", "status", "redrive", "demo")
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, None])
+def test_help_lists_exit_codes(command, capsys):
+    code = main([command, "--help"] if command else ["--help"])
+
+    out = capsys.readouterr().out
+    assert code == EXIT_OK
+    assert "exit codes:" in out
+    assert "2  bad usage or invalid config" in out
+
+
+def test_top_level_help_names_every_command(capsys):
+    main(["--help"])
+
+    out = capsys.readouterr().out
+    for command in COMMANDS:
+        assert f"    {command} " in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "the following arguments are required: COMMAND"),
+        (["status"], "the following arguments are required: config"),
+        (["redrive", "x.toml", "--since", "yesterday"], "expected an ISO 8601 time"),
+        (["check", "x.toml", "--timeout", "0"], "expected a number of seconds above 0"),
+        (["launch"], "invalid choice: 'launch'"),
+    ],
+)
+def test_usage_errors_exit_2(argv, message, capsys):
+    code = main(argv)
+
+    assert code == EXIT_CONFIG
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_config_file_exits_2(capsys, tmp_path):
+    code = main(["status", str(tmp_path / "nope.toml")])
+
+    assert code == EXIT_CONFIG
+    assert "no such file" in capsys.readouterr().err

@@ -1,0 +1,131 @@
+"""Metrics figures from a batch result, lag arithmetic, the checkpoint offset log, and the
+metrics table's once-per-batch append.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import KafkaException
+
+from retrylib.config import load_config
+from retrylib.delta_sink import ensure_table, read_table
+from retrylib.metrics import (
+    METRICS_SCHEMA,
+    KafkaOffsets,
+    append_once,
+    batch_offsets,
+    input_lag,
+    metrics_row,
+    table_row,
+)
+from retrylib.router import BatchResult
+
+
+def result(batch_id: int = 4, **counters: int) -> BatchResult:
+    return BatchResult(batch_id, False, counters, 5, True, True, 321)
+
+
+def config(tmp_path: Path):
+    (tmp_path / "h.py").write_text("def handle(record):\n    return None\n")
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[job]
+name = "m"
+checkpoint = "{tmp_path}/cp"
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+topics = ["orders"]
+[handler]
+function = "h:handle"
+output_schema = "id STRING"
+paths = ["{tmp_path}"]
+[output]
+table = "{tmp_path}/out"
+[retry]
+delays = ["10s", "1m"]
+[metrics]
+table = "{tmp_path}/metrics"
+""")
+    return load_config(path)
+
+
+def test_row_holds_every_figure():
+    row = metrics_row(
+        result(records_main=10, records_retry=3, succeeded=9, retried_tier_1=2, dead_lettered=1),
+        job="orders",
+        tiers=3,
+        finished_ms=1_700_000_000_000,
+        lag={"orders": {"lag": 4, "not_due": 0}},
+    )
+
+    assert row["batch_id"] == 4 and row["duration_ms"] == 321 and row["produced"] == 5
+    assert (row["records_main"], row["records_retry"], row["succeeded"]) == (10, 3, 9)
+    assert row["retried_by_tier"] == [0, 2, 0] and row["retried"] == 2
+    assert row["duplicates_skipped"] == 0
+    assert row["finished_at"] == "2023-11-14T22:13:20.000+00:00"
+    assert pa.Table.from_pylist([table_row(row)], schema=METRICS_SCHEMA).num_rows == 1
+
+
+def test_batch_offsets_merges_every_source(tmp_path):
+    cfg = config(tmp_path)
+    offsets = tmp_path / "cp" / "spark" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "7").write_text(
+        'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1234,"conf":{}}\n'
+        '{"orders":{"0":10,"1":12}}\n{"orders.retry.10s":{"0":3}}\n-\n'
+    )
+
+    end, triggered = batch_offsets(cfg, 7)
+
+    assert end == {("orders", 0): 10, ("orders", 1): 12, ("orders.retry.10s", 0): 3}
+    assert triggered == 1234
+
+
+class FakeKafka:
+    """Offsets of one main partition and one tier partition (records 0..9, 6.. not due)."""
+
+    def partitions(self, topics):
+        return {t: [0] for t in topics if t in ("orders", "orders.retry.10s")}
+
+    def latest(self, keys):
+        return {k: 10 for k in keys}
+
+    def earliest(self, keys):
+        return {k: 0 for k in keys}
+
+    def first_at(self, times):
+        return {k: 6 for k in times}
+
+
+def test_lag_splits_retry_topics_into_due_and_not_due(tmp_path):
+    lag = input_lag(
+        config(tmp_path), {("orders", 0): 7, ("orders.retry.10s", 0): 2}, FakeKafka(), 10**12
+    )
+
+    assert lag == {
+        "orders": {"lag": 3, "not_due": 0},
+        "orders.retry.10s": {"lag": 4, "not_due": 4},
+    }
+
+
+def test_append_once_per_batch(tmp_path):
+    cfg = config(tmp_path)
+    ensure_table(cfg.metrics.table, METRICS_SCHEMA, "metrics")
+    row = metrics_row(result(2, records_main=1), job="m", tiers=2, finished_ms=0, lag=None)
+
+    assert append_once(cfg.metrics.table, row, "m-1:metrics") is True
+    assert append_once(cfg.metrics.table, row, "m-1:metrics") is False
+    earlier = metrics_row(result(1), job="m", tiers=2, finished_ms=0, lag=None)
+    assert append_once(cfg.metrics.table, earlier, "m-1:metrics") is False
+
+    table = read_table(cfg.metrics.table)
+    assert table.num_rows == 1
+    assert table.to_pylist()[0]["input_lag"] is None
+
+
+def test_the_job_kafka_options_reach_the_lookup_client():
+    with pytest.raises(KafkaException, match="socket.timeout.ms"):
+        KafkaOffsets("127.0.0.1:1", {"socket.timeout.ms": "not-a-number"})
