@@ -5,5 +5,5 @@ cd "$(dirname "$0")"
 python=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[spark,embedded,test]"
 java -version >/dev/null 2>&1 || { echo "setup.sh: Java 17 is needed by Spark (java not found)" >&2; exit 1; }

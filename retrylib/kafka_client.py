@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from retrylib.errors import TopicError
+from retrylib.logs import KAFKA_CLIENT_LOGGER
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,14 @@ _PRODUCER_DEFAULTS = {
 
 
 def client_config(bootstrap_servers: str, options: Mapping[str, str]) -> dict[str, object]:
-    """The settings shared by every client: the brokers plus the user's pass-through options."""
-    return {"bootstrap.servers": bootstrap_servers, **dict(options)}
+    """The settings shared by every client: the brokers, the user's pass-through options, and
+    a logger so that librdkafka's own lines go through logging (and its redaction) instead of
+    straight to stderr."""
+    return {
+        "bootstrap.servers": bootstrap_servers,
+        "logger": logging.getLogger(KAFKA_CLIENT_LOGGER),
+        **dict(options),
+    }
 
 
 def make_consumer(

@@ -44,7 +44,6 @@ from deltalake.transaction import CommitProperties, Transaction
 from retrylib.config import Config
 from retrylib.delta_sink import ensure_table
 from retrylib.kafka_client import client_config
-from retrylib.logs import KAFKA_CLIENT_LOGGER
 from retrylib.offsets import PartitionKey, delay_frontier
 from retrylib.storage import filesystem, join, list_names
 
@@ -142,7 +141,6 @@ class KafkaOffsets:
     ) -> None:
         """`errors`, when given, collects the client's connection errors as text."""
         settings = client_config(bootstrap_servers, options)
-        settings["logger"] = logging.getLogger(KAFKA_CLIENT_LOGGER)
         if errors is not None:
             settings["error_cb"] = lambda error: errors.append(error.str())
         self.admin = AdminClient(settings)

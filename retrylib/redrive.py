@@ -52,7 +52,6 @@ from retrylib.dead_letter import ensure_dead_letter_table
 from retrylib.errors import RetrylibError
 from retrylib.headers import PREFIX
 from retrylib.kafka_client import ensure_topics, make_admin, make_consumer, make_producer
-from retrylib.logs import KAFKA_CLIENT_LOGGER
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +162,7 @@ def redrive(
     if dry_run:
         return _dry_run(config, table, selection, to, report)
     kafka = config.kafka
-    options = {**kafka.options, "logger": logging.getLogger(KAFKA_CLIENT_LOGGER)}
+    options = kafka.options
     admin = make_admin(kafka.bootstrap_servers, options)
     ensure_topics(admin, {control_topic(config.job.name): 1}, create=kafka.create_topics)
     producer = make_producer(
@@ -238,7 +237,6 @@ def committed_redrives(config: Config) -> dict[str, int]:
         **kafka.options,
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
-        "logger": logging.getLogger(KAFKA_CLIENT_LOGGER),
     }
     consumer = make_consumer(kafka.bootstrap_servers, options, "retrylib-redrive")
     topic = control_topic(config.job.name)

@@ -38,7 +38,6 @@ from retrylib import headers
 from retrylib.config import Config, RetryTier
 from retrylib.durations import format_duration
 from retrylib.kafka_client import make_consumer
-from retrylib.logs import KAFKA_CLIENT_LOGGER
 from retrylib.metrics import KafkaOffsets, batch_offsets, last_committed_batch
 from retrylib.offsets import PartitionKey
 from retrylib.staging import control_topic
@@ -184,7 +183,6 @@ def _scan(
         **config.kafka.options,
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
-        "logger": logging.getLogger(KAFKA_CLIENT_LOGGER),
     }
     consumer = make_consumer(config.kafka.bootstrap_servers, options, "retrylib-status")
     next_offset = dict(start)
