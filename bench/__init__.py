@@ -1,0 +1,1 @@
+"""Throughput, memory and retry-lateness benchmark for retrylib (run by hand; bench/README.md)."""

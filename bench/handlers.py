@@ -1,0 +1,61 @@
+"""Handlers the benchmark runs, the same functions in every contender.
+
+Input values start with a marker byte: `FAIL_MARK` for records chosen to fail (see
+`bench.data.marked_to_fail`), `OK_MARK` for the rest. `trivial` ignores the marker;
+`flaky` fails a marked record on its first delivery only (attempt 0), so a failure rate
+puts that share of the input on the retry path and every retry would succeed.
+"""
+
+from __future__ import annotations
+
+import time
+
+FAIL_MARK = b"F"
+OK_MARK = b"S"
+
+OUTPUT_DDL = "partition INT, offset BIGINT, size INT"
+LATENESS_DDL = "partition INT, offset BIGINT, attempt INT, handled_at_ms BIGINT"
+
+
+class BenchTransientError(Exception):
+    """The failure `flaky` and `late_stamp` raise on a marked record's first delivery."""
+
+
+def trivial(record) -> dict:
+    """One small output row per record; no parsing, no failures."""
+    return {"partition": record.partition, "offset": record.offset, "size": len(record.value)}
+
+
+def flaky(record) -> dict:
+    """`trivial`, except that a marked record fails on attempt 0."""
+    if record.attempt == 0 and record.value[:1] == FAIL_MARK:
+        raise BenchTransientError("marked to fail once")
+    return {"partition": record.partition, "offset": record.offset, "size": len(record.value)}
+
+
+def late_stamp(record) -> dict:
+    """For the lateness run: a marked record fails once; every output row carries the
+    wall-clock time (epoch ms) at which the handler ran."""
+    if record.attempt == 0 and record.value[:1] == FAIL_MARK:
+        raise BenchTransientError("marked to fail once")
+    return {
+        "partition": record.partition,
+        "offset": record.offset,
+        "attempt": record.attempt,
+        "handled_at_ms": int(time.time() * 1000),
+    }
+
+
+def trivial_arrow(batch):
+    """`trivial` as a vectorised handler (`handler.kind = "arrow"`): one call per Arrow
+    batch, one output row per input row, no per-record Python."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pa.RecordBatch.from_arrays(
+        [batch.column("partition"), batch.column("offset"), pc.binary_length(batch["value"])],
+        names=["partition", "offset", "size"],
+    )
+
+
+HANDLERS = {"trivial": trivial, "flaky": flaky, "late_stamp": late_stamp}

@@ -1,0 +1,64 @@
+"""Retry lateness: how long after its not-before time a retried record is handled.
+
+The job runs on its processing-time trigger with one delay tier and the `late_stamp`
+handler: a marked record fails on its first delivery and succeeds on the retry, and every
+output row carries the wall-clock time the handler ran (`handled_at_ms`). The retry topic
+holds, for each retried record, the `retrylib.not_before` header retrylib wrote (the time
+before which it must not be handled) and the record's origin partition and offset. So
+
+    lateness = handled_at_ms (output row, attempt 1) - not_before (retry record header)
+
+measured on the job's own clocks, with nothing estimated. A negative value would mean a
+record was handled early.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from retrylib.headers import NOT_BEFORE, ORIGIN_OFFSET, ORIGIN_PARTITION
+
+
+def not_before_by_origin(bootstrap: str, topic: str, timeout: float = 30.0) -> dict:
+    """{(origin partition, origin offset): not_before ms} over the committed records of
+    every partition of `topic`."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-lateness",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "receive.message.max.bytes": 1_000_000_000,
+        }
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        open_partitions = set(partitions)
+        found: dict[tuple[int, int], int] = {}
+        deadline = time.monotonic() + timeout
+        while open_partitions and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=0.5):
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        open_partitions.discard(message.partition())
+                        continue
+                    raise RuntimeError(str(error))
+                headers = {k: v for k, v in message.headers() or ()}
+                key = (int(headers[ORIGIN_PARTITION]), int(headers[ORIGIN_OFFSET]))
+                found[key] = int(headers[NOT_BEFORE])
+        return found
+    finally:
+        consumer.close()
+
+
+def handled_by_origin(table_uri: str) -> dict:
+    """{(partition, offset): handled_at_ms} of the output rows of retried records."""
+    from retrylib.delta_sink import read_table
+
+    rows = read_table(table_uri, where="attempt >= 1").to_pylist()
+    return {(r["partition"], r["offset"]): r["handled_at_ms"] for r in rows}

@@ -1,0 +1,124 @@
+"""Pure helpers for the benchmark's numbers and tables (no Spark, no Kafka)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation between closest ranks."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return float(ordered[0])
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def rate(records: int, seconds: float | None) -> float | None:
+    return records / seconds if seconds and seconds > 0 else None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return numerator / denominator if numerator and denominator else None
+
+
+def fmt(value: object, digits: int = 1) -> str:
+    """Numbers for tables: thousands separated, `digits` decimals for floats, '-' for None."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], title: str = "") -> str:
+    """A plain-text table: columns padded, numbers right-aligned, text left-aligned."""
+    cells = [[str(h) for h in headers]]
+    numeric = [True] * len(headers)
+    for row in rows:
+        texts = []
+        for i, value in enumerate(row):
+            if isinstance(value, str):
+                numeric[i] = numeric[i] and _looks_numeric(value)
+                texts.append(value)
+            else:
+                texts.append(fmt(value))
+        cells.append(texts)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: Sequence[str], header: bool) -> str:
+        parts = [
+            text.ljust(widths[i]) if header or not numeric[i] else text.rjust(widths[i])
+            for i, text in enumerate(row)
+        ]
+        return "| " + " | ".join(parts) + " |"
+
+    out = [title] if title else []
+    for index, row in enumerate(cells):
+        out.append(line(row, index == 0))
+        if index == 0:
+            out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(out)
+
+
+def _looks_numeric(text: str) -> bool:
+    stripped = text.replace(",", "").replace(".", "").replace("×", "").replace("%", "").strip()
+    return stripped == "-" or stripped.lstrip("-").isdigit()
+
+
+def shares(parts: Mapping[str, float], whole: float) -> dict[str, float]:
+    """Each part as a percentage of `whole` (0 when whole is 0)."""
+    return {k: (100 * v / whole if whole else 0.0) for k, v in parts.items()}
+
+
+def sum_counters(batches: Iterable[Mapping[str, object]], key: str = "counters") -> dict[str, int]:
+    total: dict[str, int] = {}
+    for batch in batches:
+        for name, value in dict(batch.get(key) or {}).items():
+            total[name] = total.get(name, 0) + int(value)
+    return total
+
+
+def lateness_ms(
+    handled: Mapping[tuple[int, int], int], not_before: Mapping[tuple[int, int], int]
+) -> tuple[list[int], int]:
+    """handled_at - not_before per record present in both (keyed by origin partition,
+    offset), and how many retried records have no handled row."""
+    values = [handled[key] - due for key, due in not_before.items() if key in handled]
+    return values, sum(1 for key in not_before if key not in handled)
+
+
+def split_lateness(
+    handled: Mapping[tuple[int, int], int],
+    not_before: Mapping[tuple[int, int], int],
+    trigger_starts_ms: Sequence[int],
+) -> tuple[list[int], list[int]]:
+    """Each retried record's lateness in two parts: from not-before to the start of the
+    trigger that handled it (waiting for a trigger, or for the batch before it to end), and
+    from that trigger's start to the handler call (planning and running the batch).
+
+    The handling trigger is the last one that started at or before the handler call.
+    Records handled before any known trigger start are left out.
+    """
+    starts = sorted(trigger_starts_ms)
+    waits, inside = [], []
+    for key, due in not_before.items():
+        if key not in handled:
+            continue
+        at = handled[key]
+        started = [s for s in starts if s <= at]
+        if not started:
+            continue
+        waits.append(started[-1] - due)
+        inside.append(at - started[-1])
+    return waits, inside

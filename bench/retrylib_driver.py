@@ -1,0 +1,130 @@
+"""Runs the retrylib job in this process (its own process, started by bench/run.py) the way
+`retrylib run` does (`build_spark_session` + `start_query`), with bench timers installed
+(see bench/instrument.py), and writes what happened to a JSON result file.
+
+    python -m bench.retrylib_driver CONFIG RESULT_JSON --master local[2]
+        [--continuous --expect-succeeded N --events EVENTS_JSONL --timeout S] [--no-timers]
+
+Without --continuous the query runs with Trigger.AvailableNow and the process exits when it
+ends. With --continuous it runs on the config's processing-time trigger until the batches
+have counted N succeeded records (or the timeout), appending one JSON line per batch to
+EVENTS_JSONL as batches end (bench/run.py watches it to know the job is warm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("config")
+    parser.add_argument("result")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--continuous", action="store_true")
+    parser.add_argument("--expect-succeeded", type=int, default=0)
+    parser.add_argument("--events")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--no-timers", action="store_true")
+    args = parser.parse_args(argv)
+    started = time.time()
+
+    from retrylib.config import load_config
+    from retrylib.job import start_query, stop_gracefully
+    from retrylib.logs import configure_logging
+    from retrylib.session import build_spark_session
+
+    configure_logging()
+    config = load_config(args.config)
+    timers = None
+    if not args.no_timers:
+        from bench.instrument import install_driver_timers
+
+        timers = install_driver_timers()
+    spark = build_spark_session(f"retrylib-{config.job.name}", master=args.master)
+    session_ready = time.time()
+
+    batches: list[dict] = []
+    succeeded = [0]
+    settled = threading.Event()
+    events = open(args.events, "a") if args.events else None
+
+    def on_result(result) -> None:
+        entry = {
+            "batch_id": result.batch_id,
+            "end": time.time(),
+            "duration_ms": result.duration_ms,
+            "replayed": result.replayed,
+            "produced": result.produced,
+            "counters": result.counters,
+            "driver_ms": timers.take() if timers else {},
+        }
+        batches.append(entry)
+        succeeded[0] += result.counters.get("succeeded", 0)
+        if events is not None:
+            events.write(json.dumps(entry) + "\n")
+            events.flush()
+        if args.expect_succeeded and succeeded[0] >= args.expect_succeeded:
+            settled.set()
+
+    from bench.procmem import cpu_between, tree_cpu_by_group
+
+    cpu_before = tree_cpu_by_group(os.getpid())
+    query, router = start_query(
+        spark, config, available_now=not args.continuous, on_result=on_result
+    )
+    query_started = time.time()
+    error = None
+    try:
+        if args.continuous:
+            deadline = time.monotonic() + args.timeout
+            while query.isActive and not settled.is_set() and time.monotonic() < deadline:
+                settled.wait(0.2)
+            stop_gracefully(query)
+        else:
+            query.awaitTermination(args.timeout)
+            if query.isActive:
+                error = f"timed out after {args.timeout}s"
+                query.stop()
+        exception = query.exception()
+        if exception is not None:
+            error = str(exception)
+    finally:
+        router.close()
+    done = time.time()
+    query_cpu = cpu_between(cpu_before, tree_cpu_by_group(os.getpid()))
+    progress = [json.loads(p.json) for p in query.recentProgress]
+    result = {
+        "started": started,
+        "session_ready": session_ready,
+        "query_started": query_started,
+        "done": done,
+        "batches": batches,
+        "progress": [
+            {
+                "batchId": p.get("batchId"),
+                "timestamp": p.get("timestamp"),
+                "numInputRows": p.get("numInputRows"),
+                "durationMs": p.get("durationMs", {}),
+            }
+            for p in progress
+        ],
+        "succeeded": succeeded[0],
+        "query_cpu_s": query_cpu,
+        "error": error,
+    }
+    with open(args.result, "w") as f:
+        json.dump(result, f)
+    if events is not None:
+        events.close()
+    spark.stop()
+    return 1 if error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The benchmark's pure helpers (bench/): input marking, numbers and tables, /proc parsing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+# bench/ is not an installed package: import it from the repository root, as its README does.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.data import make_value, marked_to_fail
+from bench.fused import plan_batches
+from bench.handlers import FAIL_MARK, OK_MARK, flaky, trivial
+from bench.instrument import _add_counters
+from bench.procmem import (
+    classify,
+    cpu_between,
+    descendants,
+    machine_busy_seconds,
+    parse_kb,
+    parse_stat,
+)
+from bench.report import fmt, lateness_ms, percentile, rate, ratio, sum_counters, table
+from bench.spy_summary import charge, parse_line, role
+from retrylib.record import Record
+
+
+@pytest.mark.parametrize("rate_", [0.0, 0.05, 0.1, 0.333, 1.0])
+def test_marked_share_is_exact_in_every_prefix(rate_):
+    for n in (1, 19, 20, 1000):
+        marked = sum(marked_to_fail(i, rate_) for i in range(n))
+        assert marked == int(n * rate_)
+
+
+def test_values_have_the_asked_size_and_marker():
+    assert len(make_value(123, 200, True)) == 200
+    assert make_value(123, 200, True)[:1] == FAIL_MARK
+    assert make_value(5, 200, False)[:1] == OK_MARK
+    assert len(make_value(123456, 3, False)) == 3
+
+
+def record(value: bytes, attempt: int = 0) -> Record:
+    return Record(b"k", value, [], "t", 1, 7, 0, attempt)
+
+
+def test_flaky_fails_a_marked_record_only_on_its_first_delivery():
+    with pytest.raises(Exception, match="marked"):
+        flaky(record(FAIL_MARK + b"x"))
+    assert flaky(record(FAIL_MARK + b"x", attempt=1)) == {"partition": 1, "offset": 7, "size": 2}
+    assert trivial(record(FAIL_MARK + b"x")) == {"partition": 1, "offset": 7, "size": 2}
+
+
+def test_percentile_interpolates_between_ranks():
+    assert percentile([], 50) is None
+    assert percentile([5], 99) == 5
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile(list(range(101)), 99) == 99
+    assert percentile([10, 0], 100) == 10
+
+
+def test_rates_and_ratios_tolerate_missing_numbers():
+    assert rate(100, 2.0) == 50
+    assert rate(100, 0) is None
+    assert ratio(3.0, None) is None
+    assert ratio(3.0, 2.0) == 1.5
+
+
+def test_fmt_and_table():
+    assert fmt(None) == "-"
+    assert fmt(1234567) == "1,234,567"
+    assert fmt(2.345, 2) == "2.35"
+    text = table(["name", "n"], [["a", 1000], ["bb", 5]], "title")
+    lines = text.splitlines()
+    assert lines[0] == "title"
+    assert lines[1] == "| name | n     |"
+    assert lines[3] == "| a    | 1,000 |"
+    assert lines[4] == "| bb   |     5 |"
+
+
+def test_sum_counters_adds_per_key():
+    batches = [{"counters": {"a": 1, "b": 2}}, {"counters": {"a": 3}}, {}]
+    assert sum_counters(batches) == {"a": 4, "b": 2}
+
+
+def test_lateness_pairs_records_by_origin():
+    handled = {(0, 1): 1500, (0, 2): 2100}
+    due = {(0, 1): 1000, (0, 2): 2000, (1, 5): 3000}
+    values, missing = lateness_ms(handled, due)
+    assert sorted(values) == [100, 500]
+    assert missing == 1
+
+
+def test_parse_stat_survives_odd_command_names():
+    fields = ["S", "42"] + ["0"] * 9 + ["250", "150"] + ["0"] * 30
+    comm, ppid, cpu = parse_stat("123 (we(ird) name) " + " ".join(fields))
+    assert (comm, ppid) == ("we(ird) name", 42)
+    assert cpu == pytest.approx(400 / __import__("os").sysconf("SC_CLK_TCK"))
+
+
+def test_parse_kb_and_machine_busy():
+    assert parse_kb("Rss:   1732 kB\nPss:    226 kB\n", "Pss") == 226
+    assert parse_kb("Rss: 1 kB", "Pss") is None
+    ticks = __import__("os").sysconf("SC_CLK_TCK")
+    stat = "cpu  100 10 50 1000 20 5 5 10 0 0\ncpu0 1 1 1 1 1 1 1 1 0 0\n"
+    assert machine_busy_seconds(stat) == pytest.approx(180 / ticks)
+
+
+def test_process_tree_and_groups():
+    parents = {1: 0, 10: 1, 11: 10, 12: 11, 20: 1}
+    assert descendants(10, parents) == {10, 11, 12}
+    assert classify(10, 10, "python") == "driver"
+    assert classify(11, 10, "java") == "jvm"
+    assert classify(12, 10, "python3") == "workers"
+    before = {"jvm": {11: 1.0}, "workers": {12: 2.0}}
+    after = {"jvm": {11: 3.5}, "workers": {12: 2.5, 13: 1.0}}
+    assert cpu_between(before, after) == {"jvm": 2.5, "workers": 1.5}
+
+
+def test_fused_batches_cover_every_offset_once_within_the_cap():
+    low = {("t", 0): 0, ("t", 1): 5}
+    high = {("t", 0): 10, ("t", 1): 9}
+    batches = plan_batches(low, high, cap=5)
+    assert all(sum(end - start for _, _, start, end in b) <= 6 for b in batches)
+    covered = sorted((p, o) for b in batches for _, p, s, e in b for o in range(s, e))
+    assert covered == [(0, o) for o in range(10)] + [(1, o) for o in range(5, 9)]
+
+
+def test_timers_are_added_to_the_counters_row():
+    schema = pa.schema([("kind", pa.string()), ("payload", pa.string())])
+    summary = pa.RecordBatch.from_pylist(
+        [{"kind": "output", "payload": "{}"}, {"kind": "counters", "payload": '{"a": 1}'}],
+        schema=schema,
+    )
+    rows = _add_counters(summary, {"a": 2, "bench_x": 5}).to_pylist()
+    assert rows[0] == {"kind": "output", "payload": "{}"}
+    assert json.loads(rows[1]["payload"]) == {"a": 3, "bench_x": 5}
+
+
+def test_spy_lines_are_put_in_roles_and_charged_to_our_frames():
+    line = (
+        'process 1:"python -m bench.retrylib_driver";process 2:"python -m pyspark.daemon";'
+        "main (worker.py:1);run_task (retrylib/batch_task.py:372);"
+        "record_id (retrylib/headers.py:92);dumps (json/__init__.py:234) 7"
+    )
+    frames, count = parse_line(line)
+    assert count == 7
+    assert role(frames) == "routing task (mapInArrow)"
+    assert charge(frames) == "record_id (retrylib/headers.py)"
+    assert parse_line("") is None
+
+
+def test_lateness_splits_at_the_trigger_that_handled_the_record():
+    from bench.report import split_lateness
+
+    handled = {(0, 1): 5_300, (0, 2): 9_100, (0, 3): 100}
+    due = {(0, 1): 4_000, (0, 2): 8_000, (0, 3): 50}
+    waits, inside = split_lateness(handled, due, [3_000, 5_000, 9_000])
+    assert waits == [1_000, 1_000]
+    assert inside == [300, 100]
