@@ -96,12 +96,24 @@ def _policy(delays_ms: tuple[int, ...], attempts: int, jitter: float, names: tup
 
 @dataclass
 class Delivery:
-    """One record handed to the handler, with what is known of its earlier failures."""
+    """One record handed to the handler, with what is known of its earlier failures.
+
+    The id of a first delivery is computed only when needed (a failure): hashing every
+    record would cost more than routing it.
+    """
 
     record: Record
-    id: str
     source_topic: str
+    job: str
+    known_id: str | None = None
     first_failure_ms: int | None = None
+
+    @property
+    def id(self) -> str:
+        if self.known_id is None:
+            record = self.record
+            self.known_id = record_id(self.job, record.topic, record.partition, record.offset)
+        return self.known_id
 
 
 @dataclass
@@ -128,6 +140,7 @@ class TaskRouter:
         )
         self.staged = DataFileWriter(plan.staging_dir, STAGED_SCHEMA, plan.batch_id)
         self.counters: Counter[str] = Counter()
+        self.handler_ns = 0
         self.pending = _Pending()
         self.seen_retries: set[tuple[str, int]] = set()
         self._staged_rows: list[dict] = []
@@ -144,7 +157,10 @@ class TaskRouter:
 
     def _deliveries(self, batch: pa.RecordBatch) -> list[Delivery]:
         columns = [
-            batch.column(name).to_pylist()
+            # Integer microseconds convert to Python far faster than aware datetimes.
+            (
+                batch.column(name).cast(pa.int64()) if name == "timestamp" else batch.column(name)
+            ).to_pylist()
             for name in ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
         ]
         deliveries = (self._delivery(*row) for row in zip(*columns, strict=True))
@@ -163,6 +179,7 @@ class TaskRouter:
             )
             if (data_file := writer.close()) is not None
         ]
+        self.counters["handler_ms"] = self.handler_ns // 1_000_000
         rows.append({"kind": "counters", "payload": json.dumps(dict(self.counters))})
         yield pa.RecordBatch.from_pylist(rows, schema=SUMMARY_SCHEMA)
 
@@ -177,14 +194,14 @@ class TaskRouter:
         if tier is None:
             self.counters["records_main"] += 1
             record = Record(key, value, header_pairs, topic, partition, offset, timestamp_ms, 0)
-            return Delivery(record, record_id(self.plan.job, topic, partition, offset), topic)
+            return Delivery(record, topic, self.plan.job)
         self.counters["records_retry"] += 1
         user_headers, own = split_headers(header_pairs)
         try:
             state = decode_retry_state(own)
         except CorruptRetryHeaders as e:
             record = Record(key, value, user_headers, topic, partition, offset, timestamp_ms, 0)
-            delivery = Delivery(record, record_id(self.plan.job, topic, partition, offset), topic)
+            delivery = Delivery(record, topic, self.plan.job)
             self._dead_letter(delivery, e, "corrupt_retry_headers", 0, _now_ms())
             return None
         if (state.id, state.attempt) in self.seen_retries:
@@ -201,7 +218,7 @@ class TaskRouter:
             state.origin_timestamp_ms,
             state.attempt,
         )
-        delivery = Delivery(record, state.id, topic, state.first_failure_ms)
+        delivery = Delivery(record, topic, self.plan.job, state.id, state.first_failure_ms)
         if not is_due(state.not_before_ms, self.plan.now_ms):
             # Only reachable when clocks disagree: never hand it over early, wait again.
             self.counters["requeued_not_due"] += 1
@@ -213,15 +230,16 @@ class TaskRouter:
     # -- handling -----------------------------------------------------------------------
 
     def _handle(self, delivery: Delivery) -> None:
-        started = time.perf_counter()
+        started = time.perf_counter_ns()
         try:
-            result = call_handler(self.timed, self.handler, delivery.record)
-        except Exception as error:
+            result, error = call_handler(self.timed, self.handler, delivery.record), None
+        except Exception as failure:
+            result, error = None, failure
+        self.handler_ns += time.perf_counter_ns() - started
+        if error is None:
+            self._accept(delivery, result)
+        else:
             self._fail(delivery, error)
-            return
-        finally:
-            self.counters["handler_ms"] += round((time.perf_counter() - started) * 1000)
-        self._accept(delivery, result)
 
     def _accept(self, delivery: Delivery, result: object) -> None:
         """Keep a successful call's rows for writing; a malformed result fails the record."""
@@ -248,17 +266,16 @@ class TaskRouter:
         else:
             handler_input = input_from_records([d.record for d in deliveries])
         argument = handler_input if self.plan.handler_kind == "arrow" else handler_input.to_pandas()
-        started = time.perf_counter()
+        started = time.perf_counter_ns()
         try:
             result = call_handler(self.timed, self.handler, argument)
+            self.handler_ns += time.perf_counter_ns() - started
             table = as_output_table(result, handler_input.num_rows, self.plan.output_schema)
             results = None if table is not None else per_row_results(result, handler_input.num_rows)
         except Exception as error:
             for delivery in deliveries or self._deliveries(batch):
                 self._fail(delivery, error)
             return
-        finally:
-            self.counters["handler_ms"] += round((time.perf_counter() - started) * 1000)
         if table is not None:
             if deliveries is None:
                 self.counters["records_main"] += batch.num_rows
@@ -279,14 +296,16 @@ class TaskRouter:
             return
         all_rows = [row for rows in pending.rows for row in rows]
         try:
-            self._write_output(pa.RecordBatch.from_pylist(all_rows, schema=self.plan.output_schema))
+            batch = _output_batch(all_rows, self.plan.output_schema)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            batch = None
+        if batch is not None:
+            self._write_output(batch)
             self.counters["succeeded"] += len(pending.deliveries)
             return
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            pass
         for delivery, rows in zip(pending.deliveries, pending.rows, strict=True):
             try:
-                batch = pa.RecordBatch.from_pylist(rows, schema=self.plan.output_schema)
+                batch = _output_batch(rows, self.plan.output_schema)
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
                 self._fail(delivery, BadHandlerResult(f"rows do not fit the output schema: {e}"))
                 continue
@@ -320,7 +339,7 @@ class TaskRouter:
         if tier_topics is None:
             self._dead_letter(delivery, error, "unknown_origin_topic", attempts, failed_at)
             return
-        error_class, message, _ = describe_error(error)
+        error_class, message, _ = describe_error(error, with_trace=False)
         state = _state(delivery, attempts, decision.not_before_ms, failed_at, error_class, message)
         topic = tier_topics[decision.tier]
         headers = encode_retry_headers(record.headers, state)
@@ -414,11 +433,38 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _epoch_ms(timestamp: object) -> int:
-    # Arrow hands Spark timestamps over as datetimes (or as integer microseconds).
-    if isinstance(timestamp, int):
-        return timestamp // 1000
-    return round(timestamp.timestamp() * 1000)
+def _output_batch(rows: list[dict], schema: pa.Schema) -> pa.RecordBatch:
+    """`rows` as a RecordBatch of `schema`.
+
+    Raises `ValueError` naming a NOT NULL column (or struct field, list element, map key or
+    value) left empty: Arrow builds such a batch, but the Parquet writer refuses it, which
+    would fail the task, and every replay of the batch, instead of the one record.
+    """
+    batch = pa.RecordBatch.from_pylist(rows, schema=schema)
+    for column_field, column in zip(schema, batch.columns, strict=True):
+        _check_not_null(column_field, column, column_field.name)
+    return batch
+
+
+def _check_not_null(field: pa.Field, array: pa.Array, path: str) -> None:
+    if not field.nullable and array.null_count:
+        raise ValueError(f"column {path!r} is NOT NULL, but a row has no value for it")
+    kind = field.type
+    if pa.types.is_struct(kind):
+        present = array.filter(array.is_valid())
+        for i in range(kind.num_fields):
+            child = kind.field(i)
+            _check_not_null(child, present.field(i), f"{path}.{child.name}")
+    elif pa.types.is_map(kind):
+        _check_not_null(kind.key_field, array.keys, f"{path}.key")
+        _check_not_null(kind.item_field, array.items, f"{path}.value")
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        _check_not_null(kind.value_field, array.flatten(), f"{path}[]")
+
+
+def _epoch_ms(timestamp_us: int | None) -> int:
+    """Epoch milliseconds of a Spark timestamp given as integer microseconds (-1 if none)."""
+    return -1 if timestamp_us is None else timestamp_us // 1000
 
 
 def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

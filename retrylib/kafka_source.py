@@ -130,8 +130,10 @@ _READ_CLIENT_OPTIONS = {"auto.offset.reset": "earliest", "enable.partition.eof":
 DEFAULT_MAX_RECORDS_PER_TASK = 250_000
 BATCH_ROWS = 10_000
 """Rows per RecordBatch that `read()` yields, and most messages asked of one `consume()`."""
-POLL_TIMEOUT_S = 0.5
-"""Longest wait of one `consume()` call; it is only waited out at a gap or a slow broker."""
+POLL_TIMEOUT_S = 0.05
+"""Longest wait of one `consume()` call. `consume()` waits it out whenever fewer messages
+than asked for arrive, which is every time a range holds gaps (transaction markers on
+retry topics), so it is kept short; the read loops until the range is done or stalls."""
 STALL_TIMEOUT_S = 120.0
 """A read that gets no record for this long fails instead of hanging."""
 METADATA_TIMEOUT_S = 30.0
@@ -490,23 +492,27 @@ def _describe(part: KafkaInputPartition) -> str:
 
 
 def _to_batch(part: KafkaInputPartition, messages: list[Message]) -> pa.RecordBatch:
-    """`messages` of `part` as one RecordBatch of `KAFKA_ARROW_SCHEMA`."""
-    stamps = [m.timestamp() for m in messages]
-    kinds = [_CONFLUENT_TO_SPARK_TIMESTAMP_TYPE.get(kind, _NO_TIMESTAMP_TYPE) for kind, _ in stamps]
-    micros = [
-        None if kind == _NO_TIMESTAMP_TYPE else millis * 1000
-        for kind, (_, millis) in zip(kinds, stamps, strict=True)
-    ]
+    """`messages` of `part` as one RecordBatch of `KAFKA_ARROW_SCHEMA` (one pass over them)."""
+    keys, values, offsets, micros, kinds, headers = [], [], [], [], [], []
+    for message in messages:
+        confluent_kind, millis = message.timestamp()
+        kind = _CONFLUENT_TO_SPARK_TIMESTAMP_TYPE.get(confluent_kind, _NO_TIMESTAMP_TYPE)
+        keys.append(message.key())
+        values.append(message.value())
+        offsets.append(message.offset())
+        micros.append(None if kind == _NO_TIMESTAMP_TYPE else millis * 1000)
+        kinds.append(kind)
+        headers.append(message.headers() or [])
     schema = KAFKA_ARROW_SCHEMA
     columns = {
-        "key": [m.key() for m in messages],
-        "value": [m.value() for m in messages],
+        "key": keys,
+        "value": values,
         "topic": [part.topic] * len(messages),
         "partition": [part.partition] * len(messages),
-        "offset": [m.offset() for m in messages],
+        "offset": offsets,
         "timestamp": micros,
         "timestampType": kinds,
-        "headers": [m.headers() or [] for m in messages],
+        "headers": headers,
     }
     return pa.RecordBatch.from_arrays(
         [pa.array(columns[f.name], type=f.type) for f in schema], schema=schema

@@ -162,17 +162,19 @@ def is_due(not_before_ms: int, now_ms: int) -> bool:
     return now_ms >= not_before_ms
 
 
-def describe_error(error: BaseException) -> tuple[str, str, str]:
+def describe_error(error: BaseException, *, with_trace: bool = True) -> tuple[str, str, str]:
     """Return (qualified class name, bounded message, bounded formatted traceback) of `error`.
 
     The class name looks like "builtins.ValueError". An error whose `str()` itself raises
-    is described as "<unprintable ClassName>" rather than failing.
+    is described as "<unprintable ClassName>" rather than failing. Formatting a traceback
+    costs far more than the rest; with `with_trace=False` the third item is "".
     """
     cls = type(error)
+    trace = "".join(traceback.format_exception(error)) if with_trace else ""
     return (
         f"{cls.__module__}.{cls.__qualname__}",
         bound_text(_message(error), MAX_ERROR_MESSAGE_BYTES),
-        bound_text("".join(traceback.format_exception(error)), MAX_STACK_TRACE_BYTES),
+        bound_text(trace, MAX_STACK_TRACE_BYTES),
     )
 
 
