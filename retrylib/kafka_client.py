@@ -61,17 +61,27 @@ def make_admin(bootstrap_servers: str, options: Mapping[str, str]) -> AdminClien
     return AdminClient(client_config(bootstrap_servers, options))
 
 
+def topic_partitions(
+    admin: AdminClient, topics: Iterable[str], timeout: float = 15.0
+) -> dict[str, list[int]]:
+    """Partition numbers of each existing topic among `topics`; missing topics are left out.
+
+    Raises `KafkaException` when the broker does not answer within `timeout`.
+    """
+    metadata = admin.list_topics(timeout=timeout)
+    found = {}
+    for topic in topics:
+        info = metadata.topics.get(topic)
+        if info is not None and info.error is None and info.partitions:
+            found[topic] = sorted(info.partitions)
+    return found
+
+
 def partition_counts(
     admin: AdminClient, topics: Iterable[str], timeout: float = 15.0
 ) -> dict[str, int]:
     """Partition count of each existing topic among `topics`; missing topics are left out."""
-    metadata = admin.list_topics(timeout=timeout)
-    counts = {}
-    for topic in topics:
-        info = metadata.topics.get(topic)
-        if info is not None and info.error is None and info.partitions:
-            counts[topic] = len(info.partitions)
-    return counts
+    return {topic: len(p) for topic, p in topic_partitions(admin, topics, timeout).items()}
 
 
 def ensure_topics(

@@ -43,7 +43,7 @@ from deltalake.transaction import CommitProperties, Transaction
 
 from retrylib.config import Config
 from retrylib.delta_sink import ensure_table
-from retrylib.kafka_client import client_config
+from retrylib.kafka_client import client_config, topic_partitions
 from retrylib.offsets import PartitionKey, delay_frontier
 from retrylib.storage import filesystem, join, list_names
 
@@ -151,13 +151,7 @@ class KafkaOffsets:
 
         Raises `KafkaException` when the broker does not answer within the timeout.
         """
-        metadata = self.admin.list_topics(timeout=self.timeout)
-        found = {}
-        for topic in topics:
-            info = metadata.topics.get(topic)
-            if info is not None and info.error is None and info.partitions:
-                found[topic] = sorted(info.partitions)
-        return found
+        return topic_partitions(self.admin, topics, self.timeout)
 
     def latest(self, keys: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
         return self._list({key: OffsetSpec.latest() for key in keys})
