@@ -27,21 +27,22 @@ def _free_port(host: str) -> int:
 
 
 def _noida_binary() -> str:
-    found = shutil.which("noida-db")
-    if found:
-        return found
+    """The noida-db executable inside the package, not its `noida-db` wrapper script.
+
+    The wrapper answers SIGINT by SIGKILLing the broker, which then loses what it has not
+    saved yet; `stop()` must signal the broker itself for a clean restart.
+    """
     try:
-        import noida_db  # noqa: F401 - only to locate the package's scripts directory
+        from importlib.resources import files
+
+        binary = files("noida_db").joinpath("noida-db")
     except ImportError as e:
         raise RetrylibError(
             "the embedded broker needs noida-db: pip install 'retrylib[embedded]'"
         ) from e
-    import sys
-
-    candidate = Path(sys.executable).parent / "noida-db"
-    if candidate.exists():
-        return str(candidate)
-    raise RetrylibError("noida-db is installed but its 'noida-db' command is not on the PATH")
+    if not binary.is_file():
+        raise RetrylibError(f"noida-db is installed but its binary is missing at {binary}")
+    return str(binary)
 
 
 class EmbeddedBroker:

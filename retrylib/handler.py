@@ -49,8 +49,9 @@ def load_handler(spec: str, paths: Sequence[str] = ()) -> Handler:
     return _loaded[cache_key]
 
 
-def _raise_timeout(signum: int, frame: object) -> None:
-    raise HandlerTimeout("handler timed out")
+_REFIRE_SECONDS = 1.0
+"""After a timeout, how often the alarm fires again while the call still has not returned
+(a handler that catches the `HandlerTimeout` and carries on is interrupted again)."""
 
 
 class TimedCall:
@@ -58,27 +59,45 @@ class TimedCall:
 
     The limit applies only in a process's main thread (where Spark's Python workers run
     user code); elsewhere calls run unlimited and one warning is logged. A call blocked
-    inside C code that ignores signals is interrupted when it returns to Python.
+    inside C code that ignores signals is interrupted when it returns to Python; a handler
+    that swallows every exception (`except BaseException`) in a loop cannot be stopped.
+
+    An alarm only raises while a call is in progress; once the call has returned (or
+    raised), a late alarm is ignored, so a timeout never escapes into the caller's code.
     """
 
     def __init__(self, timeout_seconds: float | None) -> None:
         self.timeout = timeout_seconds
+        self._armed = False
         if timeout_seconds and threading.current_thread() is not threading.main_thread():
             log.warning("handler timeout needs the main thread; calls run without a limit")
             self.timeout = None
         if self.timeout:
-            signal.signal(signal.SIGALRM, _raise_timeout)
+            signal.signal(signal.SIGALRM, self._on_alarm)
+
+    def _on_alarm(self, signum: int, frame: object) -> None:
+        if not self._armed:
+            return
+        signal.setitimer(signal.ITIMER_REAL, _REFIRE_SECONDS)
+        raise HandlerTimeout(f"handler did not return within {self.timeout:g}s")
+
+    def _disarm(self) -> None:
+        self._armed = False  # first: from here on an alarm is a no-op
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
     def __call__(self, function: Handler, record: Record) -> Any:
         if not self.timeout:
             return function(record)
+        self._armed = True
         signal.setitimer(signal.ITIMER_REAL, self.timeout)
         try:
-            return function(record)
+            try:
+                return function(record)
+            finally:
+                self._disarm()
         except HandlerTimeout:
-            raise HandlerTimeout(f"handler did not return within {self.timeout:g}s") from None
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            self._disarm()  # the alarm may have fired inside the first disarm
+            raise
 
 
 def call_handler(timed: TimedCall, function: Handler, record: Record) -> Any:
@@ -88,7 +107,17 @@ def call_handler(timed: TimedCall, function: Handler, record: Record) -> Any:
     except Exception:
         raise
     except BaseException as e:  # the handler's own SystemExit/KeyboardInterrupt: a failure
-        raise HandlerRaisedBaseException(f"handler raised {type(e).__name__}: {e}") from e
+        detail = _text(e)
+        raise HandlerRaisedBaseException(
+            f"handler raised {type(e).__name__}" + (f": {detail}" if detail else "")
+        ) from e
+
+
+def _text(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:
+        return "<unprintable>"
 
 
 def result_rows(result: Any, columns: frozenset[str]) -> list[dict[str, Any]]:

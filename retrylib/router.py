@@ -9,7 +9,7 @@ A batch runs in steps, each safe to repeat after a crash:
 2. Staged retry and dead-letter records are produced in one Kafka transaction with a
    per-batch marker, so they are produced once (`staging`).
 3. The output and dead-letter files are committed to their Delta tables with the app
-   transaction (job name, batch id), so they are committed once (`delta_sink`).
+   transaction (the checkpoint's app id, batch id), so they are committed once (`delta_sink`).
 
 The manifest is claimed, not overwritten: on a local filesystem it is linked into place
 only if no manifest exists yet, and a loser of that race (a zombie instance of the job
@@ -77,7 +77,11 @@ class BatchRouter:
         self._state_dir = state_dir
         self.app_id = checkpoint_identity(state_dir, plan_template.job)
         self._producer = StagedProducer(
-            plan_template.job, self.app_id, bootstrap_servers, kafka_options
+            plan_template.job,
+            self.app_id,
+            bootstrap_servers,
+            kafka_options,
+            state_dir=state_dir,
         )
         self._on_result = on_result
         self._checked_tables = False
@@ -92,7 +96,7 @@ class BatchRouter:
         replayed = manifest is not None
         if manifest is None:
             routed = self._route(df, batch_id)
-            manifest = claim_manifest(manifest_uri, routed)
+            manifest = claim_json(manifest_uri, routed)
             replayed = manifest is not routed
             if replayed:
                 log.warning("batch %d was routed concurrently; using the other run's", batch_id)
@@ -205,28 +209,27 @@ def checkpoint_identity(state_dir: str, job_name: str) -> str:
     """
     uri = join(state_dir, "identity.json")
     identity = read_json(uri)
-    if identity is None:
-        identity = {"app_id": f"{job_name}-{uuid.uuid4().hex[:12]}"}
-        write_json(uri, identity)
+    if identity is None:  # two instances starting at once agree on the first one's id
+        identity = claim_json(uri, {"app_id": f"{job_name}-{uuid.uuid4().hex[:12]}"})
     return identity["app_id"]
 
 
-def claim_manifest(uri: str, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Write `manifest` at `uri` unless a manifest is there already; return the one in place.
+def claim_json(uri: str, content: dict[str, Any]) -> dict[str, Any]:
+    """Write `content` at `uri` unless a file is there already; return what is in place.
 
-    The caller compares the result with `manifest` by identity to learn whether it won. On a
+    The caller compares the result with `content` by identity to learn whether it won. On a
     local filesystem the file is written and synced beside, then hard-linked into place,
     which fails when the name exists: the first writer wins, readers never see a partial
     file, and the decision survives a machine crash. Elsewhere it is a plain atomic PUT.
     """
     fs, path = filesystem(uri)
     if not isinstance(fs, pafs.LocalFileSystem):
-        write_json(uri, manifest)
-        return manifest
+        write_json(uri, content)
+        return content
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = f"{path}.tmp-{os.getpid()}"
     with open(temporary, "wb") as out:
-        out.write(json.dumps(manifest).encode())
+        out.write(json.dumps(content).encode())
         out.flush()
         os.fsync(out.fileno())
     try:
@@ -243,7 +246,7 @@ def claim_manifest(uri: str, manifest: dict[str, Any]) -> dict[str, Any]:
         os.fsync(directory)
     finally:
         os.close(directory)
-    return manifest
+    return content
 
 
 def _with_batch(template: TaskPlan, batch_id: int, now_ms: int, staging_dir: str) -> TaskPlan:

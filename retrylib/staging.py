@@ -8,22 +8,33 @@ finds its marker produces nothing again.
 
 Why the marker check can be trusted:
 
-- It runs only on a producer that has completed `init_transactions` since the last failure.
-  That call settles any earlier transaction of the same `transactional.id` (a commit in
-  progress is finished, an open one aborted) and fences off a zombie instance of the job, so
-  no marker can turn up after the check says "not produced".
+- It runs only on a producer that has completed `init_transactions` since the last failure,
+  after the transactional id used before it was initialised once more. That settles the
+  earlier transaction (a commit in progress is finished, an open one aborted) and fences off
+  a zombie instance of the job, so no marker can turn up after the check says "not produced".
 - It reads the control topic with read_committed, from the end backwards in growing windows
-  until it finds a committed marker, so any number of aborted transactions (their records
-  and markers take offsets, as do commit markers) cannot hide the last committed one. Reads
-  stop at the partition's end (EOF, the last stable offset), never by waiting out a timeout.
+  until it finds a committed marker of this app id, so any number of aborted transactions
+  (their records and markers take offsets, as do commit markers) cannot hide the last
+  committed one. Reads stop at the partition's end (EOF, the last stable offset), never by
+  waiting out a timeout, and each window uses a fresh consumer (a reused one may hand out
+  a previous read's messages or end-of-partition event).
 - Batch ids of one checkpoint grow, so its last committed marker holds its highest produced
   batch. Markers of other app ids (an earlier checkpoint of the same job) are passed over.
+- After each commit the marker is read back; a transaction the broker dropped although the
+  commit call succeeded (noida-db 0.2.3 does so when it restarts mid-transaction) is found
+  there and produced again.
 
-Any other failure (broker away, coordinator moved, a transaction timed out) discards the
-producer and retries the whole step (fresh `init_transactions`, marker check, transaction)
-for up to `retry_seconds`; the job so rides through a short broker restart, and fails
-loudly after. Being fenced is not retried: a newer instance of the job runs, and retrying
-would fence it in turn.
+A transactional id is never used again once one of its transactions may have been aborted:
+the generation in its name (kept in the checkpoint's state directory) moves on whenever a
+producer is created, at start and after any failure. Some brokers (noida-db 0.2.3) hide
+every later record of a producer from a read_committed fetch that starts after one of its
+aborted transactions; a producer whose history ends at its first abort is safe from that.
+
+Any failure (broker away, coordinator moved, transaction timed out or dropped) discards the
+producer and retries the whole step (new producer, marker check, transaction) for up to
+`retry_seconds`; the job so rides through a short broker restart, and fails loudly after.
+Being fenced is not retried: a newer instance of the job runs, and retrying would fence it
+in turn.
 """
 
 from __future__ import annotations
@@ -35,13 +46,20 @@ from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
 from retrylib.dead_letter import HEADERS_TYPE
 from retrylib.errors import RetrylibError
-from retrylib.faults import armed, crash_point
+from retrylib.faults import crash_point
 from retrylib.kafka_client import make_consumer, make_producer
-from retrylib.storage import filesystem
+from retrylib.storage import filesystem, join, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +94,10 @@ class MarkerReadError(RetrylibError):
     """Raised when the control topic could not be read to the end in time."""
 
 
+class TransactionLost(RetrylibError):
+    """Raised when a committed transaction's marker cannot be read back."""
+
+
 def control_topic(job_name: str) -> str:
     """The one-partition topic holding the id of each batch whose records were produced."""
     return f"_retrylib.{job_name}.produced"
@@ -84,9 +106,10 @@ def control_topic(job_name: str) -> str:
 class StagedProducer:
     """Produces a batch's staged records exactly once (see the module docstring).
 
-    Uses a transactional producer with `transactional.id` derived from the job name; creating
-    one fences off any earlier instance of the job. Raises `KafkaException` from the
-    constructor when the broker cannot initialise transactions.
+    `state_dir` (in the checkpoint) keeps the generation of the transactional id,
+    "retrylib-<app id>-<generation>". Creating the producer fences off any earlier instance
+    of this checkpoint's job. Raises `KafkaException` from the constructor when the broker
+    cannot initialise transactions.
     """
 
     def __init__(
@@ -96,6 +119,7 @@ class StagedProducer:
         bootstrap: str,
         options: Mapping[str, str],
         *,
+        state_dir: str,
         retry_seconds: float = PRODUCE_RETRY_SECONDS,
     ) -> None:
         self._job = job_name
@@ -104,8 +128,14 @@ class StagedProducer:
         self._bootstrap = bootstrap
         self._options = dict(options)
         self._topic = control_topic(job_name)
+        self._generation_uri = join(state_dir, "producer.json")
         self._retry_seconds = retry_seconds
         self._producer: Producer | None = None
+        # The last produced batch as known to the current producer: read once after it is
+        # created, then set by each verified commit. While that producer is not fenced, no one
+        # else can have committed a marker since it started.
+        self._known_last: int | None = None
+        self._known = False
         self._producer = self._new_producer()  # fence zombies as soon as the job starts
 
     # -- the marker ---------------------------------------------------------------------
@@ -196,7 +226,9 @@ class StagedProducer:
             try:
                 if self._producer is None:
                     self._producer = self._new_producer()
-                done = self.last_produced_batch()
+                if not self._known:
+                    self._known_last, self._known = self.last_produced_batch(), True
+                done = self._known_last
                 if done is not None and done > batch_id:
                     raise RetrylibError(
                         f"control topic {self._topic} holds the marker of batch {done} of "
@@ -208,7 +240,7 @@ class StagedProducer:
                     log.info("records of batch %d were produced before; skipped", batch_id)
                     return 0
                 return self._produce_transaction(batch_id, files)
-            except (KafkaException, MarkerReadError) as e:
+            except (KafkaException, MarkerReadError, TransactionLost) as e:
                 failures += 1
                 self._discard_producer()
                 if _fenced(e):
@@ -231,26 +263,89 @@ class StagedProducer:
                     pause,
                 )
                 time.sleep(pause)
+            except BaseException:
+                self._discard_producer()  # it may hold an aborted transaction: never reuse
+                raise
 
     def _produce_transaction(self, batch_id: int, files: list[str]) -> int:
+        """One transaction: the records of `files` and the marker; returns the record count.
+
+        Before committing, every record is acknowledged and each partition written to must
+        still hold its last stable offset at or below the transaction's first record there
+        (an intact open transaction does). After committing, the marker must read back.
+        """
         producer = self._producer
         assert producer is not None
+        deliveries = _Deliveries()
         producer.begin_transaction()
         try:
-            count = sum(self._produce_file(producer, path) for path in files)
-            if armed("in_produce"):
-                producer.flush(30)  # so the open transaction's records reach the broker
+            count = sum(self._produce_file(producer, path, deliveries) for path in files)
+            _produce(
+                producer,
+                {
+                    "topic": self._topic,
+                    "partition": 0,
+                    "key": self._key,
+                    "headers": None,
+                    "value": str(batch_id).encode(),
+                    "timestamp_ms": int(time.time() * 1000),
+                },
+                deliveries,
+            )
+            left = _serve(producer.flush, _COMMIT_TIMEOUT_S)
+            deliveries.check(left)
+            self._check_still_open(deliveries.first_offsets)
             crash_point("in_produce", batch_id)
-            producer.produce(self._topic, key=self._key, value=str(batch_id).encode(), partition=0)
             producer.commit_transaction(_COMMIT_TIMEOUT_S)
-        except BaseException:
-            # Best effort: a failed abort leaves the transaction to the next init_transactions.
-            with contextlib.suppress(KafkaException):
+        except BaseException as error:
+            # A failed abort leaves the transaction to the next producer's start. Its error
+            # tells reliably whether this producer was fenced, which the first error (say, a
+            # delivery callback's) may not.
+            try:
                 producer.abort_transaction(30)
+            except KafkaException as abort_error:
+                if _fenced(abort_error) and not _fenced(error):
+                    raise abort_error from error
             raise
+        seen = self.last_produced_batch()
+        if seen != batch_id:
+            raise TransactionLost(
+                f"the transaction of batch {batch_id} was committed, but its marker is not in "
+                f"{self._topic} (last marker: batch {seen}): the broker dropped it"
+            )
+        self._known_last = batch_id
         return count
 
-    def _produce_file(self, producer: Producer, path: str) -> int:
+    def _check_still_open(self, first_offsets: Mapping[tuple[str, int], int]) -> None:
+        """Raise `TransactionLost` when the broker already ended part of the open transaction.
+
+        A broker that loses transaction state when it restarts (noida-db 0.2.3) aborts what
+        was sent before and then lets the rest commit on its own. The open transaction holds
+        each partition's last stable offset at its first record there; an offset past it
+        shows the split, and aborting the whole transaction keeps the batch all-or-nothing.
+        """
+        consumer = make_consumer(
+            self._bootstrap, {**self._options, "isolation.level": "read_committed"}
+        )
+        try:
+            answers = consumer.offsets_for_times(
+                [TopicPartition(t, p, OFFSET_END) for t, p in first_offsets],
+                timeout=_WATERMARK_TIMEOUT_S,
+            )
+        finally:
+            consumer.close()
+        for answer in answers:
+            if answer.error is not None:
+                raise KafkaException(answer.error)
+            first = first_offsets[(answer.topic, answer.partition)]
+            if answer.offset > first:
+                raise TransactionLost(
+                    f"{answer.topic}[{answer.partition}] is stable up to offset "
+                    f"{answer.offset}, past this open transaction's first record at {first}: "
+                    "the broker ended part of the transaction (did it restart?)"
+                )
+
+    def _produce_file(self, producer: Producer, path: str, deliveries: _Deliveries) -> int:
         fs, local = filesystem(path)
         try:
             parquet = pq.ParquetFile(local, filesystem=fs)
@@ -261,21 +356,45 @@ class StagedProducer:
         count = 0
         for batch in parquet.iter_batches(batch_size=5000):
             for row in batch.to_pylist():
-                _produce(producer, row)
+                _produce(producer, row, deliveries)
                 count += 1
         return count
 
     def _new_producer(self) -> Producer:
-        producer = make_producer(
-            self._bootstrap,
-            {**self._options, "transactional.id": f"retrylib-{self._job}", "linger.ms": "20"},
-        )
+        """A producer on a transactional id of a new generation, transactions initialised.
+
+        The id of the generation before is initialised first: that fences whoever still uses
+        it and settles its last transaction. The new generation is recorded before its id is
+        first used, so no id is ever used by two generations.
+        """
+        state = read_json(self._generation_uri) or {}
+        previous = state.get("generation")
+        if previous is not None:
+            self._transactional_producer(previous).init_transactions(_INIT_TIMEOUT_S)
+        generation = 0 if previous is None else previous + 1
+        write_json(self._generation_uri, {"generation": generation})
+        producer = self._transactional_producer(generation)
         producer.init_transactions(_INIT_TIMEOUT_S)
+        log.info("producing with transactional.id %s", self._transactional_id(generation))
         return producer
+
+    def _transactional_id(self, generation: int) -> str:
+        return f"retrylib-{self._app_id}-{generation}"
+
+    def _transactional_producer(self, generation: int) -> Producer:
+        return make_producer(
+            self._bootstrap,
+            {
+                **self._options,
+                "transactional.id": self._transactional_id(generation),
+                "linger.ms": "20",
+            },
+        )
 
     def _discard_producer(self) -> None:
         """Drop the producer after a failure; the next use creates (and initialises) one."""
         producer, self._producer = self._producer, None
+        self._known = False
         if producer is not None:
             with contextlib.suppress(Exception):
                 producer.purge()
@@ -309,7 +428,33 @@ def _marker_batch(value: bytes | None) -> int | None:
         return None
 
 
-def _produce(producer: Producer, row: dict) -> None:
+class _Deliveries:
+    """Delivery reports of one transaction: first offset per partition, and any error."""
+
+    def __init__(self) -> None:
+        self.first_offsets: dict[tuple[str, int], int] = {}
+        self.error: KafkaError | None = None
+
+    def __call__(self, error: KafkaError | None, message) -> None:
+        if error is not None:
+            self.error = self.error or error
+            return
+        key = (message.topic(), message.partition())
+        offset = message.offset()
+        if offset < self.first_offsets.get(key, offset + 1):
+            self.first_offsets[key] = offset
+
+    def check(self, left: int) -> None:
+        """Raise `KafkaException` unless every record was delivered (`left` still queued)."""
+        if self.error is not None:
+            raise KafkaException(self.error)
+        if left:
+            raise KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, f"{left} record(s) not delivered in time")
+            )
+
+
+def _produce(producer: Producer, row: dict, deliveries: _Deliveries) -> None:
     headers = [(h["key"], h["value"]) for h in row["headers"] or ()]
     while True:
         try:
@@ -320,7 +465,26 @@ def _produce(producer: Producer, row: dict) -> None:
                 headers=headers,
                 partition=row["partition"],
                 timestamp=row["timestamp_ms"],
+                on_delivery=deliveries,
             )
             return
         except BufferError:  # local queue full: let deliveries drain, then try again
-            producer.poll(0.1)
+            _serve(producer.poll, 0.1)
+
+
+def _serve(call, timeout: float) -> int:
+    """`producer.flush` or `producer.poll`, which run delivery callbacks.
+
+    After a fatal producer error (fenced, say) confluent-kafka calls the callbacks with that
+    error already raised, which surfaces as a `SystemError`; it is raised here as the
+    `KafkaException` it stands for.
+    """
+    try:
+        return call(timeout)
+    except SystemError as e:
+        error: BaseException | None = e
+        while error is not None and not isinstance(error, KafkaException):
+            error = error.__cause__ or error.__context__
+        if error is not None:
+            raise error from None
+        raise KafkaException(KafkaError(KafkaError._FAIL, f"producer failed: {e}")) from e

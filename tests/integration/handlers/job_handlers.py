@@ -9,6 +9,13 @@ after-*     raises RetryAfter(1.5) on attempt 0, then succeeds
 exit-*      raises SystemExit on attempt 0, then succeeds
 hang-*      sleeps far past the timeout on attempt 0, then succeeds
 schema-*    returns a row that does not fit the schema on attempt 0, then succeeds
+interrupt-* raises KeyboardInterrupt on attempt 0, then succeeds
+swallow-*   on attempt 0 sleeps past the timeout, catches the timeout and sleeps again
+badtype-*   returns a str (not a dict) on attempt 0, then succeeds
+unknowncol-* returns a row with a column not in the schema on attempt 0, then succeeds
+exitalways-* always raises SystemExit (dead-lettered once out of attempts)
+hangalways-* always sleeps past the timeout (dead-lettered once out of attempts)
+nullkey-*   returns a row without "key" on attempt 0 (breaks `key STRING NOT NULL`)
 """
 
 from __future__ import annotations
@@ -53,6 +60,23 @@ def by_key(record: Record) -> dict | None:
         time.sleep(60)
     if prefix == "schema" and first:
         return {"key": key, "offset": "not a number"}
+    if prefix == "interrupt" and first:
+        raise KeyboardInterrupt
+    if prefix == "swallow" and first:
+        try:
+            time.sleep(60)
+        except Exception:
+            time.sleep(60)  # a handler that carries on after the timeout is stopped again
+    if prefix == "badtype" and first:
+        return f"not a row: {key}"
+    if prefix == "unknowncol" and first:
+        return {"key": key, "no_such_column": 1}
+    if prefix == "nullkey" and first:
+        return {"value": "a row without its key"}
+    if prefix == "exitalways":
+        raise SystemExit("always exits")
+    if prefix == "hangalways":
+        time.sleep(60)
     return _row(record)
 
 

@@ -1,0 +1,737 @@
+"""Fault-injection harness: run the real job, kill it over and over, prove exactly-once effects.
+
+Each round produces a wave of input records (successes, transient failures that succeed on
+the 2nd or 3rd call, failures that always fail, non-retryable failures), then runs the job
+as a subprocess (`python -m retrylib.cli run CONF --master local[2]`, processing-time
+trigger) from the same checkpoint, and ends it in one of three ways:
+
+- point: RETRYLIB_CRASH_AT names a crash point; the job SIGKILLs its whole process group
+  (driver, JVM, Python workers) when a batch gets there.
+- random: the harness SIGKILLs the process group at a random moment.
+- broker: the harness stops the embedded broker and starts it again on the same port and
+  data dir while the job runs; the job must ride through or exit non-zero (never 0 with
+  anything lost); it is then stopped (SIGINT) and the next round restarts it.
+
+A last run without faults drains the retry tiers, then the checks compare (with chispa's
+assert_df_equality, row order ignored):
+
+- the output table with the expected rows (each success exactly once, with the attempt it
+  succeeded on), nothing extra;
+- the dead-letter table with the records that always fail (attempts = max_attempts) and the
+  non-retryable ones (attempts = 1), once each; the dead-letter topic likewise;
+- the retry tiers: no (record id, attempt) twice, and no attempt past what the record needs;
+- every input record accounted for: in the output, dead-lettered, or (if a check runs
+  before the drain finished) waiting in a retry tier.
+
+Run by hand for a soak:  .venv/bin/python tests/faults/harness.py --rounds 40 --seed 7
+pytest uses `FaultHarness` and `plan_rounds` (tests/integration/test_crash_recovery.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from retrylib.broker import EmbeddedBroker
+from retrylib.delta_sink import read_table
+from retrylib.faults import CRASH_POINTS
+from retrylib.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, record_id
+from retrylib.kafka_client import ensure_topics, make_admin, make_consumer, make_producer
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+JOB = "faults"
+MAX_ATTEMPTS = 3
+DELAYS = ("1s", "2s")
+KINDS = (("ok", 0.55), ("flaky1", 0.15), ("flaky2", 0.12), ("always", 0.09), ("bad", 0.09))
+JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xss4m"
+_CRASH_LINE = re.compile(r"retrylib fault injection: crash at (\w+) in batch (\d+)")
+_BATCH_LINE = re.compile(r"retrylib\.router: batch (\{.*\})")
+_QUERY_UP = re.compile(r"retrylib\.router: batch |retrylib\.job: main topics read with")
+
+
+@dataclass(frozen=True)
+class Round:
+    """One run of the job and how it ends: kind is "point", "random" or "broker"."""
+
+    kind: str
+    point: str | None = None
+    fraction: float = 1.0  # random kills: when, as a fraction of the typical start-up time
+    outage_seconds: float = 0.0  # broker restarts: how long the broker stays down
+
+
+@dataclass
+class Outcome:
+    round: Round
+    index: int
+    returncode: int | None
+    seconds: float
+    crashed_at: str | None
+    crashed_batch: int | None
+    batches: int
+    replayed: int
+    note: str
+    log: Path
+
+    def line(self) -> str:
+        what = self.round.point or self.round.kind
+        crash = f" crashed at {self.crashed_at}@{self.crashed_batch}" if self.crashed_at else ""
+        return (
+            f"round {self.index:2d} {self.round.kind:6s} {what:24s} rc={self.returncode} "
+            f"{self.seconds:5.1f}s batches={self.batches} replayed={self.replayed}{crash} "
+            f"{self.note}"
+        )
+
+
+@dataclass
+class InputRecord:
+    key: str
+    value: str
+    partition: int
+    offset: int
+
+    @property
+    def kind(self) -> str:
+        return self.key.split("-", 1)[0]
+
+
+@dataclass
+class Report:
+    outcomes: list[Outcome] = field(default_factory=list)
+    inputs: int = 0
+    drain_seconds: float = 0.0
+    calls: Counter[str] = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        by_kind = Counter(
+            (o.round.point or o.round.kind) + (" hit" if o.crashed_at else "")
+            for o in self.outcomes
+        )
+        lines = [o.line() for o in self.outcomes]
+        lines.append(f"inputs={self.inputs} drain={self.drain_seconds:.1f}s")
+        lines.append("rounds: " + ", ".join(f"{k}={v}" for k, v in sorted(by_kind.items())))
+        return "\n".join(lines)
+
+
+def plan_rounds(
+    seed: int,
+    *,
+    rounds: int | None = None,
+    points: Sequence[str] = CRASH_POINTS,
+    random_kills: int = 3,
+    broker_restarts: int = 1,
+) -> list[Round]:
+    """The rounds of a run. Without `rounds`: each crash point once, `random_kills` random
+    kills and `broker_restarts` broker restarts, shuffled. With `rounds`: that many, the
+    crash points taken in turn for half of them, the rest random kills and (one in five)
+    broker restarts, some of them with an outage long enough to make the job give up."""
+    rng = random.Random(seed)
+
+    def random_kill() -> Round:
+        return Round("random", fraction=rng.uniform(0.3, 1.3))
+
+    def broker_restart(long_ones: bool = False) -> Round:
+        if long_ones and rng.random() < 0.3:  # past the clients' timeouts: the job must fail
+            return Round("broker", outage_seconds=rng.uniform(35.0, 50.0))
+        return Round("broker", outage_seconds=rng.uniform(0.5, 4.0))
+
+    if rounds is None:
+        plan = [Round("point", point=p) for p in points]
+        plan += [random_kill() for _ in range(random_kills)]
+        plan += [broker_restart() for _ in range(broker_restarts)]
+        rng.shuffle(plan)
+        return plan
+    plan, turn = [], 0
+    for _ in range(rounds):
+        draw = rng.random()
+        if draw < 0.5:
+            plan.append(Round("point", point=points[turn % len(points)]))
+            turn += 1
+        elif draw < 0.6:
+            plan.append(broker_restart(long_ones=True))
+        else:
+            plan.append(random_kill())
+    return plan
+
+
+class FaultHarness:
+    """Owns a broker, a job config and a checkpoint under `workdir`; see the module docstring."""
+
+    def __init__(
+        self,
+        workdir: str | Path,
+        seed: int,
+        *,
+        wave_size: int = 60,
+        partitions: int = 2,
+        round_timeout: float = 150.0,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        if str(HERE) not in sys.path:
+            sys.path.insert(0, str(HERE))  # fault_handlers, for the config and the checks
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.rng = random.Random(seed)
+        self.wave_size = wave_size
+        self.partitions = partitions
+        self.round_timeout = round_timeout
+        self.say = say
+        self.topic = f"orders-{seed}"
+        self.inputs: list[InputRecord] = []
+        self.report = Report()
+        self.startup_seconds: list[float] = []
+        self.calls_log = self.workdir / "calls.log"
+        self.broker = EmbeddedBroker(data_dir=self.workdir / "broker")
+        self._waves = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    # -- setting up -----------------------------------------------------------------------
+
+    def __enter__(self) -> FaultHarness:
+        self.broker.start()
+        ensure_topics(
+            make_admin(self.broker.bootstrap_servers, {}),
+            {self.topic: self.partitions},
+            create=True,
+        )
+        self.config_path = self._write_config()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._kill_job()
+        self.broker.stop()
+
+    @property
+    def output_table(self) -> str:
+        return str(self.workdir / "out")
+
+    @property
+    def dead_letter_table(self) -> str:
+        return str(self.workdir / "dlq")
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.topic}.dlt"
+
+    def _write_config(self) -> Path:
+        from fault_handlers import OUTPUT_SCHEMA  # noqa: PLC0415 - next to this file
+
+        path = self.workdir / "job.toml"
+        path.write_text(f"""
+[job]
+name = "{JOB}"
+checkpoint = "{self.workdir}/checkpoint"
+trigger = "500ms"
+[kafka]
+bootstrap_servers = "{self.broker.bootstrap_servers}"
+topics = ["{self.topic}"]
+starting_offsets = "earliest"
+[handler]
+function = "fault_handlers:handle"
+output_schema = "{OUTPUT_SCHEMA}"
+paths = ["{HERE}"]
+[output]
+table = "{self.output_table}"
+[retry]
+delays = {json.dumps(list(DELAYS))}
+max_attempts = {MAX_ATTEMPTS}
+non_retryable = ["ValueError"]
+[dead_letter]
+topic = "{self.dead_letter_topic}"
+table = "{self.dead_letter_table}"
+""")
+        return path
+
+    def produce_wave(self, size: int | None = None) -> None:
+        """Produce `size` new input records of mixed kinds; remember where each landed."""
+        wave, self._waves = self._waves, self._waves + 1
+        kinds = [name for name, _ in KINDS]
+        weights = [weight for _, weight in KINDS]
+        producer = make_producer(self.broker.bootstrap_servers, {})
+        landed: list[InputRecord] = []
+
+        def delivered(error, message) -> None:
+            if error is not None:
+                raise RuntimeError(f"producing input failed: {error}")
+            landed.append(
+                InputRecord(
+                    message.key().decode(),
+                    message.value().decode(),
+                    message.partition(),
+                    message.offset(),
+                )
+            )
+
+        for i in range(size or self.wave_size):
+            kind = self.rng.choices(kinds, weights)[0]
+            producer.produce(
+                self.topic,
+                key=f"{kind}-w{wave}-{i}".encode(),
+                value=f"v{wave}-{i}".encode(),
+                partition=i % self.partitions,
+                on_delivery=delivered,
+            )
+        if producer.flush(30):
+            raise RuntimeError("input records not delivered in 30s")
+        self.inputs.extend(landed)
+        self.report.inputs = len(self.inputs)
+
+    # -- running the job ------------------------------------------------------------------
+
+    def _start_job(self, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        full_env = {
+            **os.environ,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYSPARK_SUBMIT_ARGS": (
+                f'--driver-java-options "{JVM_OPTIONS}" --driver-memory 768m pyspark-shell'
+            ),
+            "RETRYLIB_LOG_LEVEL": "INFO",
+            "RETRYLIB_FAULTS_CALL_LOG": str(self.calls_log),
+            **env,
+        }
+        for name in ("RETRYLIB_CRASH_AT", "RETRYLIB_CRASH_BATCH", "RETRYLIB_CRASH_SKIP"):
+            if name not in env:
+                full_env.pop(name, None)
+        command = [
+            sys.executable,
+            "-m",
+            "retrylib.cli",
+            "run",
+            str(self.config_path),
+            "--master",
+            "local[2]",
+        ]
+        with open(log, "wb") as out:
+            self._process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env=full_env,
+                start_new_session=True,  # its own process group: JVM and workers die with it
+            )
+        return self._process
+
+    def _kill_job(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            with _suppress_lookup():
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        with _suppress_lookup():  # the JVM may outlive a driver killed alone
+            os.killpg(process.pid, signal.SIGKILL)
+
+    def _stop_job(self, timeout: float = 60.0) -> int | None:
+        """SIGINT the job (it stops after the current batch); SIGKILL it if it hangs."""
+        process = self._process
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        returncode = process.poll()
+        self._kill_job()
+        return returncode
+
+    def _typical_startup(self) -> float:
+        if not self.startup_seconds:
+            return 25.0
+        return sorted(self.startup_seconds)[len(self.startup_seconds) // 2]
+
+    def run_round(self, index: int, spec: Round) -> Outcome:
+        self.produce_wave()
+        log = self.workdir / f"round-{index:02d}-{spec.point or spec.kind}.log"
+        env = {"RETRYLIB_CRASH_AT": spec.point} if spec.kind == "point" else {}
+        started = time.monotonic()
+        process = self._start_job(log, env)
+        note = ""
+        if spec.kind == "point":
+            try:
+                process.wait(self.round_timeout)
+            except subprocess.TimeoutExpired:
+                note = "point not reached"
+        elif spec.kind == "random":
+            delay = spec.fraction * self._typical_startup()
+            try:
+                process.wait(delay)
+                note = f"exited by itself before the kill at {delay:.1f}s"
+            except subprocess.TimeoutExpired:
+                note = f"killed at {delay:.1f}s"
+        else:
+            note = self._broker_restart(process, log, spec)
+        returncode = process.poll()
+        if returncode is None:
+            if spec.kind == "broker":
+                returncode = self._stop_job()
+            else:
+                self._kill_job()
+                returncode = -signal.SIGKILL
+        else:
+            self._kill_job()
+        text = log.read_text(errors="replace")
+        crash = _CRASH_LINE.search(text)
+        outcome = Outcome(
+            spec,
+            index,
+            returncode,
+            time.monotonic() - started,
+            crash.group(1) if crash else None,
+            int(crash.group(2)) if crash else None,
+            len(_BATCH_LINE.findall(text)),
+            sum(1 for b in _BATCH_LINE.findall(text) if json.loads(b).get("replayed")),
+            note,
+            log,
+        )
+        if crash and spec.kind == "point":
+            self.startup_seconds.append(outcome.seconds)
+        self.report.outcomes.append(outcome)
+        self.say(outcome.line())
+        return outcome
+
+    def _broker_restart(self, process: subprocess.Popen[bytes], log: Path, spec: Round) -> str:
+        """Restart the broker once the job has run a batch; watch how the job takes it."""
+        deadline = time.monotonic() + self.round_timeout
+        while time.monotonic() < deadline and process.poll() is None:
+            if _BATCH_LINE.search(log.read_text(errors="replace")):
+                break
+            time.sleep(0.2)
+        time.sleep(self.rng.uniform(0.0, 1.5))
+        batches_before = len(_BATCH_LINE.findall(log.read_text(errors="replace")))
+        self.broker.stop()
+        time.sleep(spec.outage_seconds)
+        self.broker.start()
+        self.produce_wave(self.wave_size // 2)  # new work that needs the restarted broker
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.poll() is None:
+            batches = len(_BATCH_LINE.findall(log.read_text(errors="replace")))
+            if batches >= batches_before + 2:
+                return f"rode through a {spec.outage_seconds:.1f}s outage"
+            time.sleep(0.5)
+        if process.poll() is not None:
+            return f"exited rc={process.returncode} after a {spec.outage_seconds:.1f}s outage"
+        return f"no batch within 60s of a {spec.outage_seconds:.1f}s outage"
+
+    def drain(self, timeout: float = 180.0, settle: float = 6.0) -> Outcome:
+        """Run the job without faults until every input is in the output or dead-lettered
+        and nothing changes for `settle` seconds (longer than the longest retry delay)."""
+        index = len(self.report.outcomes)
+        log = self.workdir / f"round-{index:02d}-drain.log"
+        started = time.monotonic()
+        process = self._start_job(log, {})
+        expected = len(self.inputs)
+        deadline = started + timeout
+        last, stable_since, note = -1, time.monotonic(), "timed out"
+        up = False
+        while time.monotonic() < deadline and process.poll() is None:
+            time.sleep(1.0)
+            if not up:  # settled only counts while the query runs (and could add more)
+                up = bool(_QUERY_UP.search(log.read_text(errors="replace")))
+                stable_since = time.monotonic()
+                continue
+            try:
+                count = (
+                    read_table(self.output_table).num_rows
+                    + read_table(self.dead_letter_table).num_rows
+                )
+            except Exception:  # the tables may not exist before the first start
+                continue
+            if count != last:
+                last, stable_since = count, time.monotonic()
+            elif count >= expected and time.monotonic() - stable_since >= settle:
+                note = f"settled at {count} of {expected}"
+                break
+        returncode = self._stop_job()
+        text = log.read_text(errors="replace")
+        outcome = Outcome(
+            Round("drain"),
+            index,
+            returncode,
+            time.monotonic() - started,
+            None,
+            None,
+            len(_BATCH_LINE.findall(text)),
+            sum(1 for b in _BATCH_LINE.findall(text) if json.loads(b).get("replayed")),
+            note,
+            log,
+        )
+        self.report.drain_seconds = outcome.seconds
+        self.report.outcomes.append(outcome)
+        self.say(outcome.line())
+        return outcome
+
+    def run(self, plan: Sequence[Round]) -> Report:
+        for index, spec in enumerate(plan):
+            self.run_round(index, spec)
+        self.drain()
+        self.report.calls = self._calls()
+        return self.report
+
+    def expected_calls(self) -> int:
+        """Handler calls the inputs need without any replay."""
+        calls = {"ok": 1, "flaky1": 2, "flaky2": 3, "always": MAX_ATTEMPTS, "bad": 1}
+        return sum(calls[r.kind] for r in self.inputs)
+
+    def _calls(self) -> Counter[str]:
+        if not self.calls_log.exists():
+            return Counter()
+        return Counter(line.split()[0] for line in self.calls_log.read_text().splitlines())
+
+    # -- checking -------------------------------------------------------------------------
+
+    def expected_output(self) -> list[tuple]:
+        attempts = {"ok": 0, "flaky1": 1, "flaky2": 2}
+        return [
+            (r.key, r.value, self.topic, r.partition, r.offset, attempts[r.kind])
+            for r in self.inputs
+            if r.kind in attempts
+        ]
+
+    def expected_dead_letters(self) -> list[tuple]:
+        outcome = {"always": (MAX_ATTEMPTS, "attempts_exhausted"), "bad": (1, "non_retryable")}
+        return [
+            (self.topic, r.partition, r.offset, r.key, *outcome[r.kind])
+            for r in self.inputs
+            if r.kind in outcome
+        ]
+
+    def check(self, spark) -> None:
+        """Assert the promise (see the module docstring); raises AssertionError naming the
+        first broken part, with the tails of the round logs."""
+        try:
+            self._check(spark)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n\n{self.report.summary()}\n\n{self.log_tails()}") from e
+
+    def _check(self, spark) -> None:
+        from chispa import assert_df_equality
+        from fault_handlers import OUTPUT_SCHEMA  # noqa: PLC0415
+
+        output = read_table(self.output_table).to_pylist()
+        dead = read_table(self.dead_letter_table).to_pylist()
+        tiers = self._tier_records()
+        dlt = self._topic_records(self.dead_letter_topic)
+        self._check_accounting(output, dead, tiers)
+
+        actual = spark.createDataFrame(
+            [tuple(row[c] for c in _columns(OUTPUT_SCHEMA)) for row in output], OUTPUT_SCHEMA
+        )
+        expected = spark.createDataFrame(self.expected_output(), OUTPUT_SCHEMA)
+        assert_df_equality(actual, expected, ignore_row_order=True)
+
+        dead_schema = (
+            "origin_topic STRING, origin_partition INT, origin_offset BIGINT, key STRING, "
+            "attempts INT, reason STRING"
+        )
+        actual_dead = spark.createDataFrame(
+            [
+                (
+                    d["origin_topic"],
+                    d["origin_partition"],
+                    d["origin_offset"],
+                    d["key"].decode(),
+                    d["attempts"],
+                    d["reason"],
+                )
+                for d in dead
+            ],
+            dead_schema,
+        )
+        expected_dead = spark.createDataFrame(self.expected_dead_letters(), dead_schema)
+        assert_df_equality(actual_dead, expected_dead, ignore_row_order=True)
+
+        dlt_rows = [(h[ID].decode(), int(h[ATTEMPTS]), h[DEAD_LETTER_REASON].decode()) for h in dlt]
+        expected_dlt = [
+            (record_id(JOB, t, p, o), attempts, reason)
+            for t, p, o, _, attempts, reason in self.expected_dead_letters()
+        ]
+        assert sorted(dlt_rows) == sorted(expected_dlt), (
+            f"dead-letter topic: {len(dlt_rows)} records, expected {len(expected_dlt)}; "
+            f"twice: {_repeated(r[0] for r in dlt_rows)[:5]}"
+        )
+        needed = {"flaky1": 1, "flaky2": 2, "always": MAX_ATTEMPTS - 1}
+        by_id = {record_id(JOB, self.topic, r.partition, r.offset): r for r in self.inputs}
+        pairs = [(h[ID].decode(), int(h[ATTEMPT])) for h in tiers]
+        twice = _repeated(pairs)
+        assert not twice, f"retry tiers hold {len(twice)} (id, attempt) twice: {twice[:5]}"
+        expected_pairs = sorted(
+            (rid, attempt)
+            for rid, r in by_id.items()
+            for attempt in range(1, needed.get(r.kind, 0) + 1)
+        )
+        assert sorted(pairs) == expected_pairs, (
+            f"retry tiers: {len(pairs)} records, expected {len(expected_pairs)}; extra "
+            f"{sorted(set(pairs) - set(expected_pairs))[:5]}, missing "
+            f"{sorted(set(expected_pairs) - set(pairs))[:5]}"
+        )
+
+    def _check_accounting(self, output: list[dict], dead: list[dict], tiers: list[dict]) -> None:
+        """Every input is in the output or dead-lettered (once), else waiting in a tier."""
+        in_output = Counter((r["partition"], r["offset"]) for r in output)
+        in_dead = Counter((d["origin_partition"], d["origin_offset"]) for d in dead)
+        twice = [k for k, n in (in_output + in_dead).items() if n > 1]
+        assert not twice, f"{len(twice)} input record(s) have more than one effect: {twice[:5]}"
+        waiting_ids = {h[ID].decode() for h in tiers}
+        missing, waiting = [], []
+        for r in self.inputs:
+            where = (r.partition, r.offset)
+            if where in in_output or where in in_dead:
+                continue
+            rid = record_id(JOB, self.topic, r.partition, r.offset)
+            (waiting if rid in waiting_ids else missing).append(r.key)
+        assert not missing, f"{len(missing)} input record(s) unaccounted for: {missing[:10]}"
+        assert not waiting, f"{len(waiting)} record(s) still in a retry tier after the drain"
+        extra = [r for r in output if (r["partition"], r["offset"]) not in self._positions()]
+        assert not extra, f"{len(extra)} output row(s) match no input: {extra[:3]}"
+
+    def _positions(self) -> set[tuple[int, int]]:
+        return {(r.partition, r.offset) for r in self.inputs}
+
+    def _tier_records(self) -> list[dict]:
+        records = []
+        for delay in DELAYS:
+            records += self._topic_records(f"{self.topic}.retry.{delay}")
+        return records
+
+    def _topic_records(self, topic: str) -> list[dict]:
+        """The retrylib headers of every committed record of `topic`, read from the start."""
+        consumer = make_consumer(
+            self.broker.bootstrap_servers,
+            {"isolation.level": "read_committed", "enable.partition.eof": True},
+        )
+        try:
+            metadata = consumer.list_topics(topic, timeout=15).topics.get(topic)
+            if metadata is None or metadata.error is not None:
+                return []
+            partitions = sorted(metadata.partitions)
+            consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+            open_partitions, records = set(partitions), []
+            deadline = time.monotonic() + 60
+            while open_partitions and time.monotonic() < deadline:
+                message = consumer.poll(1.0)
+                if message is None:
+                    continue
+                if message.error() is not None:
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        open_partitions.discard(message.partition())
+                        continue
+                    raise RuntimeError(f"reading {topic}: {message.error()}")
+                records.append(dict(message.headers() or ()))
+            assert not open_partitions, f"could not read {topic} to its end"
+            return records
+        finally:
+            consumer.close()
+
+    def log_tails(self, lines: int = 25) -> str:
+        parts = []
+        for outcome in self.report.outcomes[-4:]:
+            text = outcome.log.read_text(errors="replace").splitlines()
+            useful = [t for t in text if not t.startswith("%")]
+            parts.append(f"--- {outcome.log.name} (last {lines} lines) ---")
+            parts.extend(useful[-lines:])
+        return "\n".join(parts)
+
+
+def _columns(ddl: str) -> list[str]:
+    return [part.strip().split()[0] for part in ddl.split(",")]
+
+
+def _repeated(items) -> list:
+    return [item for item, count in Counter(items).items() if count > 1]
+
+
+@contextmanager
+def _suppress_lookup() -> Iterator[None]:
+    try:
+        yield
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _local_spark():
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return (
+        SparkSession.builder.master("local[1]")
+        .appName("fault-harness-check")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help="soak: this many rounds (default: one per "
+        "crash point, --random-kills random kills, --broker-restarts restarts)",
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--random-kills", type=int, default=3)
+    parser.add_argument("--broker-restarts", type=int, default=1)
+    parser.add_argument("--wave-size", type=int, default=60)
+    parser.add_argument(
+        "--points", help="comma-separated crash points to use (default: all of them)"
+    )
+    parser.add_argument(
+        "--workdir", help="keep everything here (default: a temp dir, removed when the run passes)"
+    )
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="retrylib-faults-"))
+    plan = plan_rounds(
+        args.seed,
+        rounds=args.rounds,
+        points=args.points.split(",") if args.points else CRASH_POINTS,
+        random_kills=args.random_kills,
+        broker_restarts=args.broker_restarts,
+    )
+    print(f"{len(plan)} rounds, seed {args.seed}, workdir {workdir}")
+    started = time.monotonic()
+    with FaultHarness(workdir, args.seed, wave_size=args.wave_size) as harness:
+        report = harness.run(plan)
+        spark = _local_spark()
+        try:
+            harness.check(spark)
+        except AssertionError as e:
+            print(f"FAILED: {e}")
+            return 1
+        finally:
+            spark.stop()
+    print(report.summary())
+    calls, needed = sum(report.calls.values()), harness.expected_calls()
+    print(
+        f"handler calls: {calls} for {report.inputs} inputs, {needed} needed: {calls - needed} "
+        "made again by replays of batches that crashed before their manifest"
+    )
+    print(f"PASSED in {time.monotonic() - started:.0f}s")
+    if not args.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""A misbehaving handler is a failed attempt, never a crashed or stalled job, never a lost record.
+
+Hanging past `[handler] timeout`, raising SystemExit or KeyboardInterrupt, catching the
+timeout and carrying on, returning something that is not a row or a row that does not fit
+the output schema: each counts as one failed attempt with a clear reason, is retried, and
+dead-letters once out of attempts. (Handlers: tests/integration/handlers/job_handlers.py.)
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from chispa import assert_df_equality
+from conftest import produce
+
+from retrylib.config import load_config
+from retrylib.delta_sink import read_table
+from retrylib.job import start_query, stop_gracefully
+from retrylib.router import BatchResult
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 2.0
+RECOVERING = ("exit", "hang", "interrupt", "swallow", "schema", "badtype", "unknowncol")
+"""Prefixes whose handler misbehaves on attempt 0 only, and succeeds on attempt 1."""
+
+
+def run_until_settled(spark, config, expected: int, timeout: float = 150) -> list[BatchResult]:
+    results: list[BatchResult] = []
+    query, router = start_query(spark, config, on_result=results.append)
+    deadline = time.monotonic() + timeout
+
+    def settled() -> bool:
+        done = read_table(config.output.table).num_rows
+        return done + read_table(config.dead_letter.table).num_rows >= expected
+
+    try:
+        while not settled() and time.monotonic() < deadline:
+            assert query.isActive, f"query died: {query.exception()}"
+            time.sleep(0.25)
+        assert query.isActive, f"query died: {query.exception()}"
+    finally:
+        stop_gracefully(query)
+        router.close()
+    assert settled(), f"not settled after {timeout}s: {[r.counters for r in results]}"
+    return results
+
+
+def test_misbehaving_handlers_fail_attempts_and_recover(
+    spark, bootstrap_servers, make_topic, write_config, tmp_path
+):
+    topic = make_topic("orders", partitions=2)
+    keys = [f"ok-{i}" for i in range(20)] + [f"{prefix}-0" for prefix in RECOVERING]
+    keys += ["exitalways-0", "hangalways-0"]
+    produce(bootstrap_servers, topic, [(k, f"v-{k}") for k in keys], partitions=2)
+    write_config([topic])
+    config = load_config(tmp_path / "itest.toml", overrides={"handler.timeout": "2s"})
+    assert config.handler.timeout_seconds == TIMEOUT_S
+
+    started = time.monotonic()
+    results = run_until_settled(spark, config, expected=len(keys))
+    elapsed = time.monotonic() - started
+
+    attempt = {"ok": 0, **{prefix: 1 for prefix in RECOVERING}}
+    succeeding = [k for k in keys if k.split("-")[0] in attempt]
+    expected = spark.createDataFrame(
+        [(k, f"v-{k}", topic, attempt[k.split("-")[0]]) for k in succeeding],
+        "key STRING, value STRING, topic STRING, attempt INT",
+    )
+    output = read_table(config.output.table).to_pylist()
+    actual = spark.createDataFrame(
+        [(r["key"], r["value"], r["topic"], r["attempt"]) for r in output],
+        "key STRING, value STRING, topic STRING, attempt INT",
+    )
+    assert_df_equality(actual, expected, ignore_row_order=True)
+
+    dead = {row["key"].decode(): row for row in read_table(config.dead_letter.table).to_pylist()}
+    assert sorted(dead) == ["exitalways-0", "hangalways-0"]
+    exited, hung = dead["exitalways-0"], dead["hangalways-0"]
+    assert (exited["attempts"], exited["reason"]) == (3, "attempts_exhausted")
+    assert exited["error_class"] == "retrylib.handler.HandlerRaisedBaseException"
+    assert exited["error_message"] == "handler raised SystemExit: always exits"
+    assert (hung["attempts"], hung["reason"]) == (3, "attempts_exhausted")
+    assert hung["error_class"] == "retrylib.handler.HandlerTimeout"
+    assert hung["error_message"] == "handler did not return within 2s"
+
+    # Not stalled: the ok records landed in the first batch, and the whole run took about
+    # what the timeouts and delays cost (7 timeouts of 2s, delays of 1s and 2s), not 60s a hang.
+    first = results[0]
+    assert first.counters.get("succeeded", 0) >= 20, first.counters
+    assert elapsed < 100, f"took {elapsed:.0f}s"
+    failures = sum(v for k, v in _merged(results).items() if k.startswith("retried_tier_"))
+    assert failures == len(RECOVERING) + 4  # each recovering once, the two permanent twice
+
+
+def test_failure_reasons_are_recorded(spark, bootstrap_servers, make_topic, write_config, tmp_path):
+    """With one attempt only, every misbehaviour dead-letters at once, naming what happened."""
+    topic = make_topic("orders", partitions=1)
+    prefixes = ("exit", "interrupt", "hang", "schema", "badtype", "unknowncol", "nullkey")
+    keys = [f"{prefix}-0" for prefix in prefixes]
+    produce(bootstrap_servers, topic, [(k, "v") for k in keys])
+    write_config([topic], retry='delays = ["1s"]\nmax_attempts = 1')
+    from job_handlers import OUTPUT_SCHEMA  # noqa: PLC0415 - put on sys.path by write_config
+
+    not_null_key = OUTPUT_SCHEMA.replace("key STRING", "key STRING NOT NULL", 1)
+    config = load_config(
+        tmp_path / "itest.toml",
+        overrides={"handler.timeout": "2s", "handler.output_schema": not_null_key},
+    )
+
+    run_until_settled(spark, config, expected=len(keys))
+
+    assert read_table(config.output.table).num_rows == 0
+    dead = {r["key"].decode(): r for r in read_table(config.dead_letter.table).to_pylist()}
+    reasons = {
+        key: (row["error_class"].rsplit(".", 1)[-1], row["error_message"])
+        for key, row in dead.items()
+    }
+    assert reasons["exit-0"] == ("HandlerRaisedBaseException", "handler raised SystemExit: 3")
+    assert reasons["interrupt-0"] == (
+        "HandlerRaisedBaseException",
+        "handler raised KeyboardInterrupt",
+    )
+    assert reasons["hang-0"] == ("HandlerTimeout", "handler did not return within 2s")
+    assert reasons["schema-0"][0] == "BadHandlerResult"
+    assert reasons["schema-0"][1].startswith("rows do not fit the output schema")
+    assert reasons["badtype-0"] == (
+        "BadHandlerResult",
+        "handler returned str; return a dict, a list of dicts or None",
+    )
+    assert reasons["unknowncol-0"][0] == "BadHandlerResult"
+    assert "['no_such_column']" in reasons["unknowncol-0"][1]
+    assert reasons["nullkey-0"] == (
+        "BadHandlerResult",
+        "rows do not fit the output schema: column 'key' is NOT NULL, but a row has no value "
+        "for it",
+    )
+    assert all(row["attempts"] == 1 for row in dead.values())
+    assert all(row["reason"] == "attempts_exhausted" for row in dead.values())
+
+
+def _merged(results: list[BatchResult]) -> dict[str, int]:
+    merged: dict[str, int] = {}
+    for result in results:
+        for key, value in result.counters.items():
+            merged[key] = merged.get(key, 0) + value
+    return merged

@@ -1,0 +1,196 @@
+"""Calling the user's handler: timeouts, BaseExceptions, and checking what it returned."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from retrylib.handler import (
+    BadHandlerResult,
+    HandlerRaisedBaseException,
+    HandlerTimeout,
+    TimedCall,
+    call_handler,
+    load_handler,
+    result_rows,
+)
+from retrylib.record import Record
+
+COLUMNS = frozenset({"key", "total"})
+
+
+def record(attempt: int = 0) -> Record:
+    return Record(b"k", b"v", [], "orders", 0, 7, 1_700_000_000_000, attempt)
+
+
+@pytest.fixture(autouse=True)
+def no_alarm_left():
+    previous = signal.getsignal(signal.SIGALRM)
+    yield
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0), "an alarm was left armed"
+    signal.signal(signal.SIGALRM, previous)
+
+
+# -- TimedCall ----------------------------------------------------------------------------
+
+
+def test_a_call_within_the_timeout_returns_its_result():
+    assert TimedCall(2.0)(lambda r: {"key": r.key.decode()}, record()) == {"key": "k"}
+
+
+def test_a_hanging_call_raises_handler_timeout_after_the_timeout():
+    started = time.monotonic()
+    with pytest.raises(HandlerTimeout, match=r"did not return within 0\.2s"):
+        TimedCall(0.2)(lambda r: time.sleep(30), record())
+    assert 0.15 < time.monotonic() - started < 2
+
+
+def test_a_handler_that_swallows_the_timeout_is_interrupted_again():
+    def stubborn(r):
+        try:
+            time.sleep(30)
+        except Exception:
+            time.sleep(30)
+
+    started = time.monotonic()
+    with pytest.raises(HandlerTimeout):
+        TimedCall(0.2)(stubborn, record())
+    assert time.monotonic() - started < 3  # timeout, then one re-fire a second later
+
+
+def test_a_swallowed_timeout_with_a_normal_return_counts_as_success():
+    def gives_up(r):
+        try:
+            time.sleep(30)
+        except HandlerTimeout:
+            return {"key": "late"}
+
+    assert TimedCall(0.2)(gives_up, record()) == {"key": "late"}
+
+
+def test_a_late_alarm_after_the_call_is_ignored():
+    timed = TimedCall(0.2)
+    assert timed(lambda r: None, record()) is None
+    signal.setitimer(signal.ITIMER_REAL, 0.05)  # as if the alarm fired just after the call
+    time.sleep(0.2)  # would raise HandlerTimeout here if the alarm were still armed
+
+
+def test_errors_of_the_handler_pass_through_and_disarm():
+    timed = TimedCall(5.0)
+    with pytest.raises(ZeroDivisionError):
+        timed(lambda r: 1 / 0, record())
+
+
+def test_no_timeout_calls_directly():
+    assert TimedCall(None)(lambda r: "x", record()) == "x"
+    assert TimedCall(0)(lambda r: "y", record()) == "y"
+
+
+def test_off_the_main_thread_calls_run_unlimited(caplog):
+    results = []
+
+    def run():
+        timed = TimedCall(0.1)
+        results.append((timed.timeout, timed(lambda r: (time.sleep(0.3), "done")[1], record())))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert results == [(None, "done")]
+    assert "needs the main thread" in caplog.text
+
+
+# -- call_handler -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raised", "message"),
+    [
+        (SystemExit(3), "handler raised SystemExit: 3"),
+        (SystemExit(), "handler raised SystemExit"),
+        (KeyboardInterrupt(), "handler raised KeyboardInterrupt"),
+        (GeneratorExit("closing"), "handler raised GeneratorExit: closing"),
+    ],
+)
+def test_base_exceptions_become_ordinary_failures(raised, message):
+    def handler(r):
+        raise raised
+
+    with pytest.raises(HandlerRaisedBaseException) as info:
+        call_handler(TimedCall(None), handler, record())
+    assert str(info.value) == message
+    assert info.value.__cause__ is raised
+    assert isinstance(info.value, Exception)
+
+
+def test_a_custom_base_exception_with_an_unprintable_message():
+    class Weird(BaseException):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    def handler(r):
+        raise Weird
+
+    with pytest.raises(HandlerRaisedBaseException, match="handler raised Weird: <unprintable>"):
+        call_handler(TimedCall(None), handler, record())
+
+
+def test_exceptions_are_raised_unchanged():
+    error = ValueError("bad")
+
+    def handler(r):
+        raise error
+
+    with pytest.raises(ValueError) as info:
+        call_handler(TimedCall(None), handler, record())
+    assert info.value is error
+
+
+def test_call_handler_applies_the_timeout():
+    with pytest.raises(HandlerTimeout):
+        call_handler(TimedCall(0.1), lambda r: time.sleep(10), record())
+
+
+# -- result_rows --------------------------------------------------------------------------
+
+
+def test_results_become_lists_of_rows():
+    assert result_rows(None, COLUMNS) == []
+    assert result_rows({"key": "a"}, COLUMNS) == [{"key": "a"}]
+    assert result_rows([{"key": "a"}, {"total": 1}], COLUMNS) == [{"key": "a"}, {"total": 1}]
+    assert result_rows([], COLUMNS) == []
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        ("a string", "handler returned str; return a dict, a list of dicts or None"),
+        (("a", "tuple"), "handler returned tuple; return a dict, a list of dicts or None"),
+        (42, "handler returned int; return a dict, a list of dicts or None"),
+        ([{"key": "a"}, "b"], "handler returned a list holding str"),
+        ({"key": "a", "nope": 1}, "column(s) ['nope'] not in the output schema ['key', 'total']"),
+        ([{"zz": 1, "aa": 2}], "column(s) ['aa', 'zz'] not in the output schema"),
+    ],
+)
+def test_bad_results_are_named(result, message):
+    with pytest.raises(BadHandlerResult) as info:
+        result_rows(result, COLUMNS)
+    assert message in str(info.value)
+
+
+# -- load_handler -------------------------------------------------------------------------
+
+
+def test_load_handler_imports_once_and_checks_callable(tmp_path):
+    (tmp_path / "unit_handler_mod.py").write_text(
+        "calls = 0\ndef h(r):\n    return None\nnot_fn = 3\n"
+    )
+    first = load_handler("unit_handler_mod:h", [str(tmp_path)])
+    assert load_handler("unit_handler_mod:h", [str(tmp_path)]) is first
+    with pytest.raises(TypeError, match="is not callable"):
+        load_handler("unit_handler_mod:not_fn", [str(tmp_path)])
+    with pytest.raises(ImportError):
+        load_handler("no_such_module_here:h", [str(tmp_path)])
