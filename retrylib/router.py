@@ -113,7 +113,11 @@ class BatchRouter:
         plan = _with_batch(
             self._template, batch_id, int(time.time() * 1000), self._staging_dir(batch_id)
         )
-        summary = df.mapInArrow(partial(run_task, plan), SUMMARY_DDL).collect()
+        # One task per executor core rather than one per Kafka range: a small batch (retries
+        # trickling in over many partitions) then costs a few task start-ups, not dozens.
+        # (coalesce never adds partitions, so a batch with fewer ranges is left as it is.)
+        slots = max(1, df.sparkSession.sparkContext.defaultParallelism)
+        summary = df.coalesce(slots).mapInArrow(partial(run_task, plan), SUMMARY_DDL).collect()
         crash_point("after_handler", batch_id)
         files: dict[str, list[str]] = {"output": [], "dead_letter": [], "staged": []}
         counters: Counter[str] = Counter()

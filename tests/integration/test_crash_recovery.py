@@ -29,7 +29,7 @@ FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 REPO = FAULTS_DIR.parents[1]
 sys.path.insert(0, str(FAULTS_DIR))
 
-from harness import FaultHarness, _real_noida_binary, plan_rounds  # noqa: E402
+from harness import FaultHarness, plan_rounds  # noqa: E402
 
 SEED = 20261123
 
@@ -226,13 +226,8 @@ def test_a_fenced_instance_stops_instead_of_fencing_back(tmp_path, bootstrap_ser
 def test_a_transaction_split_by_a_broker_restart_is_redone_whole(tmp_path, monkeypatch):
     """noida-db aborts what a transaction sent before it restarted, then commits the rest:
     the producer must notice before committing and redo the whole batch."""
-    from retrylib import broker as broker_module
     from retrylib.broker import EmbeddedBroker
 
-    real = _real_noida_binary()
-    if real is None:
-        pytest.skip("needs the embedded noida-db broker")
-    monkeypatch.setattr(broker_module, "_noida_binary", lambda: real)
     with EmbeddedBroker(data_dir=tmp_path / "broker") as broker:
         bootstrap = broker.bootstrap_servers
         ensure_topics(make_admin(bootstrap, {}), {control_topic("j"): 1, "tier": 2}, create=True)
@@ -263,8 +258,6 @@ def test_a_transaction_split_by_a_broker_restart_is_redone_whole(tmp_path, monke
 
 @pytest.mark.slow
 def test_exactly_once_across_crashes_and_a_broker_restart(tmp_path, request):
-    if _real_noida_binary() is None:
-        pytest.skip("the harness runs its own embedded noida-db broker")
     plan = plan_rounds(SEED, random_kills=3, broker_restarts=1)
     with FaultHarness(tmp_path, SEED, say=lambda line: print(line, flush=True)) as harness:
         report = harness.run(plan)
