@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             deadline = time.monotonic() + args.timeout
             while query.isActive and not settled.is_set() and time.monotonic() < deadline:
                 settled.wait(0.2)
-            stop_gracefully(query)
+            stop_gracefully(query, router)
         else:
             query.awaitTermination(args.timeout)
             if query.isActive:

@@ -115,7 +115,7 @@ def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float
             while settled[0] < len(orders) and time.monotonic() < deadline and query.isActive:
                 time.sleep(0.5)
         finally:
-            stop_gracefully(query)
+            stop_gracefully(query, router)
             router.close()
         _print_results(config.output.table, config.dead_letter.table)
         spark.stop()

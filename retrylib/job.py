@@ -168,15 +168,24 @@ def start_query(
     return writer.start(), router
 
 
-def stop_gracefully(query: StreamingQuery, timeout: float = _STOP_WAIT_SECONDS) -> None:
-    """Stop `query` between batches: wait (up to `timeout`) for the running batch to end.
+def stop_gracefully(
+    query: StreamingQuery, router: BatchRouter, timeout: float = _STOP_WAIT_SECONDS
+) -> None:
+    """Stop `query` once the batch running now (if any) has done its work, within `timeout`.
 
-    A batch that starts in the gap is interrupted; it is replayed on restart, which the
-    router makes safe.
+    The stop comes right after the router finishes that batch, before another one starts.
+    Spark may not have recorded the batch as done yet; it is then replayed on restart, which
+    reuses its manifest and commits nothing twice.
     """
+    router.batch_finished.clear()
     deadline = time.monotonic() + timeout
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while (
+        query.isActive
+        and query.status.get("isTriggerActive")
+        and not router.batch_finished.wait(0.05)
+        and time.monotonic() < deadline
+    ):
+        pass
     query.stop()
 
 
@@ -203,7 +212,7 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
         while query.isActive and not stop_requested.is_set():
             query.awaitTermination(0.5)
         if stop_requested.is_set():
-            stop_gracefully(query)
+            stop_gracefully(query, router)
         error = query.exception()
         if error is not None:
             log.error("query %s failed: %s", config.job.name, error)

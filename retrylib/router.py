@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from collections import Counter
@@ -85,6 +86,8 @@ class BatchRouter:
         )
         self._on_result = on_result
         self._checked_tables = False
+        self.batch_finished = threading.Event()
+        """Set whenever a batch has done all its work (a graceful stop waits for it)."""
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -108,6 +111,7 @@ class BatchRouter:
         log.info("batch %s", json.dumps(_summary(result)))
         if self._on_result is not None:
             self._on_result(result)
+        self.batch_finished.set()
 
     def _route(self, df: DataFrame, batch_id: int) -> dict[str, Any]:
         plan = _with_batch(

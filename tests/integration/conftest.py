@@ -17,7 +17,8 @@ HANDLERS_DIR = Path(__file__).parent / "handlers"
 
 @pytest.fixture
 def write_config(tmp_path: Path, bootstrap_servers: str) -> Callable[..., Config]:
-    """Write a job config for `topics` under tmp_path and load it; `extra` is raw TOML."""
+    """Write a job config for `topics` under tmp_path and load it; `kafka` is raw TOML
+    added to [kafka], `extra` raw TOML added at the end."""
 
     def write(
         topics: list[str],
@@ -26,6 +27,7 @@ def write_config(tmp_path: Path, bootstrap_servers: str) -> Callable[..., Config
         extra: str = "",
         retry: str = 'delays = ["1s", "2s"]\nmax_attempts = 3',
         handler: str = "job_handlers:by_key",
+        kafka: str = "",
     ) -> Config:
         from job_handlers import OUTPUT_SCHEMA  # noqa: PLC0415 - on sys.path via HANDLERS_DIR
 
@@ -39,6 +41,7 @@ trigger = "500ms"
 bootstrap_servers = "{bootstrap_servers}"
 topics = {json.dumps(list(topics))}
 starting_offsets = "earliest"
+{kafka}
 [handler]
 function = "{handler}"
 output_schema = "{OUTPUT_SCHEMA}"

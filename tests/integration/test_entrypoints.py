@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,8 +46,8 @@ def test_spark_submit_available_now_exits_zero(bootstrap_servers, make_topic, wr
 
 def test_sigterm_stops_after_the_batch_and_exits_zero(bootstrap_servers, make_topic, write_config):
     topic = make_topic("orders", partitions=2)
-    produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(100)])
-    config = write_config([topic])
+    produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
+    config = write_config([topic], kafka="max_offsets_per_trigger = 50")  # a long backlog
     job = subprocess.Popen(
         [sys.executable, "-m", "retrylib.cli", "run", config.source_path, "--master", "local[2]"],
         env=child_env(),
@@ -55,16 +56,19 @@ def test_sigterm_stops_after_the_batch_and_exits_zero(bootstrap_servers, make_to
     )
     try:
         deadline = time.monotonic() + 180
-        while read_table_rows(config.output.table) < 100:
+        while read_table_rows(config.output.table) == 0:
             assert job.poll() is None and time.monotonic() < deadline, "job did not process"
-            time.sleep(0.5)
+            time.sleep(0.2)
         job.send_signal(signal.SIGTERM)
         _, stderr = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
             job.kill()
     assert job.returncode == 0, stderr[-3000:]
-    assert "stopping after the current batch" in stderr
+    after_signal = stderr.split("stopping after the current batch", 1)[1]
+    batches_after = set(re.findall(r'"batch_id": (\d+)', after_signal))
+    assert len(batches_after) <= 1, after_signal[-3000:]  # only the batch that was running
+    assert read_table_rows(config.output.table) < 2000  # it stopped with a backlog left
 
 
 def read_table_rows(path: str) -> int:

@@ -41,7 +41,7 @@ def run_until_settled(spark, config, expected: int, timeout: float = 150) -> lis
             time.sleep(0.25)
         assert query.isActive, f"query died: {query.exception()}"
     finally:
-        stop_gracefully(query)
+        stop_gracefully(query, router)
         router.close()
     assert settled(), f"not settled after {timeout}s: {[r.counters for r in results]}"
     return results

@@ -45,7 +45,7 @@ def test_metrics_lines_and_table_match_the_run(
                 break
             time.sleep(0.5)
     finally:
-        stop_gracefully(query)
+        stop_gracefully(query, router)
         router.close()
 
     lines = [

@@ -33,7 +33,7 @@ def run_until(
             assert query.isActive, f"query died: {query.exception()}"
             time.sleep(0.25)
     finally:
-        stop_gracefully(query)
+        stop_gracefully(query, router)
         router.close()
     assert settled(), f"not settled after {timeout}s; batches: {[r.counters for r in results]}"
     return results
@@ -156,7 +156,7 @@ def test_main_records_flow_while_retries_wait(spark, bootstrap_servers, make_top
             assert time.monotonic() < deadline and query.isActive, "main records held up"
             time.sleep(0.2)
     finally:
-        stop_gracefully(query)
+        stop_gracefully(query, router)
         router.close()
     assert read_table(config.dead_letter.table).num_rows == 0  # the retry is still waiting
     assert sum(r.counters.get("records_retry", 0) for r in results) == 0
