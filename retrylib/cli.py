@@ -341,8 +341,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KafkaException as e:
         error = e.args[0] if e.args else e
-        _out(f"error: Kafka: {error.str() if hasattr(error, 'str') else error}", sys.stderr)
+        reason = error.str() if hasattr(error, "str") else error
+        _out(f"error: Kafka{_brokers_of(args)}: {reason}", sys.stderr)
         return EXIT_FAILED
+
+
+def _brokers_of(args: argparse.Namespace) -> str:
+    """" at HOST:PORT (kafka.bootstrap_servers)" for a command's config, or "" if unknown."""
+    from retrylib.config import load_config
+
+    path = getattr(args, "config", None)
+    if path is None:
+        return ""
+    try:
+        servers = load_config(path, check_imports=False).kafka.bootstrap_servers
+    except RetrylibError:
+        return ""
+    return f" at {servers} (kafka.bootstrap_servers in {path}; is the broker up?)"
 
 
 if __name__ == "__main__":
