@@ -25,6 +25,7 @@ from retrylib.handler import (
     Handler,
     TimedCall,
     call_handler,
+    call_isolated,
     load_handler,
     result_rows,
 )
@@ -80,6 +81,7 @@ class TaskPlan:
     jitter: float
     non_retryable: tuple[str, ...]
     handler_kind: str = "record"
+    isolate: bool = False  # each handler call in its own process (after a worker died)
 
     def tier_of(self, topic: str) -> int | None:
         return _tier_index(self.retry_topics).get(topic)
@@ -129,6 +131,7 @@ class TaskRouter:
         self.plan = plan
         self.handler: Handler = load_handler(plan.handler, plan.handler_paths)
         self.timed = TimedCall(plan.timeout_seconds)
+        self.call = call_isolated if plan.isolate else call_handler
         self.policy = _policy(
             plan.tier_delays_ms, plan.max_attempts, plan.jitter, plan.non_retryable
         )
@@ -232,7 +235,7 @@ class TaskRouter:
     def _handle(self, delivery: Delivery) -> None:
         started = time.perf_counter_ns()
         try:
-            result, error = call_handler(self.timed, self.handler, delivery.record), None
+            result, error = self.call(self.timed, self.handler, delivery.record), None
         except Exception as failure:
             result, error = None, failure
         self.handler_ns += time.perf_counter_ns() - started
@@ -268,7 +271,7 @@ class TaskRouter:
         argument = handler_input if self.plan.handler_kind == "arrow" else handler_input.to_pandas()
         started = time.perf_counter_ns()
         try:
-            result = call_handler(self.timed, self.handler, argument)
+            result = self.call(self.timed, self.handler, argument)
             self.handler_ns += time.perf_counter_ns() - started
             table = as_output_table(result, handler_input.num_rows, self.plan.output_schema)
             results = None if table is not None else per_row_results(result, handler_input.num_rows)

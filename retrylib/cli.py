@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _brokers_of(args: argparse.Namespace) -> str:
-    """" at HOST:PORT (kafka.bootstrap_servers)" for a command's config, or "" if unknown."""
+    """ " at HOST:PORT (kafka.bootstrap_servers)" for a command's config, or "" if unknown."""
     from retrylib.config import load_config
 
     path = getattr(args, "config", None)

@@ -9,6 +9,8 @@ or returning rows that do not fit the output schema.
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -98,6 +100,53 @@ class TimedCall:
         except HandlerTimeout:
             self._disarm()  # the alarm may have fired inside the first disarm
             raise
+
+
+class HandlerCrashed(Exception):
+    """Raised when a handler call killed the process it ran in (os._exit, a signal, a crash
+    in native code)."""
+
+
+def call_isolated(timed: TimedCall, function: Handler, record: Any) -> Any:
+    """Call the handler in a forked child process, so that killing the process fails only
+    this call: raises `HandlerCrashed` when the child dies without an answer.
+
+    Slow (a fork per call): used only to re-run a batch whose Python worker died. The
+    result and any exception travel back pickled; an exception that does not pickle comes
+    back as a RuntimeError naming its class and message.
+    """
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        os.close(read_end)
+        try:
+            outcome: tuple[str, Any] = ("result", call_handler(timed, function, record))
+        except Exception as e:
+            outcome = ("error", e)
+        try:
+            data = pickle.dumps(outcome)
+        except Exception:
+            error = outcome[1]
+            data = pickle.dumps(("error", RuntimeError(f"{type(error).__qualname__}: {error}")))
+        with os.fdopen(write_end, "wb") as out:
+            out.write(data)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        data = answer.read()
+    _, status = os.waitpid(child, 0)
+    if not data:
+        raise HandlerCrashed(f"handler killed its process ({_exit_description(status)})")
+    kind, value = pickle.loads(data)
+    if kind == "error":
+        raise value
+    return value
+
+
+def _exit_description(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit code {os.WEXITSTATUS(status)}"
 
 
 def call_handler(timed: TimedCall, function: Handler, record: Record) -> Any:

@@ -35,7 +35,7 @@ from functools import partial
 from typing import Any
 
 import pyarrow.fs as pafs
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 
 from retrylib.batch_task import SUMMARY_DDL, TaskPlan, run_task
 from retrylib.dead_letter import DEAD_LETTER_SCHEMA
@@ -47,6 +47,7 @@ from retrylib.storage import delete_tree, filesystem, join, list_names, read_jso
 
 log = logging.getLogger(__name__)
 
+_WORKER_DIED = "Python worker exited unexpectedly"
 _MANIFESTS_KEPT = 20
 
 
@@ -117,11 +118,7 @@ class BatchRouter:
         plan = _with_batch(
             self._template, batch_id, int(time.time() * 1000), self._staging_dir(batch_id)
         )
-        # One task per executor core rather than one per Kafka range: a small batch (retries
-        # trickling in over many partitions) then costs a few task start-ups, not dozens.
-        # (coalesce never adds partitions, so a batch with fewer ranges is left as it is.)
-        slots = max(1, df.sparkSession.sparkContext.defaultParallelism)
-        summary = df.coalesce(slots).mapInArrow(partial(run_task, plan), SUMMARY_DDL).collect()
+        summary = _run_tasks(df, plan)
         crash_point("after_handler", batch_id)
         files: dict[str, list[str]] = {"output": [], "dead_letter": [], "staged": []}
         counters: Counter[str] = Counter()
@@ -255,6 +252,31 @@ def claim_json(uri: str, content: dict[str, Any]) -> dict[str, Any]:
     finally:
         os.close(directory)
     return content
+
+
+def _run_tasks(df: DataFrame, plan: TaskPlan) -> list[Row]:
+    """Route the batch on the executors; returns the tasks' summary rows.
+
+    If a Python worker dies (a handler called os._exit or crashed in native code), the
+    batch runs again with every handler call in a process of its own, so that the record
+    responsible fails alone, as a `HandlerCrashed` attempt, instead of failing every
+    replay of the batch.
+    """
+    # One task per executor core rather than one per Kafka range: a small batch (retries
+    # trickling in over many partitions) then costs a few task start-ups, not dozens.
+    # (coalesce never adds partitions, so a batch with fewer ranges is left as it is.)
+    slots = max(1, df.sparkSession.sparkContext.defaultParallelism)
+    try:
+        return df.coalesce(slots).mapInArrow(partial(run_task, plan), SUMMARY_DDL).collect()
+    except Exception as error:
+        if plan.isolate or _WORKER_DIED not in str(error):
+            raise
+    log.warning(
+        "batch %d: a Python worker died while handling records; running the batch again "
+        "with each handler call in its own process",
+        plan.batch_id,
+    )
+    return _run_tasks(df, replace(plan, isolate=True))
 
 
 def _with_batch(template: TaskPlan, batch_id: int, now_ms: int, staging_dir: str) -> TaskPlan:

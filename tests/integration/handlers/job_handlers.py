@@ -1,6 +1,8 @@
 """Handlers used by the integration tests; behaviour is chosen by the record key's prefix.
 
 ok-*        succeeds at once
+crash-*     kills its Python process on attempt 0, then succeeds
+crashalways-*  kills its Python process every time
 flaky<N>-*  fails with TransientError until attempt N, then succeeds
 always-*    always fails with RuntimeError (dead-lettered once out of attempts)
 bad-*       raises ValueError (configured non-retryable: dead-lettered at once)
@@ -20,6 +22,7 @@ nullkey-*   returns a row without "key" on attempt 0 (breaks `key STRING NOT NUL
 
 from __future__ import annotations
 
+import os
 import time
 
 from retrylib import NonRetryable, Record, RetryAfter
@@ -46,6 +49,8 @@ def by_key(record: Record) -> dict | None:
     first = record.attempt == 0
     if prefix.startswith("flaky") and record.attempt < int(prefix[5:]):
         raise TransientError(f"not yet: attempt {record.attempt}")
+    if prefix == "crash" and first or prefix == "crashalways":
+        os._exit(13)  # kills the Python worker, as a segfault in native code would
     if prefix == "always":
         raise RuntimeError("always fails")
     if prefix == "bad":
