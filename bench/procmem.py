@@ -131,15 +131,7 @@ class TreeSampler:
             self._stop.wait(self.interval)
 
     def sample(self) -> TreeSample | None:
-        stats: dict[int, tuple[str, int, float]] = {}
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                text = _read(f"/proc/{name}/stat")
-                if text:
-                    try:
-                        stats[int(name)] = parse_stat(text)
-                    except (ValueError, IndexError):
-                        continue
+        stats = _all_stats()
         if self.root not in stats:
             return None
         tree = descendants(self.root, {pid: s[1] for pid, s in stats.items()})

@@ -83,9 +83,6 @@ class TaskPlan:
     handler_kind: str = "record"
     isolate: bool = False  # each handler call in its own process (after a worker died)
 
-    def tier_of(self, topic: str) -> int | None:
-        return _tier_index(self.retry_topics).get(topic)
-
 
 def _tier_index(retry_topics: Mapping[str, tuple[str, ...]]) -> dict[str, int]:
     return {topic: tier for topics in retry_topics.values() for tier, topic in enumerate(topics)}
