@@ -261,6 +261,8 @@ class TaskRouter:
         """
         topics = set(batch.column("topic").unique().to_pylist())
         deliveries = None if topics.isdisjoint(self.tier_of) else self._deliveries(batch)
+        if deliveries == []:  # every retry row was a duplicate, not yet due or corrupt
+            return
         if deliveries is None:
             handler_input = input_from_kafka(batch)
         else:
@@ -273,7 +275,7 @@ class TaskRouter:
             table = as_output_table(result, handler_input.num_rows, self.plan.output_schema)
             results = None if table is not None else per_row_results(result, handler_input.num_rows)
         except Exception as error:
-            for delivery in deliveries or self._deliveries(batch):
+            for delivery in self._decoded(batch, deliveries):
                 self._fail(delivery, error)
             return
         if table is not None:
@@ -283,11 +285,15 @@ class TaskRouter:
                 self._write_output(output)
             self.counters["succeeded"] += handler_input.num_rows
             return
-        for delivery, outcome in zip(deliveries or self._deliveries(batch), results, strict=True):
+        for delivery, outcome in zip(self._decoded(batch, deliveries), results, strict=True):
             if isinstance(outcome, BaseException):
                 self._fail(delivery, outcome)
             else:
                 self._accept(delivery, outcome)
+
+    def _decoded(self, batch: pa.RecordBatch, deliveries: list[Delivery] | None) -> list[Delivery]:
+        """`deliveries`, decoded from `batch` now if the fast path skipped that."""
+        return deliveries if deliveries is not None else self._deliveries(batch)
 
     def _flush_pending(self) -> None:
         """Write the pending output rows; a record whose rows do not fit the schema fails."""

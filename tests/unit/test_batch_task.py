@@ -207,3 +207,21 @@ def test_vectorised_batch_with_retries_passes_the_original(plan):
     rows = [{"key": b"ok-7", "topic": TIER, "offset": 40, "headers": retry_headers(1, 0)}]
     _, written = route(vectorised(plan, "arrow_table"), rows)
     assert written["output"] == [{"key": "ok-7", "topic": "orders", "offset": 17, "attempt": 1}]
+
+
+def test_vectorised_batch_of_only_duplicate_retries_is_counted_once(plan):
+    rows = [
+        {"key": b"ok-8", "topic": TIER, "offset": o, "headers": retry_headers(1, 0)}
+        for o in (70, 71)
+    ]
+    counters, written = route(vectorised(plan, "arrow_rows"), rows)
+    assert len(written["output"]) == 1
+    assert (counters["records_retry"], counters["duplicates_skipped"]) == (2, 1)
+
+
+def test_vectorised_batch_with_nothing_due_calls_no_handler(plan):
+    not_before = plan.now_ms + 60_000
+    rows = [{"key": b"ok-9", "topic": TIER, "offset": 80, "headers": retry_headers(1, not_before)}]
+    counters, written = route(vectorised(plan, "arrow_raises"), rows)
+    assert written["output"] == [] and counters["requeued_not_due"] == 1
+    assert counters["records_retry"] == 1 and "retried_tier_0" not in counters
