@@ -2,10 +2,11 @@
 
 Executor side: `timed_run_task` replaces `retrylib.router.run_task` (the `mapInArrow` body)
 with a wrapper that calls the original and times, per task, the waits for the next input
-batch (the Python data source read plus the JVM handing Arrow over: "source"), the Parquet
-writes and closes of `DataFileWriter` ("parquet"), and the whole task. It adds them to the
-task's counters row, so the router sums them per batch like its own counters (`bench_*`).
-and every handler call ("handler", see `_patch_handler_call`).
+batch (for Kafka records from the JVM; offset ranges are read inside the task, which
+retrylib counts itself as `kafka_read_ms`), the Parquet writes and closes of
+`DataFileWriter` ("parquet"), and the whole task. It adds them to the task's counters row,
+so the router sums them per batch like its own counters (`bench_*`). Handler time is
+retrylib's own `handler_ms` counter.
 
 Driver side: `install_driver_timers` wraps the router's routing job, the staged produce,
 the Delta commits, the manifest write and the clean-up with timers keyed by step.
@@ -26,30 +27,6 @@ log = logging.getLogger("bench.instrument")
 
 _writer_ms = [0.0]
 _writer_patched = [False]
-_handler_ns = [0]
-_handler_patched = [False]
-
-
-def _patch_handler_call() -> None:
-    """Time every `call_handler` (the user's function plus retrylib's thin call wrapper) in
-    this (worker) process with integer nanoseconds; done once. retrylib's own `handler_ms`
-    counter rounds each call to whole milliseconds, which reads 0 for a sub-ms handler."""
-    if _handler_patched[0]:
-        return
-    from retrylib import batch_task
-
-    original = batch_task.call_handler
-    clock = time.perf_counter_ns
-
-    def call_handler(timed, function, record):
-        t = clock()
-        try:
-            return original(timed, function, record)
-        finally:
-            _handler_ns[0] += clock() - t
-
-    batch_task.call_handler = call_handler
-    _handler_patched[0] = True
 
 
 def _patch_writer() -> None:
@@ -84,10 +61,8 @@ def timed_run_task(plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Recor
     from retrylib import batch_task
 
     _patch_writer()
-    _patch_handler_call()
     started = time.perf_counter()
     writer_before = _writer_ms[0]
-    handler_before = _handler_ns[0]
     waited = [0.0]
     rows = [0]
 
@@ -109,7 +84,6 @@ def timed_run_task(plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Recor
             "bench_task_ms": round((time.perf_counter() - started) * 1000),
             "bench_source_wait_ms": round(waited[0] * 1000),
             "bench_parquet_ms": round(_writer_ms[0] - writer_before),
-            "bench_handler_ms": round((_handler_ns[0] - handler_before) / 1e6),
             "bench_tasks": 1,
             "bench_task_rows": rows[0],
         }

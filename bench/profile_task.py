@@ -2,13 +2,16 @@
 
     python -m bench.profile_task route [--records 100000] [--failure-rate 0.05] [--profile]
     python -m bench.profile_task read  [--records 200000] [--partitions 6] [--profile]
+    python -m bench.profile_task ranges [--records 200000] [--partitions 6] [--profile]
 
 `route` feeds synthetic RecordBatches in the source's exact Arrow schema through
 `retrylib.batch_task.run_task` (what each `mapInArrow` task runs: per-record routing, the
 handler, Parquet files) and, for comparison, through a bare loop that only converts the
 columns and calls the handler. `read` produces records to an embedded broker and reads
-them back with `retrylib.kafka_source.read_range` (what each source task runs). Both print
-microseconds per record; `--profile` adds the top functions by own time (cProfile).
+them back with `retrylib.kafka_source.read_range` (what a source task emitting records
+runs). `ranges` produces likewise and runs `run_task` on offset ranges, as the job's tasks
+do: read and route in one pass. All print microseconds per record; `--profile` adds the
+top functions by own time (cProfile).
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import pstats
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -154,17 +159,9 @@ def route(args: argparse.Namespace) -> None:
 
 
 def read(args: argparse.Namespace) -> None:
-    from bench.data import produce_input
-    from retrylib.broker import EmbeddedBroker
-    from retrylib.kafka_client import ensure_topics, make_admin
     from retrylib.kafka_source import KafkaInputPartition, read_range
 
-    with EmbeddedBroker() as broker:
-        bootstrap = broker.bootstrap_servers
-        ensure_topics(make_admin(bootstrap, {}), {"bench-main": args.partitions}, create=True)
-        produce_input(
-            bootstrap, "bench-main", args.records, args.partitions, args.record_bytes, 0.0
-        )
+    with input_on_broker(args) as bootstrap:
         per = args.records // args.partitions
         parts = [
             KafkaInputPartition("bench-main", p, 0, per, bootstrap, {})
@@ -174,22 +171,63 @@ def read(args: argparse.Namespace) -> None:
         def read_all() -> int:
             return sum(b.num_rows for part in parts for b in read_range(part))
 
-        read_all()  # warm the broker's cache
-        t = time.perf_counter()
-        n = read_all()
-        seconds = time.perf_counter() - t
-        _, report = profiled(read_all, top=args.top, enabled=args.profile)
-        print(
-            f"read_range {1e6 * seconds / n:6.1f} us/record ({n / seconds:,.0f} rec/s) over "
-            f"{len(parts)} ranges of {per:,}"
+        timed_run(args, "read_range", read_all, f"over {len(parts)} ranges of {per:,}")
+
+
+def ranges(args: argparse.Namespace) -> None:
+    from retrylib.batch_task import run_task
+    from retrylib.kafka_source import RANGE_SCHEMA, to_arrow_schema
+
+    with input_on_broker(args) as bootstrap, tempfile.TemporaryDirectory() as tmp:
+        per = args.records // args.partitions
+        batch = pa.RecordBatch.from_pylist(
+            [
+                {"topic": "bench-main", "partition": p, "startOffset": 0, "endOffset": per}
+                for p in range(args.partitions)
+            ],
+            schema=to_arrow_schema(RANGE_SCHEMA),
         )
-        if report:
-            print(report)
+        plan = replace(make_plan(Path(tmp), "trivial"), bootstrap_servers=bootstrap)
+        runs = iter(range(2, 100))
+
+        def route_all() -> int:
+            (summary,) = run_task(replace(plan, batch_id=next(runs)), iter([batch]))
+            return json.loads(summary.column("payload")[-1].as_py())["succeeded"]
+
+        timed_run(args, "run_task on ranges", route_all, "(read + route + Parquet, trivial)")
+
+
+@contextmanager
+def input_on_broker(args: argparse.Namespace):
+    """An embedded broker holding `--records` bench records on topic bench-main."""
+    from bench.data import produce_input
+    from retrylib.broker import EmbeddedBroker
+    from retrylib.kafka_client import ensure_topics, make_admin
+
+    with EmbeddedBroker() as broker:
+        bootstrap = broker.bootstrap_servers
+        ensure_topics(make_admin(bootstrap, {}), {"bench-main": args.partitions}, create=True)
+        produce_input(
+            bootstrap, "bench-main", args.records, args.partitions, args.record_bytes, 0.0
+        )
+        yield bootstrap
+
+
+def timed_run(args: argparse.Namespace, name: str, function, detail: str) -> None:
+    """Run `function` (returning a record count) once to warm up, once timed, once profiled."""
+    function()
+    t = time.perf_counter()
+    n = function()
+    seconds = time.perf_counter() - t
+    _, report = profiled(function, top=args.top, enabled=args.profile)
+    print(f"{name} {1e6 * seconds / n:6.1f} us/record ({n / seconds:,.0f} rec/s) {detail}")
+    if report:
+        print(report)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.profile_task")
-    p.add_argument("what", choices=("route", "read"))
+    p.add_argument("what", choices=("route", "read", "ranges"))
     p.add_argument("--records", type=int, default=100_000)
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--record-bytes", type=int, default=200)
@@ -197,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
-    {"route": route, "read": read}[args.what](args)
+    {"route": route, "read": read, "ranges": ranges}[args.what](args)
     return 0
 
 

@@ -28,7 +28,6 @@ from bench.report import fmt, percentile, rate, ratio, sum_counters, table
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("ceiling", "baseline", "retrylib", "arrow", "memory", "lateness")
-EXPERIMENTS = ("fused",)
 MAIN_TOPIC = "bench-main"
 LATE_TOPIC = "bench-late"
 
@@ -70,8 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         default=",".join(PARTS),
-        help=f"comma-separated subset of {','.join(PARTS + EXPERIMENTS)} (default: all but "
-        "the experiments)",
+        help=f"comma-separated subset of {','.join(PARTS)} (default: all)",
     )
     p.add_argument("--no-timers", action="store_true", help="run retrylib without bench timers")
     p.add_argument("--bootstrap", help="use this Kafka cluster instead of an embedded broker")
@@ -81,9 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1800.0, help="per contender, seconds")
     args = p.parse_args(argv)
     args.only = [part.strip() for part in args.only.split(",") if part.strip()]
-    unknown = set(args.only) - set(PARTS + EXPERIMENTS)
+    unknown = set(args.only) - set(PARTS)
     if unknown:
-        p.error(f"--only: unknown part(s) {sorted(unknown)}; choose from {PARTS + EXPERIMENTS}")
+        p.error(f"--only: unknown part(s) {sorted(unknown)}; choose from {PARTS}")
     args.memory_caps = [int(c) for c in args.memory_caps.split(",") if c.strip()]
     return args
 
@@ -206,15 +204,6 @@ class Bench:
             command += ["--events", str(events)]
         return self.run_process(label, command, result_path)
 
-    def fused(self, label: str, handler: str, *, cap: int) -> dict:
-        config = self.write_config(
-            label, handler, cap, MAIN_TOPIC, OUTPUT_DDL, self.args.tier_delay, "1s"
-        )
-        result_path = self.workdir / f"{label}.json"
-        command = [sys.executable, "-m", "bench.fused", str(config), str(result_path)]
-        command += ["--master", self.args.master, "--cap", str(cap)]
-        return self.run_process(label, command, result_path)
-
     def write_config(self, label, handler, cap, topic, ddl, delay, trigger, kind="record"):
         root = self.workdir / label
         cap_line = f"max_offsets_per_trigger = {cap}" if cap else ""
@@ -294,8 +283,6 @@ table = "{root}/dead_letter"
             self.retrylib(
                 "retrylib-arrow", "trivial_arrow", cap=a.max_offsets_per_trigger, kind="arrow"
             )
-        if "fused" in a.only:
-            self.fused("fused-trivial", "trivial", cap=a.max_offsets_per_trigger)
         if "memory" in a.only:
             for cap in a.memory_caps:
                 if cap == a.max_offsets_per_trigger and "retrylib-trivial" in self.results:
@@ -471,7 +458,6 @@ table = "{root}/dead_letter"
             ("retrylib-trivial", "retrylib --available-now", "trivial"),
             ("retrylib-fail", "retrylib --available-now", f"{self.args.failure_rate:.0%} fail"),
             ("retrylib-arrow", "retrylib --available-now", "trivial, kind=arrow"),
-            ("fused-trivial", "experiment: fused read+route", "trivial"),
         ]
         rows = []
         for label, name, handler in labels:
@@ -557,13 +543,6 @@ table = "{root}/dead_letter"
                 f"{fmt(ratio(arrow['steady'], base and base['rate']), 2)}x baseline, "
                 f"{fmt(ratio(arrow['steady'], ceiling and ceiling['rate']), 2)}x ceiling"
             )
-        fused, ours = self.summary("fused-trivial"), self.summary("retrylib-trivial")
-        if fused and ours:
-            lines.append(
-                f"experiment fused read+route: {fmt(ratio(fused['rate'], ours['rate']), 2)}x "
-                f"retrylib trivial (run), {fmt(ratio(fused['steady'], ours['steady']), 2)}x "
-                "(steady)"
-            )
         if lines:
             lines.append(
                 "goal (issue): >= 1.50x baseline and >= 0.40x ceiling with the trivial handler"
@@ -584,8 +563,8 @@ table = "{root}/dead_letter"
             task = c.get("bench_task_ms", 0)
             if not task:
                 continue
-            wait = c.get("bench_source_wait_ms", 0)
-            handler = c.get("bench_handler_ms", 0)
+            wait = c.get("bench_source_wait_ms", 0) + c.get("kafka_read_ms", 0)
+            handler = c.get("handler_ms", 0)
             parquet = c.get("bench_parquet_ms", 0)
             routing = max(task - wait - handler - parquet, 0)
             job = d.get("route_job", 0)
@@ -631,10 +610,9 @@ table = "{root}/dead_letter"
                 f"foreachBatch {engine / 1000:.2f}s + rest "
                 f"{(query_ms - job - sinks - engine) / 1000:.2f}s\n"
                 f"        task time {task / 1000:.1f}s over {c.get('bench_tasks', 0)} tasks "
-                f"(2 slots): waiting for source {100 * wait / task:.0f}% | handler "
+                f"(2 slots): reading Kafka {100 * wait / task:.0f}% | handler "
                 f"{100 * handler / task:.0f}% | retrylib per-record routing "
-                f"{100 * routing / task:.0f}% | Parquet writes {100 * parquet / task:.0f}%; "
-                f"retrylib's handler_ms counter says {c.get('handler_ms', 0) / 1000:.2f}s"
+                f"{100 * routing / task:.0f}% | Parquet writes {100 * parquet / task:.0f}%"
             )
         if not rows:
             return ""
@@ -787,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
             broker_pid = broker._process.pid if broker._process else None
         say(f"workdir {workdir}; broker {bootstrap}")
         bench = Bench(args, workdir, bootstrap, broker_pid)
-        if set(args.only) & {"ceiling", "baseline", "retrylib", "arrow", "memory", "fused"}:
+        if set(args.only) & {"ceiling", "baseline", "retrylib", "arrow", "memory"}:
             bench.produce()
             bench.run_throughput()
         if "lateness" in args.only:

@@ -9,12 +9,15 @@ commits the batch; the task returns only the names of the files it wrote and its
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TypeVar
 
 import pyarrow as pa
 
@@ -24,8 +27,8 @@ from retrylib.handler import (
     BadHandlerResult,
     Handler,
     TimedCall,
-    call_handler,
-    call_isolated,
+    as_failure,
+    bound_call,
     load_handler,
     result_rows,
 )
@@ -38,6 +41,13 @@ from retrylib.headers import (
     record_id,
     split_headers,
 )
+from retrylib.kafka_client import TIER_CLIENT_OPTIONS
+from retrylib.kafka_source import (
+    RANGE_SCHEMA,
+    KafkaInputPartition,
+    read_messages,
+    read_range,
+)
 from retrylib.record import Record
 from retrylib.retry_policy import RetryDecision, RetryPolicy, decide, describe_error, is_due
 from retrylib.staging import STAGED_SCHEMA
@@ -48,12 +58,14 @@ from retrylib.vectorized import (
     per_row_results,
 )
 
+_RANGE_COLUMNS = RANGE_SCHEMA.names
+_GC_FIRST_THRESHOLD = 50_000
+T = TypeVar("T")
+
 SUMMARY_DDL = "kind STRING, payload STRING"
 SUMMARY_SCHEMA = pa.schema([("kind", pa.string()), ("payload", pa.string())])
 """What a task returns: rows ("output"|"dead_letter"|"staged", DataFile JSON) and one
 ("counters", JSON object)."""
-
-_VALIDATE_EVERY = 2000
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,8 @@ class TaskPlan:
     jitter: float
     non_retryable: tuple[str, ...]
     handler_kind: str = "record"
+    bootstrap_servers: str = ""  # and client_options: how the task reads offset ranges
+    client_options: Mapping[str, str] = field(default_factory=dict)
     isolate: bool = False  # each handler call in its own process (after a worker died)
 
 
@@ -95,10 +109,10 @@ def _policy(delays_ms: tuple[int, ...], attempts: int, jitter: float, names: tup
 
 @dataclass
 class Delivery:
-    """One record handed to the handler, with what is known of its earlier failures.
+    """A record that failed or is a retry, with what is known of its earlier failures.
 
-    The id of a first delivery is computed only when needed (a failure): hashing every
-    record would cost more than routing it.
+    A first delivery gets one only when it fails, and its id is computed only then: both
+    would cost more, record by record, than routing it.
     """
 
     record: Record
@@ -115,20 +129,15 @@ class Delivery:
         return self.known_id
 
 
-@dataclass
-class _Pending:
-    deliveries: list[Delivery] = field(default_factory=list)
-    rows: list[list[dict]] = field(default_factory=list)
-
-
 class TaskRouter:
     """Routes the records of one task; see the module docstring."""
 
     def __init__(self, plan: TaskPlan) -> None:
         self.plan = plan
         self.handler: Handler = load_handler(plan.handler, plan.handler_paths)
-        self.timed = TimedCall(plan.timeout_seconds)
-        self.call = call_isolated if plan.isolate else call_handler
+        self.invoke = bound_call(
+            self.handler, TimedCall(plan.timeout_seconds), isolate=plan.isolate
+        )
         self.policy = _policy(
             plan.tier_delays_ms, plan.max_attempts, plan.jitter, plan.non_retryable
         )
@@ -141,35 +150,77 @@ class TaskRouter:
         self.staged = DataFileWriter(plan.staging_dir, STAGED_SCHEMA, plan.batch_id)
         self.counters: Counter[str] = Counter()
         self.handler_ns = 0
-        self.pending = _Pending()
+        self.read_ns = 0
+        # Successful calls whose rows are not yet written: (record, its Delivery if it
+        # has one, rows). Written together; a record whose rows do not fit fails alone.
+        self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
         self.seen_retries: set[tuple[str, int]] = set()
         self._staged_rows: list[dict] = []
         self._dead_rows: list[dict] = []
 
     def route(self, batch: pa.RecordBatch) -> None:
+        """Route a RecordBatch of Kafka records (`KAFKA_ARROW_SCHEMA`)."""
         if self.plan.handler_kind == "record":
-            for delivery in self._deliveries(batch):
-                self._handle(delivery)
+            main, retries = self._decode(batch)
+            self._handle_each(main, None)
+            self._handle_each([delivery.record for delivery in retries], retries)
         else:
             self._handle_batch(batch)
-        self._flush_pending()
-        self._flush_side_outputs()
+        self._flush()
 
-    def _deliveries(self, batch: pa.RecordBatch) -> list[Delivery]:
-        columns = [
-            # Integer microseconds convert to Python far faster than aware datetimes.
-            (
-                batch.column(name).cast(pa.int64()) if name == "timestamp" else batch.column(name)
-            ).to_pylist()
-            for name in ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
-        ]
-        deliveries = (self._delivery(*row) for row in zip(*columns, strict=True))
-        return [delivery for delivery in deliveries if delivery is not None]
+    def route_range(self, topic: str, partition: int, start: int, end: int) -> None:
+        """Read offsets `start` to `end` (exclusive) of `topic[partition]` and route them.
+
+        Records go from the Kafka client to the handler without passing through Arrow when
+        the handler takes one record at a time. Raises `KafkaSourceError` as `read_messages`.
+        """
+        options = dict(self.plan.client_options)
+        if topic in self.tier_of:
+            options.update(TIER_CLIENT_OPTIONS)
+        part = KafkaInputPartition(
+            topic, partition, start, end, self.plan.bootstrap_servers, options
+        )
+        if self.plan.handler_kind != "record":
+            for batch in self._timed_read(read_range(part)):
+                self.route(batch)
+            return
+        for messages in self._timed_read(read_messages(part)):
+            if topic in self.tier_of:
+                retries = self._retries_of_messages(topic, partition, messages)
+                self._handle_each([delivery.record for delivery in retries], retries)
+            else:
+                self.counters["records_main"] += len(messages)
+                self._handle_each(
+                    [
+                        Record(
+                            m.key(),
+                            m.value(),
+                            m.headers() or [],
+                            topic,
+                            partition,
+                            m.offset(),
+                            m.timestamp()[1],  # -1 when the record has none
+                        )
+                        for m in messages
+                    ],
+                    None,
+                )
+            self._flush()
+
+    def _timed_read(self, chunks: Iterator[T]) -> Iterator[T]:
+        """`chunks`, with the time spent waiting for each added to `read_ns`."""
+        clock = time.perf_counter_ns
+        while True:
+            started = clock()
+            chunk = next(chunks, None)
+            self.read_ns += clock() - started
+            if chunk is None:
+                return
+            yield chunk
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         """Close the files; yields the summary rows for the driver."""
-        self._flush_pending()
-        self._flush_side_outputs()
+        self._flush()
         rows = [
             {"kind": kind, "payload": data_file.to_json()}
             for kind, writer in (
@@ -180,27 +231,61 @@ class TaskRouter:
             if (data_file := writer.close()) is not None
         ]
         self.counters["handler_ms"] = self.handler_ns // 1_000_000
+        if self.read_ns:
+            self.counters["kafka_read_ms"] = self.read_ns // 1_000_000
         rows.append({"kind": "counters", "payload": json.dumps(dict(self.counters))})
         yield pa.RecordBatch.from_pylist(rows, schema=SUMMARY_SCHEMA)
 
     # -- reading a record ---------------------------------------------------------------
 
-    def _delivery(
-        self, key, value, topic, partition, offset, timestamp, headers
+    def _decode(self, batch: pa.RecordBatch) -> tuple[list[Record], list[Delivery]]:
+        """The main-topic records of `batch`, and the Deliveries of its retries that are due."""
+        columns = [
+            # Integer microseconds convert to Python far faster than aware datetimes.
+            (
+                batch.column(name).cast(pa.int64()) if name == "timestamp" else batch.column(name)
+            ).to_pylist()
+            for name in ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
+        ]
+        main, retries = [], []
+        for key, value, topic, partition, offset, micros, headers in zip(*columns, strict=True):
+            header_pairs = [(h["key"], h["value"]) for h in headers or ()]
+            millis = -1 if micros is None else micros // 1000
+            if topic not in self.tier_of:
+                main.append(Record(key, value, header_pairs, topic, partition, offset, millis))
+                continue
+            delivery = self._retry(key, value, topic, partition, offset, millis, header_pairs)
+            if delivery is not None:
+                retries.append(delivery)
+        self.counters["records_main"] += len(main)
+        return main, retries
+
+    def _retries_of_messages(self, topic: str, partition: int, messages: list) -> list[Delivery]:
+        deliveries = (
+            self._retry(
+                m.key(),
+                m.value(),
+                topic,
+                partition,
+                m.offset(),
+                m.timestamp()[1],
+                m.headers() or [],
+            )
+            for m in messages
+        )
+        return [delivery for delivery in deliveries if delivery is not None]
+
+    def _retry(
+        self, key, value, topic, partition, offset, timestamp_ms, header_pairs
     ) -> Delivery | None:
-        timestamp_ms = _epoch_ms(timestamp)
-        header_pairs = [(h["key"], h["value"]) for h in headers or ()]
-        tier = self.tier_of.get(topic)
-        if tier is None:
-            self.counters["records_main"] += 1
-            record = Record(key, value, header_pairs, topic, partition, offset, timestamp_ms, 0)
-            return Delivery(record, topic, self.plan.job)
+        """The Delivery of a record read from a retry tier, or None when it is not handled
+        now: corrupt retry headers (dead-lettered), a duplicate, or not due yet (re-queued)."""
         self.counters["records_retry"] += 1
         user_headers, own = split_headers(header_pairs)
         try:
             state = decode_retry_state(own)
         except CorruptRetryHeaders as e:
-            record = Record(key, value, user_headers, topic, partition, offset, timestamp_ms, 0)
+            record = Record(key, value, user_headers, topic, partition, offset, timestamp_ms)
             delivery = Delivery(record, topic, self.plan.job)
             self._dead_letter(delivery, e, "corrupt_retry_headers", 0, _now_ms())
             return None
@@ -222,36 +307,46 @@ class TaskRouter:
         if not is_due(state.not_before_ms, self.plan.now_ms):
             # Only reachable when clocks disagree: never hand it over early, wait again.
             self.counters["requeued_not_due"] += 1
-            timestamp = state.not_before_ms - self.plan.tier_delays_ms[tier]
+            timestamp = state.not_before_ms - self.plan.tier_delays_ms[self.tier_of[topic]]
             self._stage(topic, partition, timestamp, record, header_pairs)
             return None
         return delivery
 
     # -- handling -----------------------------------------------------------------------
 
-    def _handle(self, delivery: Delivery) -> None:
-        started = time.perf_counter_ns()
-        try:
-            result, error = self.call(self.timed, self.handler, delivery.record), None
-        except Exception as failure:
-            result, error = None, failure
-        self.handler_ns += time.perf_counter_ns() - started
-        if error is None:
-            self._accept(delivery, result)
-        else:
-            self._fail(delivery, error)
+    def _handle_each(self, records: list[Record], deliveries: list[Delivery] | None) -> None:
+        """Call the handler once per record and keep each outcome.
 
-    def _accept(self, delivery: Delivery, result: object) -> None:
-        """Keep a successful call's rows for writing; a malformed result fails the record."""
-        try:
-            rows = result_rows(result, self.columns)
-        except BadHandlerResult as error:
-            self._fail(delivery, error)
-            return
-        self.pending.deliveries.append(delivery)
-        self.pending.rows.append(rows)
-        if len(self.pending.deliveries) >= _VALIDATE_EVERY:
-            self._flush_pending()
+        `deliveries` are the records' Deliveries when they are retries; first deliveries
+        (None) get one only if they fail. A successful call's rows wait in `pending`.
+        """
+        invoke, columns, pending = self.invoke, self.columns, self.pending
+        clock = time.perf_counter_ns
+        spent = 0
+        for index, record in enumerate(records):
+            started = clock()
+            try:
+                result = invoke(record)
+            except BaseException as raised:
+                spent += clock() - started
+                self._fail(self._delivery(record, deliveries, index), as_failure(raised))
+                continue
+            spent += clock() - started
+            if type(result) is dict and result.keys() <= columns:
+                rows: Sequence[dict] = (result,)  # the common case, checked cheaply
+            else:
+                try:
+                    rows = result_rows(result, columns)
+                except BadHandlerResult as error:
+                    self._fail(self._delivery(record, deliveries, index), error)
+                    continue
+            pending.append((record, deliveries[index] if deliveries else None, rows))
+        self.handler_ns += spent
+
+    def _delivery(self, record: Record, deliveries: list[Delivery] | None, index: int) -> Delivery:
+        if deliveries is not None:
+            return deliveries[index]
+        return Delivery(record, record.topic, self.plan.job)
 
     def _handle_batch(self, batch: pa.RecordBatch) -> None:
         """One vectorised handler call for `batch` (see `retrylib.vectorized`).
@@ -270,11 +365,12 @@ class TaskRouter:
         argument = handler_input if self.plan.handler_kind == "arrow" else handler_input.to_pandas()
         started = time.perf_counter_ns()
         try:
-            result = self.call(self.timed, self.handler, argument)
+            result = self.invoke(argument)
             self.handler_ns += time.perf_counter_ns() - started
             table = as_output_table(result, handler_input.num_rows, self.plan.output_schema)
             results = None if table is not None else per_row_results(result, handler_input.num_rows)
-        except Exception as error:
+        except BaseException as raised:
+            error = as_failure(raised)
             for delivery in self._decoded(batch, deliveries):
                 self._fail(delivery, error)
             return
@@ -288,32 +384,48 @@ class TaskRouter:
         for delivery, outcome in zip(self._decoded(batch, deliveries), results, strict=True):
             if isinstance(outcome, BaseException):
                 self._fail(delivery, outcome)
-            else:
-                self._accept(delivery, outcome)
+                continue
+            try:
+                rows = result_rows(outcome, self.columns)
+            except BadHandlerResult as error:
+                self._fail(delivery, error)
+                continue
+            self.pending.append((delivery.record, delivery, rows))
+
+    def _deliveries(self, batch: pa.RecordBatch) -> list[Delivery]:
+        """A Delivery for every record of `batch` that is handled now."""
+        main, retries = self._decode(batch)
+        job = self.plan.job
+        return [Delivery(record, record.topic, job) for record in main] + retries
 
     def _decoded(self, batch: pa.RecordBatch, deliveries: list[Delivery] | None) -> list[Delivery]:
         """`deliveries`, decoded from `batch` now if the fast path skipped that."""
         return deliveries if deliveries is not None else self._deliveries(batch)
 
+    def _flush(self) -> None:
+        self._flush_pending()
+        self._flush_side_outputs()
+
     def _flush_pending(self) -> None:
         """Write the pending output rows; a record whose rows do not fit the schema fails."""
-        pending, self.pending = self.pending, _Pending()
-        if not pending.deliveries:
+        pending, self.pending = self.pending, []
+        if not pending:
             return
-        all_rows = [row for rows in pending.rows for row in rows]
+        all_rows = [row for _, _, rows in pending for row in rows]
         try:
             batch = _output_batch(all_rows, self.plan.output_schema)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             batch = None
         if batch is not None:
             self._write_output(batch)
-            self.counters["succeeded"] += len(pending.deliveries)
+            self.counters["succeeded"] += len(pending)
             return
-        for delivery, rows in zip(pending.deliveries, pending.rows, strict=True):
+        for record, delivery, rows in pending:
             try:
-                batch = _output_batch(rows, self.plan.output_schema)
+                batch = _output_batch(list(rows), self.plan.output_schema)
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
-                self._fail(delivery, BadHandlerResult(f"rows do not fit the output schema: {e}"))
+                failure = BadHandlerResult(f"rows do not fit the output schema: {e}")
+                self._fail(delivery or Delivery(record, record.topic, self.plan.job), failure)
                 continue
             self._write_output(batch)
             self.counters["succeeded"] += 1
@@ -468,14 +580,38 @@ def _check_not_null(field: pa.Field, array: pa.Array, path: str) -> None:
         _check_not_null(kind.value_field, array.flatten(), f"{path}[]")
 
 
-def _epoch_ms(timestamp_us: int | None) -> int:
-    """Epoch milliseconds of a Spark timestamp given as integer microseconds (-1 if none)."""
-    return -1 if timestamp_us is None else timestamp_us // 1000
-
-
 def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The `mapInArrow` body: route every batch of this task, then yield the summary."""
-    router = TaskRouter(plan)
-    for batch in batches:
-        router.route(batch)
-    yield from router.finish()
+    """The `mapInArrow` body: route every record of this task, then yield the summary.
+
+    The input is Kafka records (`KAFKA_SCHEMA`, from Spark's built-in Kafka source) or
+    offset ranges (`RANGE_SCHEMA`, from `retrylib_kafka` with `retrylib.emit = ranges`),
+    which the task reads from Kafka itself.
+    """
+    with _fewer_collections():
+        router = TaskRouter(plan)
+        for batch in batches:
+            if batch.schema.names == _RANGE_COLUMNS:
+                for topic, partition, start, end in zip(
+                    *(column.to_pylist() for column in batch.columns), strict=True
+                ):
+                    router.route_range(topic, partition, start, end)
+            else:
+                router.route(batch)
+        yield from router.finish()
+
+
+@contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """Run the cyclic garbage collector less often while a task routes records.
+
+    A task allocates millions of objects that live for one chunk of records. With CPython's
+    default first threshold (700 allocations) they survive into older generations and set
+    off full collections: half of a trivial handler's task time, measured. Refcounting frees
+    them anyway. The worker's own thresholds come back when the task ends.
+    """
+    previous = gc.get_threshold()
+    gc.set_threshold(_GC_FIRST_THRESHOLD, *previous[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)

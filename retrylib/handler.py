@@ -14,6 +14,7 @@ import pickle
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from retrylib.importing import import_object
@@ -156,10 +157,35 @@ def call_handler(timed: TimedCall, function: Handler, record: Record) -> Any:
     except Exception:
         raise
     except BaseException as e:  # the handler's own SystemExit/KeyboardInterrupt: a failure
-        detail = _text(e)
-        raise HandlerRaisedBaseException(
-            f"handler raised {type(e).__name__}" + (f": {detail}" if detail else "")
-        ) from e
+        raise as_failure(e) from e
+
+
+def bound_call(function: Handler, timed: TimedCall, *, isolate: bool = False) -> Callable:
+    """`function` as a one-argument callable with the timeout and isolation applied.
+
+    It is the function itself when there is neither, since a wrapper per call costs as much
+    as a trivial handler. Calls may raise any BaseException: the caller passes what they
+    raise through `as_failure`.
+    """
+    if isolate:
+        return partial(call_isolated, timed, function)
+    if timed.timeout:
+        return partial(timed, function)
+    return function
+
+
+def as_failure(raised: BaseException) -> Exception:
+    """What a handler raised, as the exception its record fails with: an Exception as it
+    is, any other BaseException (SystemExit, KeyboardInterrupt, ...) as a
+    `HandlerRaisedBaseException` naming it."""
+    if isinstance(raised, Exception):
+        return raised
+    detail = _text(raised)
+    failure = HandlerRaisedBaseException(
+        f"handler raised {type(raised).__name__}" + (f": {detail}" if detail else "")
+    )
+    failure.__cause__ = raised
+    return failure
 
 
 def _text(error: BaseException) -> str:

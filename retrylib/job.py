@@ -16,7 +16,7 @@ from retrylib.config import Config
 from retrylib.dead_letter import ensure_dead_letter_table
 from retrylib.delta_sink import ensure_table
 from retrylib.errors import TopicError
-from retrylib.kafka_client import ensure_topics, make_admin, partition_counts
+from retrylib.kafka_client import TIER_CLIENT_OPTIONS, ensure_topics, make_admin, partition_counts
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder, spark_checkpoint
 from retrylib.router import BatchResult, BatchRouter, checkpoint_identity
@@ -68,7 +68,12 @@ def _read_kafka(spark: SparkSession, format_name: str, options: dict[str, str]) 
 
 
 def source_frame(spark: SparkSession, config: Config) -> DataFrame:
-    """The union of the main topics and every retry tier (each tier reads only due records)."""
+    """The union of the main topics and every retry tier (each tier reads only due records).
+
+    With the `retrylib_kafka` source for the main topics, every source emits offset ranges
+    (`retrylib.emit = ranges`) that the routing tasks read themselves; with Spark's built-in
+    source, records (its schema, which the tiers then emit too).
+    """
     kafka = config.kafka
     common = {f"kafka.{key}": value for key, value in kafka.options.items()}
     common["kafka.bootstrap.servers"] = kafka.bootstrap_servers
@@ -87,11 +92,12 @@ def source_frame(spark: SparkSession, config: Config) -> DataFrame:
         frame = _read_kafka(spark, "kafka", {**main_options, "includeHeaders": "true"})
     else:
         log.info("main topics read with the retrylib_kafka Python data source")
-        frame = _read_kafka(spark, "retrylib_kafka", main_options)
+        common["retrylib.emit"] = "ranges"
+        frame = _read_kafka(spark, "retrylib_kafka", {**main_options, **common})
     for tier in config.retry.tiers:
         tier_options = {
             **common,
-            "kafka.isolation.level": "read_committed",
+            **{f"kafka.{key}": value for key, value in TIER_CLIENT_OPTIONS.items()},
             "subscribe": ",".join(sorted(set(tier.topics.values()))),
             "startingOffsets": "earliest",
             "retrylib.delayMs": str(round(tier.delay_seconds * 1000)),
@@ -125,6 +131,8 @@ def task_plan(config: Config, partitions: dict[str, int]) -> TaskPlan:
         jitter=retry.jitter,
         non_retryable=retry.non_retryable,
         handler_kind=config.handler.kind,
+        bootstrap_servers=config.kafka.bootstrap_servers,
+        client_options=dict(config.kafka.options),
     )
 
 

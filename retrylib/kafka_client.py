@@ -25,6 +25,10 @@ _CONSUMER_DEFAULTS = {
     "receive.message.max.bytes": 1_000_000_000,
     "fetch.wait.max.ms": 100,
 }
+TIER_CLIENT_OPTIONS = {"isolation.level": "read_committed"}
+"""Consumer settings for retry tiers: their records are produced in transactions, and an
+aborted transaction's records must stay unseen."""
+
 _PRODUCER_DEFAULTS = {
     "enable.idempotence": True,
     "linger.ms": 5,

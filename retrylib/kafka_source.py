@@ -5,8 +5,11 @@ exactly the schema of Spark's built-in `kafka` source, with the same option name
 (`kafka.bootstrap.servers`, `subscribe`, `startingOffsets`, `maxOffsetsPerTrigger`,
 `kafka.*` pass-through), so a job can switch between the two formats.
 
-Two options of its own:
+Three options of its own:
 
+- `retrylib.emit`: `records` (the default, the built-in schema) or `ranges`: one row per
+  offset range (`RANGE_SCHEMA`) and no records. The retrylib job reads the ranges itself in
+  the task that routes them (`read_messages`), so records never pass through the JVM.
 - `retrylib.delayMs`: makes the source a delay frontier for a fixed-delay retry tier. A
   partition's end offset is the first record whose Kafka timestamp is after `now - delay`
   (found with `offsets_for_times`, no scanning), so records become visible once due and
@@ -106,12 +109,25 @@ KAFKA_SCHEMA = StructType(
 KAFKA_ARROW_SCHEMA = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
 """`KAFKA_SCHEMA` as Arrow: the schema of every RecordBatch `read()` yields (timestamps in µs)."""
 
+RANGE_SCHEMA = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("startOffset", LongType()),
+        StructField("endOffset", LongType()),
+    ]
+)
+"""The schema with `retrylib.emit = ranges`: offsets `startOffset` (inclusive) to `endOffset`
+(exclusive) of one topic-partition per row, one row per input partition of the batch."""
+
 OPTION_BOOTSTRAP = "kafka.bootstrap.servers"
 OPTION_SUBSCRIBE = "subscribe"
 OPTION_STARTING_OFFSETS = "startingOffsets"
 OPTION_MAX_OFFSETS_PER_TRIGGER = "maxOffsetsPerTrigger"
 OPTION_DELAY_MS = "retrylib.delayMs"
 OPTION_MAX_RECORDS_PER_TASK = "retrylib.maxRecordsPerTask"
+OPTION_EMIT = "retrylib.emit"
+_EMIT_VALUES = ("records", "ranges")
 _KNOWN_OPTIONS = {
     name.lower(): name
     for name in (
@@ -121,6 +137,7 @@ _KNOWN_OPTIONS = {
         OPTION_MAX_OFFSETS_PER_TRIGGER,
         OPTION_DELAY_MS,
         OPTION_MAX_RECORDS_PER_TASK,
+        OPTION_EMIT,
     )
 }
 # Consumer settings the source relies on; a user value would break offset-exact reads.
@@ -159,6 +176,11 @@ class SourceOptions:
     delay_ms: int | None = None
     max_records_per_task: int = DEFAULT_MAX_RECORDS_PER_TASK
     client_options: dict[str, str] = field(default_factory=dict)
+    emit_ranges: bool = False
+
+    @property
+    def schema(self) -> StructType:
+        return RANGE_SCHEMA if self.emit_ranges else KAFKA_SCHEMA
 
 
 def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
@@ -185,6 +207,9 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     if not bootstrap:
         raise ValueError(f"option {OPTION_BOOTSTRAP} is required")
     topics = parse_topics(lowered.get(OPTION_SUBSCRIBE.lower()))
+    emit = lowered.get(OPTION_EMIT.lower(), "records").strip().lower()
+    if emit not in _EMIT_VALUES:
+        raise ValueError(f"option {OPTION_EMIT}={emit!r} must be one of {list(_EMIT_VALUES)}")
     return SourceOptions(
         bootstrap_servers=bootstrap,
         topics=topics,
@@ -196,6 +221,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         max_records_per_task=_int_option(lowered, OPTION_MAX_RECORDS_PER_TASK, 1)
         or DEFAULT_MAX_RECORDS_PER_TASK,
         client_options=client_options,
+        emit_ranges=emit == "ranges",
     )
 
 
@@ -220,18 +246,19 @@ class KafkaDataSource(DataSource):
         return "retrylib_kafka"
 
     def schema(self) -> StructType:
-        """`KAFKA_SCHEMA`; the options are checked here so that `load()` fails on bad ones."""
-        parse_source_options(self.options)
-        return KAFKA_SCHEMA
+        """`KAFKA_SCHEMA`, or `RANGE_SCHEMA` with `retrylib.emit = ranges`; the options are
+        checked here so that `load()` fails on bad ones."""
+        return parse_source_options(self.options).schema
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
-        """The reader; raises `ValueError` for bad options or a schema other than KAFKA_SCHEMA."""
-        if schema != KAFKA_SCHEMA:
+        """The reader; raises `ValueError` for bad options or a schema other than `schema()`."""
+        options = parse_source_options(self.options)
+        if schema != options.schema:
             raise ValueError(
-                f"the retrylib_kafka source has a fixed schema {KAFKA_SCHEMA.simpleString()}, "
+                f"the retrylib_kafka source has a fixed schema {options.schema.simpleString()}, "
                 f"got {schema.simpleString()}"
             )
-        return KafkaStreamReader(parse_source_options(self.options))
+        return KafkaStreamReader(options)
 
 
 @dataclass
@@ -343,12 +370,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for r in ranges
         ]
 
-    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        """Yield the records of `partition` as RecordBatches of `KAFKA_ARROW_SCHEMA`.
+    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch | tuple]:  # type: ignore[override]
+        """Yield the records of `partition` as RecordBatches of `KAFKA_ARROW_SCHEMA`, or, with
+        `retrylib.emit = ranges`, its one row of `RANGE_SCHEMA` without reading Kafka.
 
         Raises `KafkaSourceError` on a broker error or when no record arrives for
         `STALL_TIMEOUT_S` before the range is complete.
         """
+        if self._options.emit_ranges:
+            return iter([(partition.topic, partition.partition, partition.start, partition.end)])
         return read_range(partition)
 
     def commit(self, end: dict) -> None:
@@ -434,7 +464,20 @@ class _Metadata:
 
 
 def read_range(part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
-    """Yield `part`'s records as RecordBatches of at most `BATCH_ROWS` rows.
+    """Yield `part`'s records as RecordBatches of `KAFKA_ARROW_SCHEMA`, at most `BATCH_ROWS`
+    rows each. Fails as `read_messages` does."""
+    pending: list[Message] = []
+    for chunk in read_messages(part):
+        pending.extend(chunk)
+        while len(pending) >= BATCH_ROWS:
+            yield to_batch(part, pending[:BATCH_ROWS])
+            del pending[:BATCH_ROWS]
+    if pending:
+        yield to_batch(part, pending)
+
+
+def read_messages(part: KafkaInputPartition) -> Iterator[list[Message]]:
+    """Yield `part`'s records in offset order, as lists of at most `BATCH_ROWS` messages.
 
     Offsets missing inside the range (compaction, transaction markers) are skipped: the read
     ends at the first offset >= `part.end`, or when the partition's end is at or past it.
@@ -445,14 +488,7 @@ def read_range(part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
     )
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
-        pending: list[Message] = []
-        for chunk in _message_chunks(consumer, part):
-            pending.extend(chunk)
-            while len(pending) >= BATCH_ROWS:
-                yield _to_batch(part, pending[:BATCH_ROWS])
-                del pending[:BATCH_ROWS]
-        if pending:
-            yield _to_batch(part, pending)
+        yield from _message_chunks(consumer, part)
     finally:
         consumer.close()
 
@@ -491,7 +527,7 @@ def _describe(part: KafkaInputPartition) -> str:
     return f"{part.topic}[{part.partition}] offsets {part.start}..{part.end}"
 
 
-def _to_batch(part: KafkaInputPartition, messages: list[Message]) -> pa.RecordBatch:
+def to_batch(part: KafkaInputPartition, messages: list[Message]) -> pa.RecordBatch:
     """`messages` of `part` as one RecordBatch of `KAFKA_ARROW_SCHEMA` (one pass over them)."""
     keys, values, offsets, micros, kinds, headers = [], [], [], [], [], []
     for message in messages:

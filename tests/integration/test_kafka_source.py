@@ -7,23 +7,31 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from retrylib import kafka_source
+from retrylib.batch_task import TaskPlan, run_task
 from retrylib.kafka_client import make_admin, make_consumer
 from retrylib.kafka_source import (
     KAFKA_ARROW_SCHEMA,
     KAFKA_SCHEMA,
+    RANGE_SCHEMA,
     KafkaInputPartition,
     KafkaSourceError,
     KafkaStreamReader,
     parse_source_options,
     read_range,
 )
+from retrylib.schema import parse_schema
 
 pytestmark = pytest.mark.slow
 
@@ -397,3 +405,69 @@ def test_read_range_fails_clearly_when_records_never_arrive(
     part = KafkaInputPartition(topic, 0, 0, 10, bootstrap_servers, {})
     with pytest.raises(KafkaSourceError, match=rf"{topic}\[0\] offsets 0..10.*at offset 3"):
         list(read_range(part))
+
+
+def test_ranges_read_in_the_task_give_the_handler_what_records_mode_gives(
+    bootstrap_servers, make_topic, tmp_path
+) -> None:
+    """`retrylib.emit = ranges` rows, read and routed by `run_task`, reach the handler as the
+    same records (keys, values, headers, timestamps) as the records-mode source emits."""
+    topic = make_topic("ranges", partitions=2)
+    produce(bootstrap_servers, topic, 40, range(2), timestamp_ms=1_700_000_000_123)
+    reader = make_reader(bootstrap_servers, topic, **{"retrylib.emit": "ranges"})
+    try:
+        start, end = reader.initialOffset(), reader.latestOffset(None)
+        parts = reader.partitions(start, end)
+        range_rows = [row for part in parts for row in reader.read(part)]
+    finally:
+        reader.stop()
+    assert sorted(range_rows) == [(topic, 0, 0, 20), (topic, 1, 0, 20)]
+
+    output_schema = parse_schema(
+        "key BINARY, value BINARY, partition INT, offset BIGINT, timestamp BIGINT, headers STRING"
+    ).to_arrow()
+    plan = TaskPlan(
+        job="ranges",
+        batch_id=0,
+        now_ms=int(time.time() * 1000),
+        handler="job_handlers:echo",
+        handler_paths=(str(Path(__file__).parent / "handlers"),),
+        timeout_seconds=None,
+        output_table=str(tmp_path / "out"),
+        output_schema=output_schema,
+        dead_letter_table=str(tmp_path / "dlq"),
+        dead_letter_topic="unused.dlt",
+        staging_dir=str(tmp_path / "staged"),
+        retry_topics={topic: (f"{topic}.retry",)},
+        tier_delays_ms=(1000,),
+        partition_counts={f"{topic}.retry": 2, "unused.dlt": 2},
+        max_attempts=2,
+        jitter=0.0,
+        non_retryable=(),
+        bootstrap_servers=bootstrap_servers,
+    )
+    ranges = pa.RecordBatch.from_pylist(
+        [dict(zip(RANGE_SCHEMA.names, row, strict=True)) for row in range_rows],
+        schema=to_arrow_schema(RANGE_SCHEMA),
+    )
+    (summary,) = run_task(plan, iter([ranges]))
+    payloads = dict(zip(*summary.to_pydict().values(), strict=True))
+    assert json.loads(payloads["counters"])["succeeded"] == 40
+    written = json.loads(payloads["output"])
+    handled = pq.read_table(f"{written['table']}/{written['path']}").to_pylist()
+
+    expected = [
+        {
+            "key": row["key"],
+            "value": row["value"],
+            "partition": row["partition"],
+            "offset": row["offset"],
+            "timestamp": row["timestamp"].timestamp() * 1000 // 1,
+            "headers": repr([(h["key"], h["value"]) for h in row["headers"]]),
+        }
+        for part in parts
+        for batch in read_range(part)
+        for row in batch.to_pylist()
+    ]
+    key = itemgetter("partition", "offset")
+    assert sorted(handled, key=key) == sorted(expected, key=key)

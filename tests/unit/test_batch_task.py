@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import time
 from datetime import UTC, datetime
@@ -225,3 +226,9 @@ def test_vectorised_batch_with_nothing_due_calls_no_handler(plan):
     counters, written = route(vectorised(plan, "arrow_raises"), rows)
     assert written["output"] == [] and counters["requeued_not_due"] == 1
     assert counters["records_retry"] == 1 and "retried_tier_0" not in counters
+
+
+def test_the_collector_thresholds_come_back_after_a_task(plan):
+    before = gc.get_threshold()
+    route(plan, [{"key": b"ok-1", "offset": 1}])
+    assert gc.get_threshold() == before

@@ -13,7 +13,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.data import make_value, marked_to_fail
-from bench.fused import plan_batches
 from bench.handlers import FAIL_MARK, OK_MARK, flaky, trivial
 from bench.instrument import _add_counters
 from bench.procmem import (
@@ -118,15 +117,6 @@ def test_process_tree_and_groups():
     before = {"jvm": {11: 1.0}, "workers": {12: 2.0}}
     after = {"jvm": {11: 3.5}, "workers": {12: 2.5, 13: 1.0}}
     assert cpu_between(before, after) == {"jvm": 2.5, "workers": 1.5}
-
-
-def test_fused_batches_cover_every_offset_once_within_the_cap():
-    low = {("t", 0): 0, ("t", 1): 5}
-    high = {("t", 0): 10, ("t", 1): 9}
-    batches = plan_batches(low, high, cap=5)
-    assert all(sum(end - start for _, _, start, end in b) <= 6 for b in batches)
-    covered = sorted((p, o) for b in batches for _, p, s, e in b for o in range(s, e))
-    assert covered == [(0, o) for o in range(10)] + [(1, o) for o in range(5, 9)]
 
 
 def test_timers_are_added_to_the_counters_row():

@@ -13,6 +13,8 @@ from retrylib.handler import (
     HandlerRaisedBaseException,
     HandlerTimeout,
     TimedCall,
+    as_failure,
+    bound_call,
     call_handler,
     load_handler,
     result_rows,
@@ -152,6 +154,32 @@ def test_exceptions_are_raised_unchanged():
 def test_call_handler_applies_the_timeout():
     with pytest.raises(HandlerTimeout):
         call_handler(TimedCall(0.1), lambda r: time.sleep(10), record())
+
+
+# -- bound_call and as_failure: the per-record path of the batch task ---------------------
+
+
+def test_bound_call_is_the_function_itself_without_a_timeout():
+    def handler(r):
+        return {"offset": r.offset}
+
+    assert bound_call(handler, TimedCall(None)) is handler
+
+
+def test_bound_call_applies_the_timeout():
+    invoke = bound_call(lambda r: time.sleep(10), TimedCall(0.1))
+    with pytest.raises(HandlerTimeout):
+        invoke(record())
+
+
+def test_as_failure_keeps_exceptions_and_wraps_other_base_exceptions():
+    error = ValueError("bad")
+    assert as_failure(error) is error
+    stop = SystemExit(3)
+    failure = as_failure(stop)
+    assert isinstance(failure, HandlerRaisedBaseException)
+    assert str(failure) == "handler raised SystemExit: 3"
+    assert failure.__cause__ is stop
 
 
 # -- result_rows --------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from retrylib.kafka_source import parse_source_options
+from retrylib.kafka_source import KAFKA_SCHEMA, RANGE_SCHEMA, parse_source_options
 from retrylib.offsets import (
     EARLIEST,
     LATEST,
@@ -231,6 +231,13 @@ def test_source_options_parse_and_pass_kafka_settings_through() -> None:
     assert (options.max_offsets_per_trigger, options.delay_ms) == (500, 0)
     assert options.max_records_per_task == 250_000
     assert options.client_options == {"security.protocol": "SSL"}
+    assert options.schema == KAFKA_SCHEMA
+
+
+def test_source_emits_offset_ranges_when_asked() -> None:
+    options = parse_source_options({**BASE, "retrylib.emit": "Ranges"})
+    assert options.emit_ranges
+    assert options.schema == RANGE_SCHEMA
 
 
 @pytest.mark.parametrize(
@@ -243,6 +250,7 @@ def test_source_options_parse_and_pass_kafka_settings_through() -> None:
         ({**BASE, "retrylib.delayMs": "soon"}, r"retrylib.delayMs='soon' must be"),
         ({**BASE, "retrylib.maxRecordsPerTask": "-5"}, "retrylib.maxRecordsPerTask='-5'"),
         ({**BASE, "startingOffsets": "{}x"}, "startingOffsets"),
+        ({**BASE, "retrylib.emit": "rows"}, r"retrylib.emit='rows' must be one of"),
     ],
 )
 def test_source_options_errors_name_the_option(options, message) -> None:

@@ -86,3 +86,15 @@ def by_key(record: Record) -> dict | None:
 
 
 OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"
+
+
+def echo(record: Record) -> dict:
+    """Everything the handler was given, as one row (headers as text), for comparing reads."""
+    return {
+        "key": record.key,
+        "value": record.value,
+        "partition": record.partition,
+        "offset": record.offset,
+        "timestamp": record.timestamp,
+        "headers": repr(record.headers),
+    }
