@@ -93,6 +93,8 @@ def source_frame(spark: SparkSession, config: Config) -> DataFrame:
     else:
         log.info("main topics read with the retrylib_kafka Python data source")
         common["retrylib.emit"] = "ranges"
+        # One input partition per core: Spark pays a Python round trip per input partition.
+        common["retrylib.rangeGroups"] = str(spark.sparkContext.defaultParallelism)
         frame = _read_kafka(spark, "retrylib_kafka", {**main_options, **common})
     for tier in config.retry.tiers:
         tier_options = {

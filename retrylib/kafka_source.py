@@ -5,11 +5,13 @@ exactly the schema of Spark's built-in `kafka` source, with the same option name
 (`kafka.bootstrap.servers`, `subscribe`, `startingOffsets`, `maxOffsetsPerTrigger`,
 `kafka.*` pass-through), so a job can switch between the two formats.
 
-Three options of its own:
+Options of its own:
 
 - `retrylib.emit`: `records` (the default, the built-in schema) or `ranges`: one row per
   offset range (`RANGE_SCHEMA`) and no records. The retrylib job reads the ranges itself in
   the task that routes them (`read_messages`), so records never pass through the JVM.
+  With `retrylib.rangeGroups = N` a batch's ranges come in at most N input partitions,
+  balanced by record count: Spark pays a Python worker round trip per input partition.
 - `retrylib.delayMs`: makes the source a delay frontier for a fixed-delay retry tier. A
   partition's end offset is the first record whose Kafka timestamp is after `now - delay`
   (found with `offsets_for_times`, no scanning), so records become visible once due and
@@ -61,6 +63,7 @@ from retrylib.offsets import (
     cap_at_target,
     delay_frontier,
     floor_at,
+    group_ranges,
     limit_offsets,
     offsets_from_json,
     offsets_to_json,
@@ -127,6 +130,7 @@ OPTION_MAX_OFFSETS_PER_TRIGGER = "maxOffsetsPerTrigger"
 OPTION_DELAY_MS = "retrylib.delayMs"
 OPTION_MAX_RECORDS_PER_TASK = "retrylib.maxRecordsPerTask"
 OPTION_EMIT = "retrylib.emit"
+OPTION_RANGE_GROUPS = "retrylib.rangeGroups"
 _EMIT_VALUES = ("records", "ranges")
 _KNOWN_OPTIONS = {
     name.lower(): name
@@ -138,6 +142,7 @@ _KNOWN_OPTIONS = {
         OPTION_DELAY_MS,
         OPTION_MAX_RECORDS_PER_TASK,
         OPTION_EMIT,
+        OPTION_RANGE_GROUPS,
     )
 }
 # Consumer settings the source relies on; a user value would break offset-exact reads.
@@ -177,6 +182,7 @@ class SourceOptions:
     max_records_per_task: int = DEFAULT_MAX_RECORDS_PER_TASK
     client_options: dict[str, str] = field(default_factory=dict)
     emit_ranges: bool = False
+    range_groups: int | None = None  # with emit_ranges: at most this many input partitions
 
     @property
     def schema(self) -> StructType:
@@ -222,6 +228,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         or DEFAULT_MAX_RECORDS_PER_TASK,
         client_options=client_options,
         emit_ranges=emit == "ranges",
+        range_groups=_int_option(lowered, OPTION_RANGE_GROUPS, 1),
     )
 
 
@@ -259,6 +266,13 @@ class KafkaDataSource(DataSource):
                 f"got {schema.simpleString()}"
             )
         return KafkaStreamReader(options)
+
+
+@dataclass
+class KafkaRangeGroup(InputPartition):
+    """Offset ranges that one Spark task emits as rows (`retrylib.emit = ranges`)."""
+
+    ranges: list[tuple[str, int, int, int]]  # topic, partition, start, end
 
 
 @dataclass
@@ -346,9 +360,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         _, end = self._available(self._last_end or {})
         return offsets_to_json(end)
 
-    def partitions(self, start: dict, end: dict) -> Sequence[KafkaInputPartition]:
+    def partitions(self, start: dict, end: dict) -> Sequence[KafkaInputPartition | KafkaRangeGroup]:
         """The input partitions of one batch: a range of at most `retrylib.maxRecordsPerTask`
-        offsets each, only for topic-partitions with records between `start` and `end`.
+        offsets each, only for topic-partitions with records between `start` and `end`;
+        with `retrylib.emit = ranges` and `retrylib.rangeGroups`, those ranges in groups.
 
         Partitions missing from `start` (new partitions) are read from their earliest offset.
         """
@@ -358,6 +373,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if new:
             begin = with_new_partitions(begin, new, self._kafka.list_offsets(new, EARLIEST))
         ranges = split_ranges(begin, finish, self._options.max_records_per_task)
+        if self._options.emit_ranges:
+            groups = self._options.range_groups or max(len(ranges), 1)
+            return [
+                KafkaRangeGroup([(r.topic, r.partition, r.start, r.end) for r in group])
+                for group in group_ranges(ranges, groups)
+            ]
         return [
             KafkaInputPartition(
                 r.topic,
@@ -370,15 +391,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for r in ranges
         ]
 
-    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch | tuple]:  # type: ignore[override]
+    def read(  # type: ignore[override]
+        self, partition: KafkaInputPartition | KafkaRangeGroup
+    ) -> Iterator[pa.RecordBatch | tuple]:
         """Yield the records of `partition` as RecordBatches of `KAFKA_ARROW_SCHEMA`, or, with
-        `retrylib.emit = ranges`, its one row of `RANGE_SCHEMA` without reading Kafka.
+        `retrylib.emit = ranges`, its ranges as rows of `RANGE_SCHEMA` without reading Kafka.
 
         Raises `KafkaSourceError` on a broker error or when no record arrives for
         `STALL_TIMEOUT_S` before the range is complete.
         """
-        if self._options.emit_ranges:
-            return iter([(partition.topic, partition.partition, partition.start, partition.end)])
+        if isinstance(partition, KafkaRangeGroup):
+            return iter(partition.ranges)
         return read_range(partition)
 
     def commit(self, end: dict) -> None:

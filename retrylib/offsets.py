@@ -9,7 +9,7 @@ as JSON text: the same offsets must always serialise to the same string.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 PartitionKey = tuple[str, int]
@@ -259,3 +259,21 @@ def split_ranges(
                 OffsetRange(topic, partition, chunk_start, min(chunk_start + max_records, stop))
             )
     return ranges
+
+
+def group_ranges(ranges: Sequence[OffsetRange], groups: int) -> list[list[OffsetRange]]:
+    """`ranges` dealt into at most `groups` groups of about equal record counts.
+
+    Longest first, each to the group with the fewest records so far, so the groups differ
+    by at most one range's length. Empty groups are left out. Raises `ValueError` when
+    `groups` < 1.
+    """
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups!r}")
+    dealt: list[list[OffsetRange]] = [[] for _ in range(min(groups, len(ranges)))]
+    sizes = [0] * len(dealt)
+    for offset_range in sorted(ranges, key=lambda r: r.end - r.start, reverse=True):
+        smallest = sizes.index(min(sizes))
+        dealt[smallest].append(offset_range)
+        sizes[smallest] += offset_range.end - offset_range.start
+    return dealt

@@ -414,14 +414,19 @@ def test_ranges_read_in_the_task_give_the_handler_what_records_mode_gives(
     same records (keys, values, headers, timestamps) as the records-mode source emits."""
     topic = make_topic("ranges", partitions=2)
     produce(bootstrap_servers, topic, 40, range(2), timestamp_ms=1_700_000_000_123)
-    reader = make_reader(bootstrap_servers, topic, **{"retrylib.emit": "ranges"})
+    options = {"retrylib.emit": "ranges", "retrylib.maxRecordsPerTask": "8"}
+    reader = make_reader(bootstrap_servers, topic, **options, **{"retrylib.rangeGroups": "2"})
     try:
         start, end = reader.initialOffset(), reader.latestOffset(None)
-        parts = reader.partitions(start, end)
-        range_rows = [row for part in parts for row in reader.read(part)]
+        groups = reader.partitions(start, end)
+        range_rows = [row for group in groups for row in reader.read(group)]
     finally:
         reader.stop()
-    assert sorted(range_rows) == [(topic, 0, 0, 20), (topic, 1, 0, 20)]
+    assert len(groups) == 2  # six ranges of at most 8 offsets, dealt into two tasks
+    assert sorted(range_rows) == [
+        (topic, p, first, min(first + 8, 20)) for p in (0, 1) for first in (0, 8, 16)
+    ]
+    parts = [KafkaInputPartition(*row, bootstrap_servers, {}) for row in range_rows]
 
     output_schema = parse_schema(
         "key BINARY, value BINARY, partition INT, offset BIGINT, timestamp BIGINT, headers STRING"

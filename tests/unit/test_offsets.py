@@ -16,6 +16,7 @@ from retrylib.offsets import (
     cap_at_target,
     delay_frontier,
     floor_at,
+    group_ranges,
     limit_offsets,
     offsets_from_json,
     offsets_to_json,
@@ -210,6 +211,27 @@ def test_split_ranges_rejects_non_positive_size() -> None:
         split_ranges({A0: 0}, {A0: 1}, 0)
 
 
+def test_group_ranges_balances_record_counts_and_keeps_every_range() -> None:
+    ranges = [
+        OffsetRange("a", 0, 0, 100),
+        OffsetRange("a", 1, 0, 60),
+        OffsetRange("a", 2, 0, 50),
+        OffsetRange("b", 0, 10, 20),
+    ]
+    groups = group_ranges(ranges, 2)
+    assert [sum(r.end - r.start for r in g) for g in groups] == [110, 110]
+    assert {r for g in groups for r in g} == set(ranges)
+    assert sum(len(g) for g in groups) == len(ranges)
+
+
+def test_group_ranges_makes_no_empty_groups() -> None:
+    ranges = [OffsetRange("a", 0, 0, 5)]
+    assert group_ranges(ranges, 4) == [ranges]
+    assert group_ranges([], 2) == []
+    with pytest.raises(ValueError, match="groups must be >= 1"):
+        group_ranges(ranges, 0)
+
+
 # --- source options ------------------------------------------------------------------------
 
 BASE = {"kafka.bootstrap.servers": "h:9092", "subscribe": "a,b"}
@@ -235,8 +257,8 @@ def test_source_options_parse_and_pass_kafka_settings_through() -> None:
 
 
 def test_source_emits_offset_ranges_when_asked() -> None:
-    options = parse_source_options({**BASE, "retrylib.emit": "Ranges"})
-    assert options.emit_ranges
+    options = parse_source_options({**BASE, "retrylib.emit": "Ranges", "retrylib.rangeGroups": "2"})
+    assert (options.emit_ranges, options.range_groups) == (True, 2)
     assert options.schema == RANGE_SCHEMA
 
 
@@ -251,6 +273,7 @@ def test_source_emits_offset_ranges_when_asked() -> None:
         ({**BASE, "retrylib.maxRecordsPerTask": "-5"}, "retrylib.maxRecordsPerTask='-5'"),
         ({**BASE, "startingOffsets": "{}x"}, "startingOffsets"),
         ({**BASE, "retrylib.emit": "rows"}, r"retrylib.emit='rows' must be one of"),
+        ({**BASE, "retrylib.rangeGroups": "0"}, r"retrylib.rangeGroups='0' must be"),
     ],
 )
 def test_source_options_errors_name_the_option(options, message) -> None:
