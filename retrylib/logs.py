@@ -19,9 +19,10 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import fields, is_dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from retrylib.config import Config
+if TYPE_CHECKING:  # every Kafka client imports this module; the config parser is not needed
+    from retrylib.config import Config
 
 _QUIET = ("py4j", "pyspark", "urllib3", "deltalake")
 KAFKA_CLIENT_LOGGER = "retrylib.kafka.librdkafka"
