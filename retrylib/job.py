@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -68,44 +69,51 @@ def _read_kafka(spark: SparkSession, format_name: str, options: dict[str, str]) 
 
 
 def source_frame(spark: SparkSession, config: Config) -> DataFrame:
-    """The union of the main topics and every retry tier (each tier reads only due records).
+    """Every topic the job reads: the main topics, and the retry tiers up to what is due.
 
-    With the `retrylib_kafka` source for the main topics, every source emits offset ranges
-    (`retrylib.emit = ranges`) that the routing tasks read themselves; with Spark's built-in
-    source, records (its schema, which the tiers then emit too).
+    Without Spark's Kafka connector this is one `retrylib_kafka` source for all of them,
+    emitting offset ranges (`retrylib.emit = ranges`) that the routing tasks read
+    themselves: one source process for the job however many tiers it has, and
+    `maxOffsetsPerTrigger` bounds a batch, retries included. With the connector
+    (`kafka.source`), the main topics come from it as records, in a union with one
+    `retrylib_kafka` source for the tiers, emitting records too.
     """
     kafka = config.kafka
+    delays = {
+        topic: round(tier.delay_seconds * 1000)
+        for tier in config.retry.tiers
+        for topic in tier.topics.values()
+    }
     common = {f"kafka.{key}": value for key, value in kafka.options.items()}
     common["kafka.bootstrap.servers"] = kafka.bootstrap_servers
-    main_options = {
+    main = {
         **common,
         "subscribe": ",".join(kafka.topics),
         "startingOffsets": kafka.starting_offsets,
     }
     if kafka.max_offsets_per_trigger:
-        main_options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
-    use_builtin = kafka.source == "builtin" or (
-        kafka.source == "auto" and builtin_kafka_available(spark)
-    )
-    if use_builtin:
+        main["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
+    tiers = {
+        **common,
+        # The source's offset look-ups: a tier's end must not pass an open transaction.
+        **{f"kafka.{key}": value for key, value in TIER_CLIENT_OPTIONS.items()},
+        "subscribe": ",".join(sorted(delays)),
+        "retrylib.topicDelaysMs": json.dumps(delays),
+    }
+    if kafka.source == "builtin" or (kafka.source == "auto" and builtin_kafka_available(spark)):
         log.info("main topics read with Spark's built-in kafka source")
-        frame = _read_kafka(spark, "kafka", {**main_options, "includeHeaders": "true"})
-    else:
-        log.info("main topics read with the retrylib_kafka Python data source")
-        common["retrylib.emit"] = "ranges"
+        frame = _read_kafka(spark, "kafka", {**main, "includeHeaders": "true"})
+        return frame.unionByName(_read_kafka(spark, "retrylib_kafka", tiers)) if delays else frame
+    log.info("main topics and retry tiers read with the retrylib_kafka Python data source")
+    every_topic = {
+        **main,
+        **tiers,
+        "subscribe": ",".join([*kafka.topics, *sorted(delays)]),
+        "retrylib.emit": "ranges",
         # One input partition per core: Spark pays a Python round trip per input partition.
-        common["retrylib.rangeGroups"] = str(spark.sparkContext.defaultParallelism)
-        frame = _read_kafka(spark, "retrylib_kafka", {**main_options, **common})
-    for tier in config.retry.tiers:
-        tier_options = {
-            **common,
-            **{f"kafka.{key}": value for key, value in TIER_CLIENT_OPTIONS.items()},
-            "subscribe": ",".join(sorted(set(tier.topics.values()))),
-            "startingOffsets": "earliest",
-            "retrylib.delayMs": str(round(tier.delay_seconds * 1000)),
-        }
-        frame = frame.unionByName(_read_kafka(spark, "retrylib_kafka", tier_options))
-    return frame
+        "retrylib.rangeGroups": str(spark.sparkContext.defaultParallelism),
+    }
+    return _read_kafka(spark, "retrylib_kafka", every_topic)
 
 
 def task_plan(config: Config, partitions: dict[str, int]) -> TaskPlan:

@@ -12,10 +12,13 @@ Options of its own:
   the task that routes them (`read_messages`), so records never pass through the JVM.
   With `retrylib.rangeGroups = N` a batch's ranges come in at most N input partitions,
   balanced by record count: Spark pays a Python worker round trip per input partition.
-- `retrylib.delayMs`: makes the source a delay frontier for a fixed-delay retry tier. A
-  partition's end offset is the first record whose Kafka timestamp is after `now - delay`
-  (found with `offsets_for_times`, no scanning), so records become visible once due and
-  batches run as time passes, with no new data needed.
+- `retrylib.topicDelaysMs`: a JSON object naming subscribed topics that are fixed-delay
+  retry tiers, with their delays: `{"orders.retry.5s": 5000}`. The source is a delay
+  frontier for them: a partition's end offset is the first record whose Kafka timestamp
+  is after `now - delay` (found with `offsets_for_times`, no scanning), so records become
+  visible once due and batches run as time passes, with no new data needed. A new query
+  reads a tier from its earliest offset, whatever `startingOffsets` says (a tier holds
+  retries still owed), so one source serves the main topics and every tier.
 - `retrylib.maxRecordsPerTask`: the longest offset range one Spark task reads (250000).
 
 Spark 4.2 gives the reader per-trigger read limits and `Trigger.AvailableNow`. On 4.0/4.1 the
@@ -25,10 +28,11 @@ each trigger and logs once that `maxOffsetsPerTrigger` and availableNow are not 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 from confluent_kafka import (
@@ -127,7 +131,7 @@ OPTION_BOOTSTRAP = "kafka.bootstrap.servers"
 OPTION_SUBSCRIBE = "subscribe"
 OPTION_STARTING_OFFSETS = "startingOffsets"
 OPTION_MAX_OFFSETS_PER_TRIGGER = "maxOffsetsPerTrigger"
-OPTION_DELAY_MS = "retrylib.delayMs"
+OPTION_TOPIC_DELAYS_MS = "retrylib.topicDelaysMs"
 OPTION_MAX_RECORDS_PER_TASK = "retrylib.maxRecordsPerTask"
 OPTION_EMIT = "retrylib.emit"
 OPTION_RANGE_GROUPS = "retrylib.rangeGroups"
@@ -139,7 +143,7 @@ _KNOWN_OPTIONS = {
         OPTION_SUBSCRIBE,
         OPTION_STARTING_OFFSETS,
         OPTION_MAX_OFFSETS_PER_TRIGGER,
-        OPTION_DELAY_MS,
+        OPTION_TOPIC_DELAYS_MS,
         OPTION_MAX_RECORDS_PER_TASK,
         OPTION_EMIT,
         OPTION_RANGE_GROUPS,
@@ -178,7 +182,7 @@ class SourceOptions:
     topics: list[str]
     starting_offsets: StartingOffsets
     max_offsets_per_trigger: int | None = None
-    delay_ms: int | None = None
+    delays_ms: dict[str, int] = field(default_factory=dict)  # retry tier topic -> its delay
     max_records_per_task: int = DEFAULT_MAX_RECORDS_PER_TASK
     client_options: dict[str, str] = field(default_factory=dict)
     emit_ranges: bool = False
@@ -223,13 +227,38 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
             lowered.get(OPTION_STARTING_OFFSETS.lower()), topics
         ),
         max_offsets_per_trigger=_int_option(lowered, OPTION_MAX_OFFSETS_PER_TRIGGER, 1),
-        delay_ms=_int_option(lowered, OPTION_DELAY_MS, 0),
+        delays_ms=_topic_delays(lowered.get(OPTION_TOPIC_DELAYS_MS.lower()), topics),
         max_records_per_task=_int_option(lowered, OPTION_MAX_RECORDS_PER_TASK, 1)
         or DEFAULT_MAX_RECORDS_PER_TASK,
         client_options=client_options,
         emit_ranges=emit == "ranges",
         range_groups=_int_option(lowered, OPTION_RANGE_GROUPS, 1),
     )
+
+
+def _topic_delays(raw: str | None, topics: list[str]) -> dict[str, int]:
+    """`retrylib.topicDelaysMs` parsed; raises `ValueError` naming the bad entry."""
+    if raw is None:
+        return {}
+    try:
+        delays = json.loads(raw)
+    except ValueError:
+        delays = None
+    if not isinstance(delays, dict):
+        raise ValueError(
+            f"option {OPTION_TOPIC_DELAYS_MS}={raw!r} must be a JSON object of topic: delay ms"
+        )
+    for topic, delay in delays.items():
+        if topic not in topics:
+            raise ValueError(
+                f"option {OPTION_TOPIC_DELAYS_MS} names {topic!r}, which is not subscribed"
+            )
+        if type(delay) is not int or delay < 0:
+            raise ValueError(
+                f"option {OPTION_TOPIC_DELAYS_MS}: the delay of {topic!r} must be an integer "
+                f">= 0, got {delay!r}"
+            )
+    return delays
 
 
 def _int_option(options: Mapping[str, str], name: str, minimum: int) -> int | None:
@@ -307,14 +336,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._metadata
 
     def initialOffset(self) -> dict:
-        """Offsets of a new query, from `startingOffsets`.
+        """Offsets of a new query: `startingOffsets`, and the earliest ones of delay tiers.
 
         Raises `TopicError` naming any subscribed topic that does not exist, `ValueError` when
         `startingOffsets` names a partition that does not exist.
         """
         partitions = self._kafka.partitions()
+        spec = self._options.starting_offsets
+        tiers = {key: EARLIEST for key in partitions if key[0] in self._options.delays_ms}
         start = resolve_starting_offsets(
-            self._options.starting_offsets,
+            replace(spec, explicit={**tiers, **spec.explicit}),
             partitions,
             self._kafka.list_offsets(partitions, EARLIEST),
             self._kafka.list_offsets(partitions, LATEST),
@@ -420,9 +451,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if new:
             start = with_new_partitions(start, new, self._kafka.list_offsets(new, EARLIEST))
         end = self._kafka.list_offsets(partitions, LATEST)
-        if self._options.delay_ms is not None:
-            due_before_ms = int(time.time() * 1000) - self._options.delay_ms
-            end = delay_frontier(self._kafka.list_offsets(partitions, due_before_ms), end)
+        now_ms = int(time.time() * 1000)
+        for delay_ms in set(self._options.delays_ms.values()):
+            tier = [key for key in partitions if self._options.delays_ms.get(key[0]) == delay_ms]
+            due = self._kafka.list_offsets(tier, now_ms - delay_ms)
+            end.update(delay_frontier(due, {key: end[key] for key in tier}))
         return start, floor_at(end, start)
 
 

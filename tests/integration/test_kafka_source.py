@@ -257,29 +257,35 @@ def test_new_partitions_are_picked_up_while_running(
 def test_delay_frontier_releases_records_once_due(
     spark, bootstrap_servers, make_topic, tmp_path
 ) -> None:
+    """One source for a main topic (read from latest) and a delay tier (read from earliest,
+    each record once due)."""
     delay_ms = 1_000
-    topic = make_topic("tier", partitions=2)
+    main, tier = make_topic("main", partitions=1), make_topic("tier", partitions=2)
     now_ms = int(time.time() * 1000)
-    due = produce(bootstrap_servers, topic, 20, range(2), timestamp_ms=now_ms - 60_000)
+    produce(bootstrap_servers, main, 5, [0], tag="old")  # before the start: skipped
+    due = produce(bootstrap_servers, tier, 20, range(2), timestamp_ms=now_ms - 60_000)
     not_before_ms = now_ms + 2_500
     later = produce(
-        bootstrap_servers, topic, 20, range(2), timestamp_ms=not_before_ms - delay_ms, tag="l"
+        bootstrap_servers, tier, 20, range(2), timestamp_ms=not_before_ms - delay_ms, tag="l"
     )
     options = {
         "kafka.bootstrap.servers": bootstrap_servers,
-        "subscribe": topic,
-        "retrylib.delayMs": str(delay_ms),
+        "subscribe": f"{main},{tier}",
+        "startingOffsets": "latest",
+        "retrylib.topicDelaysMs": json.dumps({tier: delay_ms}),
     }
     sink = Collector()
     query = start_query(spark, options, str(tmp_path / "cp"), sink, processingTime="0.5 seconds")
     try:
         wait_for(lambda: len(sink.ids()) == 40, 60, "the delayed records")
+        fresh = produce(bootstrap_servers, main, 5, [0], tag="new")
+        wait_for(lambda: len(sink.ids()) == 45, 60, "the main topic's new records")
     finally:
         query.stop()
     arrivals = {}
     for _, rows, _, at in sink.batches:
         arrivals.update({(r.topic, r.partition, r.offset): at for r in rows})
-    assert set(arrivals) == set(due) | set(later)
+    assert set(arrivals) == set(due) | set(later) | set(fresh)
     assert all(arrivals[record] >= not_before_ms / 1000 for record in later), "read early"
     first_batch = {(r.topic, r.partition, r.offset) for r in sink.batches[0][1]}
     assert first_batch == set(due)

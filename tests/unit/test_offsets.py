@@ -243,14 +243,14 @@ def test_source_options_parse_and_pass_kafka_settings_through() -> None:
             **BASE,
             "STARTINGOFFSETS": "latest",
             "maxOffsetsPerTrigger": "500",
-            "retrylib.delayMs": "0",
+            "retrylib.topicDelaysMs": '{"b": 5000}',
             "kafka.security.protocol": "SSL",
         }
     )
     assert options.bootstrap_servers == "h:9092"
     assert options.topics == ["a", "b"]
     assert options.starting_offsets == StartingOffsets(LATEST)
-    assert (options.max_offsets_per_trigger, options.delay_ms) == (500, 0)
+    assert (options.max_offsets_per_trigger, options.delays_ms) == (500, {"b": 5000})
     assert options.max_records_per_task == 250_000
     assert options.client_options == {"security.protocol": "SSL"}
     assert options.schema == KAFKA_SCHEMA
@@ -269,7 +269,10 @@ def test_source_emits_offset_ranges_when_asked() -> None:
         ({**BASE, "subscribePattern": "a.*"}, "unknown option 'subscribepattern'"),
         ({**BASE, "kafka.auto.offset.reset": "latest"}, "kafka.auto.offset.reset"),
         ({**BASE, "maxOffsetsPerTrigger": "0"}, r"maxOffsetsPerTrigger='0' must be"),
-        ({**BASE, "retrylib.delayMs": "soon"}, r"retrylib.delayMs='soon' must be"),
+        ({**BASE, "retrylib.topicDelaysMs": "soon"}, "must be a JSON object of topic: delay"),
+        ({**BASE, "retrylib.topicDelaysMs": '{"c": 5}'}, "names 'c', which is not subscribed"),
+        ({**BASE, "retrylib.topicDelaysMs": '{"a": -1}'}, "delay of 'a' must be an integer"),
+        ({**BASE, "retrylib.topicDelaysMs": '{"a": 1.5}'}, "delay of 'a' must be an integer"),
         ({**BASE, "retrylib.maxRecordsPerTask": "-5"}, "retrylib.maxRecordsPerTask='-5'"),
         ({**BASE, "startingOffsets": "{}x"}, "startingOffsets"),
         ({**BASE, "retrylib.emit": "rows"}, r"retrylib.emit='rows' must be one of"),
