@@ -131,6 +131,14 @@ class RetryConfig:
         """Every retry topic, tier by tier, in the order of the main topics."""
         return tuple(topic for tier in self.tiers for topic in tier.topics.values())
 
+    def tier_delays_ms(self) -> dict[str, int]:
+        """The delay of every retry topic, in milliseconds."""
+        return {
+            topic: round(tier.delay_seconds * 1000)
+            for tier in self.tiers
+            for topic in tier.topics.values()
+        }
+
 
 @dataclass(frozen=True)
 class DeadLetterConfig:

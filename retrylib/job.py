@@ -79,11 +79,7 @@ def source_frame(spark: SparkSession, config: Config) -> DataFrame:
     `retrylib_kafka` source for the tiers, emitting records too.
     """
     kafka = config.kafka
-    delays = {
-        topic: round(tier.delay_seconds * 1000)
-        for tier in config.retry.tiers
-        for topic in tier.topics.values()
-    }
+    delays = config.retry.tier_delays_ms()
     common = {f"kafka.{key}": value for key, value in kafka.options.items()}
     common["kafka.bootstrap.servers"] = kafka.bootstrap_servers
     main = {

@@ -125,7 +125,7 @@ RANGE_SCHEMA = StructType(
     ]
 )
 """The schema with `retrylib.emit = ranges`: offsets `startOffset` (inclusive) to `endOffset`
-(exclusive) of one topic-partition per row, one row per input partition of the batch."""
+(exclusive) of one topic-partition per row, one row per offset range of the batch."""
 
 OPTION_BOOTSTRAP = "kafka.bootstrap.servers"
 OPTION_SUBSCRIBE = "subscribe"

@@ -181,11 +181,7 @@ def input_lag(
     still inside their delay ("not_due"). Partitions missing from `end` count from their
     earliest offset.
     """
-    delays = {
-        topic: round(tier.delay_seconds * 1000)
-        for tier in config.retry.tiers
-        for topic in tier.topics.values()
-    }
+    delays = config.retry.tier_delays_ms()
     found = kafka.partitions([*config.kafka.topics, *delays])
     keys = [(topic, p) for topic, partitions in found.items() for p in partitions]
     latest = kafka.latest(keys)
