@@ -4,8 +4,11 @@
 #   ./spark-submit.sh conf/orders.toml [--available-now]
 #
 # Ships the retrylib package to the executors with --py-files (the handler's own package
-# is shipped by the job itself). Extra spark-submit flags go in SPARK_SUBMIT_OPTS_EXTRA,
-# e.g. SPARK_SUBMIT_OPTS_EXTRA="--master yarn --packages org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.2".
+# is shipped by the job itself). With the project's own Spark (.venv, installed from PyPI)
+# it adds Spark's Kafka connector and Delta Lake, resolved once by `python -m retrylib.jars`;
+# a cluster's spark-submit (EMR, Databricks) brings its own and gets none. Extra
+# spark-submit flags go in SPARK_SUBMIT_OPTS_EXTRA, e.g. on EMR
+# SPARK_SUBMIT_OPTS_EXTRA="--master yarn --packages org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.2".
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -24,7 +27,15 @@ fi
 export PYSPARK_PYTHON PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$PYSPARK_PYTHON}"
 
 submit=$(dirname "$PYSPARK_PYTHON")/spark-submit
-[[ -x "$submit" ]] || submit=$(command -v spark-submit)
+jvm_flags=()
+if [[ -x "$submit" ]]; then
+  jars=$("$PYSPARK_PYTHON" -m retrylib.jars spark --classpath)
+  jvm_flags=(--jars "$jars"
+    --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
+    --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog)
+else
+  submit=$(command -v spark-submit)
+fi
 
 bundle="$here/build/retrylib-py.zip"
 mkdir -p "$here/build"
@@ -36,4 +47,4 @@ with zipfile.ZipFile(sys.argv[1], 'w') as z:
 " "$bundle")
 
 # shellcheck disable=SC2086
-exec "$submit" ${SPARK_SUBMIT_OPTS_EXTRA:-} --py-files "$bundle" "$here/jobs/run_job.py" "$@"
+exec "$submit" "${jvm_flags[@]}" ${SPARK_SUBMIT_OPTS_EXTRA:-} --py-files "$bundle" "$here/jobs/run_job.py" "$@"

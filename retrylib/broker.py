@@ -1,23 +1,57 @@
-"""An embedded Kafka-protocol broker (noida-db) for the demo and the tests.
+"""An embedded Apache Kafka broker for the demo and the tests: one KRaft node from its jars.
 
-noida-db is a single binary that speaks the Kafka protocol; it is installed from PyPI with
-the `embedded` extra. It stops cleanly on SIGINT, not SIGTERM.
+The jars come from `retrylib.jars.kafka_jars` (Maven, fetched once). The node is broker and
+controller at once, with replication factors of 1, listening on free loopback ports. Its
+data survives `stop()`, so a test can restart it on the same ports; its log is
+`<data_dir>/broker.log`.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from retrylib.errors import RetrylibError
+from retrylib.jars import KAFKA_VERSION, kafka_jars
 
 log = logging.getLogger(__name__)
+
+_LOG4J = """\
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {path}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+logger.kafka.name = kafka
+logger.kafka.level = WARN
+logger.apache.name = org.apache.kafka
+logger.apache.level = WARN
+"""
+# Broker-side settings a one-node cluster needs (internal topics would otherwise wait for
+# three replicas), plus no waiting before the first consumer group rebalance.
+_SINGLE_NODE = {
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "3",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "3",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "num.partitions": "1",
+}
+_JVM_OPTIONS = ["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
 
 
 def _free_port(host: str) -> int:
@@ -26,30 +60,20 @@ def _free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def _noida_binary() -> str:
-    """The noida-db executable inside the package, not its `noida-db` wrapper script.
-
-    The wrapper answers SIGINT by SIGKILLing the broker, which then loses what it has not
-    saved yet; `stop()` must signal the broker itself for a clean restart.
-    """
-    try:
-        from importlib.resources import files
-
-        binary = files("noida_db").joinpath("noida-db")
-    except ImportError as e:
-        raise RetrylibError(
-            "the embedded broker needs noida-db: pip install 'retrylib[embedded]'"
-        ) from e
-    if not binary.is_file():
-        raise RetrylibError(f"noida-db is installed but its binary is missing at {binary}")
-    return str(binary)
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise RetrylibError("the embedded Kafka broker needs Java 17+: java not found")
+    return java
 
 
 class EmbeddedBroker:
-    """A noida-db process listening on `host:port`, data in `data_dir` (a temp dir by default).
+    """An Apache Kafka KRaft node on `host:port`, data in `data_dir` (a temp dir by default).
 
-    Use as a context manager, or call `start()` and `stop()`. `start()` waits until the port
-    answers and raises `RetrylibError` with the broker's output if it does not within `timeout`.
+    Use as a context manager, or call `start()` and `stop()`. `start()` formats the storage
+    on first use and waits until the broker answers a metadata request; it raises
+    `RetrylibError` with the tail of the broker's log when it does not within `timeout`.
     """
 
     def __init__(
@@ -59,52 +83,126 @@ class EmbeddedBroker:
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="retrylib-broker-"))
         self.host = host
         self.port = port or _free_port(host)
+        self.controller_port = _free_port(host)
+        self.log_path = self.data_dir / "broker.log"
         self._process: subprocess.Popen[bytes] | None = None
-        self._log_path = self.data_dir / "broker.log"
 
     @property
     def bootstrap_servers(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> EmbeddedBroker:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        command = [
-            _noida_binary(),
-            "start",
-            "--data-dir",
-            str(self.data_dir / "data"),
-            "--host",
-            self.host,
-            "--only",
-            "kafka",
-            "--kafka-port",
-            str(self.port),
-        ]
-        with open(self._log_path, "ab") as out:
-            self._process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                break
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.5):
-                    log.info("embedded broker ready at %s", self.bootstrap_servers)
-                    return self
-            except OSError:
-                time.sleep(0.1)
-        output = self._log_path.read_text(errors="replace")[-2000:]
-        self.stop()
-        raise RetrylibError(f"embedded broker did not start on {self.bootstrap_servers}: {output}")
+    def _write_config(self) -> Path:
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
+            "listeners": (
+                f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.data_dir / "data"),
+            **_SINGLE_NODE,
+        }
+        config = self.data_dir / "server.properties"
+        config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+        (self.data_dir / "log4j2.properties").write_text(_LOG4J.format(path=self.log_path))
+        return config
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the broker (SIGINT, then SIGKILL after `timeout`); keeps data for a restart."""
+    def _java_command(self, main_class: str, *args: str) -> list[str]:
+        classpath = os.pathsep.join(str(jar) for jar in kafka_jars())
+        return [
+            _java(),
+            *_JVM_OPTIONS,
+            f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            "-cp",
+            classpath,
+            main_class,
+            *args,
+        ]
+
+    def _format_storage(self, config: Path) -> None:
+        if (self.data_dir / "data" / "meta.properties").exists():
+            return
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        command = self._java_command(
+            "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)
+        )
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RetrylibError(
+                f"formatting the embedded Kafka broker's storage failed: {done.stdout}{done.stderr}"
+            )
+
+    def start(self, timeout: float = 60.0) -> EmbeddedBroker:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self._write_config()
+        self._format_storage(config)
+        with open(self.data_dir / "broker.out", "ab") as out:
+            self._process = subprocess.Popen(
+                self._java_command("kafka.Kafka", str(config)),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._process.poll() is None:
+            if self._answers():
+                log.info(
+                    "embedded Apache Kafka %s ready at %s", KAFKA_VERSION, self.bootstrap_servers
+                )
+                return self
+            time.sleep(0.2)
+        tail = self.log_tail()
+        self.stop()
+        raise RetrylibError(
+            f"embedded Kafka broker did not start on {self.bootstrap_servers}: {tail}"
+        )
+
+    def _answers(self) -> bool:
+        """True once the broker serves metadata (the port opens before it does)."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.5):
+                pass
+        except OSError:
+            return False
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        try:
+            return bool(admin.list_topics(timeout=2).brokers)
+        except Exception:
+            return False
+
+    def log_tail(self, characters: int = 3000) -> str:
+        """The end of the broker's log and console output, for error messages."""
+        texts = [
+            path.read_text(errors="replace")[-characters:]
+            for path in (self.log_path, self.data_dir / "broker.out")
+            if path.exists()
+        ]
+        return "\n".join(texts)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the broker (SIGTERM: a controlled shutdown; SIGKILL after `timeout`).
+
+        Keeps its data and ports for a restart.
+        """
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def kill(self) -> None:
+        """Kill the broker at once (SIGKILL), as a crash would; keeps its data."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
             process.kill()
             process.wait()
 

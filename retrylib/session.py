@@ -9,6 +9,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from retrylib.jars import DELTA_SQL_CONF, runs_on_cluster_spark, spark_jars
+
 log = logging.getLogger(__name__)
 
 _QUIET_DEFAULTS = {
@@ -24,14 +26,24 @@ def build_spark_session(
 ) -> SparkSession:
     """Get or create the SparkSession, quiet (WARN) and with Python workers on this interpreter.
 
-    `master` is only applied when given (spark-submit and clusters set their own).
-    The retrylib Kafka data source is registered on the session.
+    `master` is only applied when given (spark-submit and clusters set their own). On a
+    Spark installed from PyPI (a laptop, CI) the session gets Spark's Kafka connector and
+    Delta Lake from `retrylib.jars` (fetched once); a cluster's Spark or spark-submit
+    brings its own. The retrylib Kafka data source is registered on the session.
+    Raises `JarsError` when the jars are needed and cannot be resolved.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
-    for key, value in {**_QUIET_DEFAULTS, **dict(extra or {})}.items():
+    settings = {**_QUIET_DEFAULTS}
+    if not runs_on_cluster_spark():
+        settings["spark.jars"] = ",".join(str(jar) for jar in spark_jars())
+        settings.update(DELTA_SQL_CONF)
+        # Delta rebuilds a table's state (to read its app transactions) in this many tasks;
+        # its default of 50 is sized for clusters and costs local runs a second per append.
+        settings["spark.databricks.delta.snapshotPartitions"] = "2"
+    for key, value in {**settings, **dict(extra or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

@@ -1,7 +1,8 @@
 """Session fixtures: one SparkSession and one Kafka broker for the whole run.
 
 The broker is, in order: an external cluster named by RETRYLIB_TEST_BOOTSTRAP_SERVERS;
-testcontainers' Kafka where a Docker engine answers; else the embedded noida-db.
+testcontainers' Kafka where a Docker engine answers; else an embedded Apache Kafka broker
+(`retrylib.broker`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _docker_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def bootstrap_servers() -> Iterator[str]:
+def bootstrap_servers(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[str]:
     external = os.environ.get("RETRYLIB_TEST_BOOTSTRAP_SERVERS")
     if external:
         yield external
@@ -40,8 +41,14 @@ def bootstrap_servers() -> Iterator[str]:
         return
     from retrylib.broker import EmbeddedBroker
 
-    with EmbeddedBroker() as broker:
+    # Under pytest's base temp dir, which keeps the last runs: the log outlives the run.
+    broker = EmbeddedBroker(data_dir=tmp_path_factory.mktemp("broker")).start()
+    try:
         yield broker.bootstrap_servers
+    finally:
+        broker.stop()
+        if request.session.testsfailed:
+            print(f"\nembedded Kafka broker log: {broker.log_path}")
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +65,7 @@ def make_topic(bootstrap_servers: str) -> Callable[..., str]:
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from retrylib.session import build_spark_session
@@ -66,7 +73,11 @@ def spark():
     session = build_spark_session(
         "retrylib-tests",
         master="local[2]",
-        extra={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+        extra={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.enabled": "false",
+            "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse")),
+        },
     )
     yield session
     session.stop()

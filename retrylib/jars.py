@@ -1,0 +1,218 @@
+"""The JVM jars the job needs where no cluster provides them: resolved by Maven, cached.
+
+Two sets, each resolved once into a folder of its own under the cache (`RETRYLIB_JARS`,
+default `~/.cache/retrylib/jars`), keyed by its coordinates so that another pyspark version
+gets a folder of its own:
+
+- `spark`: Spark's Kafka connector at the installed pyspark's version and Delta Lake's
+  jars built for that Spark, minus every artifact pyspark already ships (Spark's own
+  versions win, as with `--packages`).
+- `kafka`: Apache Kafka's broker (KRaft) with its dependencies and a log4j binding, for the
+  embedded broker of the demo and the tests.
+
+Maven resolves them with the user's own settings (`~/.m2/settings.xml`: mirrors, proxies);
+nothing here names a repository. A folder whose `classpath.txt` lists files that all exist
+is complete, so a second resolution downloads nothing. On Databricks and EMR the cluster
+brings its own connector and Delta; nothing here runs there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from retrylib.errors import RetrylibError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DELTA_VERSION = "4.4.0"
+"""Delta Lake's jar version when the delta-spark Python package is not installed."""
+KAFKA_VERSION = "4.1.1"
+"""Apache Kafka version of the embedded broker (any KRaft broker serves the tests)."""
+_VERSION_START = re.compile(r"\d+\.\d")
+_LOG4J_SLF4J = "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3"
+DELTA_SQL_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+"""Session settings Delta needs on a Spark that is not a Databricks runtime."""
+
+
+class JarsError(RetrylibError):
+    """Raised when Maven is missing or cannot resolve the jars."""
+
+
+def _pyspark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def spark_coordinates(spark_version: str, delta_version: str) -> list[str]:
+    """Maven coordinates of Spark's Kafka connector and Delta Lake for `spark_version`."""
+    major_minor = ".".join(spark_version.split(".")[:2])
+    return [
+        f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark_version}",
+        f"io.delta:delta-spark_{major_minor}_2.13:{delta_version}",
+    ]
+
+
+def kafka_coordinates() -> list[str]:
+    return [f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}", _LOG4J_SLF4J]
+
+
+def installed_delta_version() -> str:
+    """The delta-spark Python package's version (its jars must match it), or the default."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("delta-spark")
+    except metadata.PackageNotFoundError:
+        return DEFAULT_DELTA_VERSION
+
+
+def artifact_id(jar_name: str) -> str:
+    """`kafka-clients-3.9.2.jar` -> `kafka-clients`: the name before the version, which is
+    the first dash-separated part that starts "<digits>.<digit>" (`spark-sql-kafka-0-10`
+    holds parts that start with digits too)."""
+    stem = jar_name.removesuffix(".jar")
+    parts = stem.split("-")
+    for index, part in enumerate(parts):
+        if index and _VERSION_START.match(part):
+            return "-".join(parts[:index])
+    return stem
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RETRYLIB_JARS") or Path.home() / ".cache" / "retrylib" / "jars")
+
+
+def pom(coordinates: Sequence[str]) -> str:
+    """A pom whose dependencies are `coordinates` (group:artifact:version)."""
+    dependencies = "\n".join(
+        "    <dependency><groupId>{}</groupId><artifactId>{}</artifactId>"
+        "<version>{}</version></dependency>".format(*coordinate.split(":"))
+        for coordinate in coordinates
+    )
+    return f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>retrylib.local</groupId>
+  <artifactId>retrylib-jars</artifactId>
+  <version>0</version>
+  <packaging>pom</packaging>
+  <dependencies>
+{dependencies}
+  </dependencies>
+</project>
+"""
+
+
+def resolve(name: str, coordinates: Sequence[str], exclude: Sequence[str] = ()) -> list[Path]:
+    """The jars of `coordinates` and their runtime dependencies, minus artifact ids `exclude`.
+
+    Resolved once by Maven into the cache; later calls read the cached list. Raises
+    `JarsError` when Maven is missing or fails (its output's tail is in the message).
+    """
+    key = hashlib.sha256("\n".join([*coordinates, "--", *sorted(exclude)]).encode()).hexdigest()
+    folder = cache_root() / f"{name}-{key[:12]}"
+    listing = folder / "classpath.txt"
+    if listing.is_file():
+        jars = [Path(line) for line in listing.read_text().splitlines() if line]
+        if jars and all(jar.is_file() for jar in jars):
+            return jars
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise JarsError(
+            "Maven (mvn) is needed once to fetch Spark's Kafka connector, Delta Lake and the "
+            "embedded Kafka broker: install Maven 3.8+ (e.g. apt install maven), or point "
+            "RETRYLIB_JARS at a folder resolved on another machine"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pom.xml").write_text(pom(coordinates))
+    target = folder / "jars"
+    shutil.rmtree(target, ignore_errors=True)
+    command = [
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(folder / "pom.xml"),
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={target}",
+    ]
+    if exclude:
+        command.append("-DexcludeArtifactIds=" + ",".join(sorted(exclude)))
+    log.info("resolving %s jars with Maven: %s", name, ", ".join(coordinates))
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise JarsError(
+            f"Maven could not resolve {', '.join(coordinates)} (exit {done.returncode}): "
+            f"{(done.stdout + done.stderr)[-3000:]}"
+        )
+    jars = sorted(target.glob("*.jar"))
+    listing.write_text("".join(f"{jar}\n" for jar in jars))
+    return jars
+
+
+def spark_jars() -> list[Path]:
+    """Spark's Kafka connector and Delta Lake for the installed pyspark, resolved once."""
+    import pyspark
+
+    shipped = {artifact_id(jar.name) for jar in (_pyspark_home() / "jars").glob("*.jar")}
+    coordinates = spark_coordinates(pyspark.__version__, installed_delta_version())
+    return resolve("spark", coordinates, sorted(shipped))
+
+
+def kafka_jars() -> list[Path]:
+    """Apache Kafka's broker and its dependencies, resolved once."""
+    return resolve("kafka", kafka_coordinates())
+
+
+def runs_on_cluster_spark() -> bool:
+    """True when this process runs on a Spark it did not install from PyPI, which brings its
+    own connector and Delta (Databricks, EMR), or was started by spark-submit (which was
+    given the jars already)."""
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return True
+    home = os.environ.get("SPARK_HOME")
+    return bool(home) and Path(home).resolve() != _pyspark_home().resolve()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m retrylib.jars [spark|kafka ...] [--classpath]`: resolve and print the jars."""
+    parser = argparse.ArgumentParser(prog="python -m retrylib.jars", description=main.__doc__)
+    parser.add_argument("sets", nargs="*", metavar="spark|kafka", help="default: both")
+    parser.add_argument(
+        "--classpath", action="store_true", help="print the jars comma-separated (for --jars)"
+    )
+    args = parser.parse_args(argv)
+    finders = {"spark": spark_jars, "kafka": kafka_jars}
+    args.sets = args.sets or list(finders)
+    unknown = sorted(set(args.sets) - set(finders))
+    if unknown:
+        parser.error(f"unknown jar set(s) {unknown}: choose from {list(finders)}")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        jars = [jar for name in args.sets for jar in finders[name]()]
+    except JarsError as error:
+        print(f"retrylib: {error}", file=sys.stderr)
+        return 1
+    if args.classpath:
+        print(",".join(str(jar) for jar in jars))
+    else:
+        for name in args.sets:
+            print(f"{name}: {len(finders[name]())} jars")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The Maven coordinates and the pom retrylib resolves its JVM jars with (no Maven run)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+
+from retrylib.jars import artifact_id, kafka_coordinates, pom, spark_coordinates
+
+
+@pytest.mark.parametrize(
+    ("jar", "artifact"),
+    [
+        ("kafka-clients-3.9.2.jar", "kafka-clients"),
+        ("delta-spark_4.2_2.13-4.4.0.jar", "delta-spark_4.2_2.13"),
+        ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "spark-sql-kafka-0-10_2.13"),
+        ("zstd-jni-1.5.7-3.jar", "zstd-jni"),
+        ("RoaringBitmap-1.6.10.jar", "RoaringBitmap"),
+        ("jsr305-3.0.0.jar", "jsr305"),
+    ],
+)
+def test_artifact_id_is_the_name_before_the_version(jar, artifact):
+    assert artifact_id(jar) == artifact
+
+
+@pytest.mark.parametrize(
+    ("spark", "delta_artifact"),
+    [
+        ("4.0.1", "delta-spark_4.0_2.13"),
+        ("4.1.0", "delta-spark_4.1_2.13"),
+        ("4.2.0", "delta-spark_4.2_2.13"),
+    ],
+)
+def test_connector_matches_pyspark_and_delta_is_built_for_that_spark(spark, delta_artifact):
+    connector, delta = spark_coordinates(spark, "4.4.0")
+    assert connector == f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark}"
+    assert delta == f"io.delta:{delta_artifact}:4.4.0"
+
+
+def test_pom_lists_each_coordinate_and_no_repository():
+    text = pom(kafka_coordinates())
+    root = ElementTree.fromstring(text)
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    found = [
+        ":".join(d.find(f"m:{part}", ns).text for part in ("groupId", "artifactId", "version"))
+        for d in root.iterfind("m:dependencies/m:dependency", ns)
+    ]
+    assert found == kafka_coordinates()
+    assert "repositor" not in text and "http" not in text.replace(ns["m"], "")
