@@ -1,10 +1,9 @@
 """The executor side of one micro-batch: route every record of one Spark task.
 
-For each record the task calls the handler and keeps the outcome as data: output rows go
-to a Parquet file in the output table's directory, failures with attempts left are staged
-for their retry tier, the rest are staged for the dead-letter topic and written to a file
-in the dead-letter table's directory. Nothing here is visible to anyone until the driver
-commits the batch; the task returns only the names of the files it wrote and its counters.
+For each record the task calls the handler and keeps the outcome as data (`results`):
+output rows, failures with attempts left staged for their retry tier, the rest staged for
+the dead-letter topic and as dead-letter rows, and the task's counters. The task only
+returns them to Spark; the driver stages them and applies them once (`router`).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from typing import TypeVar
 import pyarrow as pa
 
 from retrylib.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
-from retrylib.delta_sink import DataFileWriter
 from retrylib.handler import (
     BadHandlerResult,
     Handler,
@@ -49,6 +47,7 @@ from retrylib.kafka_source import (
     read_range,
 )
 from retrylib.record import Record
+from retrylib.results import ResultRows
 from retrylib.retry_policy import RetryDecision, RetryPolicy, decide, describe_error, is_due
 from retrylib.staging import STAGED_SCHEMA
 from retrylib.vectorized import (
@@ -61,11 +60,6 @@ from retrylib.vectorized import (
 _RANGE_COLUMNS = RANGE_SCHEMA.names
 _GC_FIRST_THRESHOLD = 50_000
 T = TypeVar("T")
-
-SUMMARY_DDL = "kind STRING, payload STRING"
-SUMMARY_SCHEMA = pa.schema([("kind", pa.string()), ("payload", pa.string())])
-"""What a task returns: rows ("output"|"dead_letter"|"staged", DataFile JSON) and one
-("counters", JSON object)."""
 
 
 @dataclass(frozen=True)
@@ -81,11 +75,8 @@ class TaskPlan:
     handler: str
     handler_paths: tuple[str, ...]
     timeout_seconds: float | None
-    output_table: str
     output_schema: pa.Schema
-    dead_letter_table: str
     dead_letter_topic: str
-    staging_dir: str
     retry_topics: Mapping[str, tuple[str, ...]]  # main topic -> topic of each tier
     tier_delays_ms: tuple[int, ...]
     partition_counts: Mapping[str, int]  # retry and dead-letter topics -> partitions
@@ -143,11 +134,7 @@ class TaskRouter:
         )
         self.tier_of = _tier_index(plan.retry_topics)
         self.columns = frozenset(plan.output_schema.names)
-        self.output = DataFileWriter(plan.output_table, plan.output_schema, plan.batch_id)
-        self.dead_letters = DataFileWriter(
-            plan.dead_letter_table, DEAD_LETTER_SCHEMA, plan.batch_id
-        )
-        self.staged = DataFileWriter(plan.staging_dir, STAGED_SCHEMA, plan.batch_id)
+        self.results = ResultRows(plan.output_schema)
         self.counters: Counter[str] = Counter()
         self.handler_ns = 0
         self.read_ns = 0
@@ -219,22 +206,13 @@ class TaskRouter:
             yield chunk
 
     def finish(self) -> Iterator[pa.RecordBatch]:
-        """Close the files; yields the summary rows for the driver."""
+        """Yields the result rows not yet handed over, then the task's counters row."""
         self._flush()
-        rows = [
-            {"kind": kind, "payload": data_file.to_json()}
-            for kind, writer in (
-                ("output", self.output),
-                ("dead_letter", self.dead_letters),
-                ("staged", self.staged),
-            )
-            if (data_file := writer.close()) is not None
-        ]
+        yield from self.results.drain()
         self.counters["handler_ms"] = self.handler_ns // 1_000_000
         if self.read_ns:
             self.counters["kafka_read_ms"] = self.read_ns // 1_000_000
-        rows.append({"kind": "counters", "payload": json.dumps(dict(self.counters))})
-        yield pa.RecordBatch.from_pylist(rows, schema=SUMMARY_SCHEMA)
+        yield self.results.counters(json.dumps(dict(self.counters)))
 
     # -- reading a record ---------------------------------------------------------------
 
@@ -431,7 +409,7 @@ class TaskRouter:
             self.counters["succeeded"] += 1
 
     def _write_output(self, batch: pa.RecordBatch) -> None:
-        self.output.write(batch)
+        self.results.add("output", batch)
         self.counters["output_rows"] += batch.num_rows
 
     def _fail(self, delivery: Delivery, error: BaseException) -> None:
@@ -514,12 +492,12 @@ class TaskRouter:
 
     def _flush_side_outputs(self) -> None:
         if self._staged_rows:
-            self.staged.write(pa.RecordBatch.from_pylist(self._staged_rows, schema=STAGED_SCHEMA))
+            staged = pa.RecordBatch.from_pylist(self._staged_rows, schema=STAGED_SCHEMA)
+            self.results.add("staged", staged)
             self._staged_rows = []
         if self._dead_rows:
-            self.dead_letters.write(
-                pa.RecordBatch.from_pylist(self._dead_rows, schema=DEAD_LETTER_SCHEMA)
-            )
+            dead = pa.RecordBatch.from_pylist(self._dead_rows, schema=DEAD_LETTER_SCHEMA)
+            self.results.add("dead_letter", dead)
             self._dead_rows = []
 
 
@@ -581,7 +559,8 @@ def _check_not_null(field: pa.Field, array: pa.Array, path: str) -> None:
 
 
 def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The `mapInArrow` body: route every record of this task, then yield the summary.
+    """The `mapInArrow` body: route every record of this task, yielding its result rows
+    (`retrylib.results`) as they are decided and its counters at the end.
 
     The input is Kafka records (`KAFKA_SCHEMA`, from Spark's built-in Kafka source) or
     offset ranges (`RANGE_SCHEMA`, from `retrylib_kafka` with `retrylib.emit = ranges`),
@@ -597,6 +576,7 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
                     router.route_range(topic, partition, start, end)
             else:
                 router.route(batch)
+            yield from router.results.drain()
         yield from router.finish()
 
 

@@ -102,10 +102,17 @@ class HandlerConfig:
 
 
 @dataclass(frozen=True)
-class OutputConfig:
-    """[output]: the Delta table the handler's results go to."""
+class OutputConfig(_ReadOnlyMappings):
+    """[output]: the Delta table the handler's results go to (a path/URI or a catalog name).
+
+    `partition_by` and `properties` apply when the job creates the table; with
+    `schema_evolution`, columns the output schema has and the table lacks are added.
+    """
 
     table: str
+    partition_by: tuple[str, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    schema_evolution: bool = False
 
 
 @dataclass(frozen=True)
@@ -559,7 +566,7 @@ def _build(root: _Table, check_imports: bool, source_path: str) -> Config | None
     job = _job(tables["job"])
     kafka = _kafka(tables["kafka"])
     handler = _handler(tables["handler"], check_imports)
-    output = _output(tables["output"])
+    output = _output(tables["output"], handler.output_schema if handler else None)
     main_topics = tables["kafka"].values["topics"]
     retry = _retry(tables["retry"], main_topics)
     dead_letter = _dead_letter(
@@ -687,10 +694,42 @@ def _check_import(
         )
 
 
-def _output(t: _Table) -> OutputConfig | None:
+def _output(t: _Table, schema: OutputSchema | None) -> OutputConfig | None:
     table = t.get("table", _TEXT, 'table = "/tmp/retrylib/orders/out"')
+    _check_table_name(t, "table", table)
+    partition_by = t.strings(
+        "partition_by", _TEXT, 'partition_by = ["order_date"]', [], empty_ok=True
+    )
+    properties = _options(
+        t.table("properties", '[output.properties] "delta.appendOnly" = "true"', required=False)
+    )
+    evolve = t.get("schema_evolution", _BOOL, "schema_evolution = false", False)
     t.finish()
-    return OutputConfig(table) if t.ok else None
+    if schema is not None and partition_by:
+        columns = {name.lower() for name in schema.names}
+        for i, column in enumerate(partition_by):
+            if column.lower() not in columns:
+                t.problems.add(
+                    f"{t.path('partition_by')}[{i}]",
+                    f"{column!r} is not a column of handler.output_schema "
+                    f"{list(schema.names)}; partition by one of them",
+                )
+    if not t.ok:
+        return None
+    return OutputConfig(table, tuple(partition_by or ()), properties, bool(evolve))
+
+
+def _check_table_name(t: _Table, key: str, table: str | None) -> None:
+    """Report a Delta table setting that is neither a path/URI nor a catalog table name."""
+    from retrylib.delta_tables import TableRef
+
+    if table is None:
+        return
+    where = t.path(key)
+    try:
+        TableRef.parse(table, where)
+    except ConfigError as e:
+        t.problems.add(where, str(e).removeprefix(f"{where}: "))
 
 
 def _retry(t: _Table, main_topics: tuple[str, ...] | None) -> RetryConfig | None:
@@ -814,6 +853,7 @@ def _dead_letter(
     default_table = f"{output_table.rstrip('/')}_dead_letter" if output_table else None
     table = t.get("table", _TEXT, 'table = "/tmp/retrylib/orders/dead_letter"', default_table)
     t.values["table"] = table  # the default too, for _check_locations
+    _check_table_name(t, "table", table)
     t.finish()
     if topic and main_topics:
         owners = {name: f"kafka.topics[{i}]" for i, name in enumerate(main_topics)}
@@ -827,6 +867,7 @@ def _dead_letter(
 
 def _metrics(t: _Table) -> MetricsConfig | None:
     table = t.get("table", _TEXT, 'table = "/tmp/retrylib/orders/metrics"', None)
+    _check_table_name(t, "table", table)
     t.finish()
     return MetricsConfig(table) if t.ok else None
 

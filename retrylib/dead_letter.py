@@ -6,11 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
-from deltalake.schema import Field, PrimitiveType
-
-from retrylib.delta_sink import ensure_table
 
 HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -49,31 +44,6 @@ corrupt_retry_headers; `source_topic` is the topic the failing copy was read fro
 The last three are null until `retrylib redrive` sends the record back: `redrive_id` and
 `redrive_topic` are set when a redrive claims the row, `redriven_at` once the record is
 committed to `redrive_topic` (see `retrylib.redrive`)."""
-
-REDRIVE_COLUMNS = ("redrive_id", "redrive_topic", "redriven_at")
-
-
-def ensure_dead_letter_table(uri: str) -> None:
-    """Create the dead-letter table at `uri`, or add the redrive columns to one made by an
-    earlier version of retrylib; then check its columns like `ensure_table`.
-
-    Raises `RetrylibError` when the table's other columns differ from `DEAD_LETTER_SCHEMA`.
-    """
-    try:
-        table = DeltaTable(uri)
-    except TableNotFoundError:
-        table = None
-    if table is not None:
-        names = pa.schema(table.schema().to_arrow()).names
-        missing = [name for name in REDRIVE_COLUMNS if name not in names]
-        if missing and names == DEAD_LETTER_SCHEMA.names[: len(names)]:
-            table.alter.add_columns(
-                [Field(name, PrimitiveType(_DELTA_TYPES[name]), nullable=True) for name in missing]
-            )
-    ensure_table(uri, DEAD_LETTER_SCHEMA, "dead-letter")
-
-
-_DELTA_TYPES = {"redrive_id": "string", "redrive_topic": "string", "redriven_at": "timestamp"}
 
 
 @dataclass(frozen=True, slots=True)

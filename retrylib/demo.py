@@ -1,9 +1,9 @@
 """The embedded demo: broker, topic, sample orders, the job, and what landed in Delta.
 
-Runs everything on this machine: an embedded noida-db broker, local Spark, local Delta
-tables under `workdir`. Sample orders include transient failures (retried after a delay),
-poison orders (dead-lettered once out of attempts) and one unreadable record
-(dead-lettered at once as non-retryable).
+Runs everything on this machine: an embedded Apache Kafka broker, local Spark with its Kafka
+connector, and Delta tables written by delta-spark under `workdir`. Sample orders include
+transient failures (retried after a delay), poison orders (dead-lettered once out of
+attempts) and one unreadable record (dead-lettered at once as non-retryable).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 
 from retrylib.broker import EmbeddedBroker
 from retrylib.config import load_config
-from retrylib.delta_sink import read_table
 from retrylib.kafka_client import ensure_topics, make_admin, make_producer
 from retrylib.router import BatchResult
 
@@ -117,7 +116,7 @@ def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float
         finally:
             stop_gracefully(query, router)
             router.close()
-        _print_results(config.output.table, config.dead_letter.table)
+        _print_results(spark, config.output.table, config.dead_letter.table)
         spark.stop()
     if settled[0] != len(orders):
         print(f"demo did not settle: {settled[0]} of {len(orders)} orders accounted for")
@@ -126,7 +125,10 @@ def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float
     return 0
 
 
-def _print_results(output_table: str, dead_letter_table: str) -> None:
+def _print_results(spark, output_table: str, dead_letter_table: str) -> None:
+    def read_table(path: str):
+        return spark.read.format("delta").load(path).toArrow()
+
     output = read_table(output_table)
     print(f"\noutput table {output_table}: {output.num_rows} rows; first 5:")
     print(output.sort_by("order_id").slice(0, 5).to_pandas().to_string(index=False))

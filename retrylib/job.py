@@ -10,12 +10,13 @@ import time
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib.batch_task import TaskPlan
 from retrylib.config import Config
-from retrylib.dead_letter import ensure_dead_letter_table
-from retrylib.delta_sink import ensure_table
+from retrylib.dead_letter import DEAD_LETTER_SCHEMA
+from retrylib.delta_tables import TableRef, ensure_table
 from retrylib.errors import TopicError
 from retrylib.kafka_client import TIER_CLIENT_OPTIONS, ensure_topics, make_admin, partition_counts
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
@@ -80,7 +81,10 @@ def source_frame(spark: SparkSession, config: Config) -> DataFrame:
     """
     kafka = config.kafka
     delays = config.retry.tier_delays_ms()
-    common = {f"kafka.{key}": value for key, value in kafka.options.items()}
+    # Records of aborted transactions (a failed `retrylib redrive`, a user's transactional
+    # producer) are never handed to the handler, unless the user's options say otherwise.
+    common = {"kafka.isolation.level": "read_committed"}
+    common.update({f"kafka.{key}": value for key, value in kafka.options.items()})
     common["kafka.bootstrap.servers"] = kafka.bootstrap_servers
     main = {
         **common,
@@ -122,11 +126,8 @@ def task_plan(config: Config, partitions: dict[str, int]) -> TaskPlan:
         handler=config.handler.function,
         handler_paths=config.handler.paths,
         timeout_seconds=config.handler.timeout_seconds,
-        output_table=config.output.table,
         output_schema=config.handler.output_schema.to_arrow(),
-        dead_letter_table=config.dead_letter.table,
         dead_letter_topic=config.dead_letter.topic,
-        staging_dir="",
         retry_topics={
             topic: tuple(tier.topics[topic] for tier in retry.tiers)
             for topic in config.kafka.topics
@@ -155,18 +156,31 @@ def start_query(
     (`retrylib.metrics`); `on_result` is then called with the batch's `BatchResult`.
     """
     partitions = prepare_topics(config)
-    ensure_table(config.output.table, config.handler.output_schema.to_arrow(), "output")
-    ensure_dead_letter_table(config.dead_letter.table)
+    output = TableRef.parse(config.output.table, "output.table")
+    dead_letter = TableRef.parse(config.dead_letter.table, "dead_letter.table")
+    ensure_table(
+        spark,
+        output,
+        config.handler.output_schema.to_spark(),
+        what="output",
+        partition_by=config.output.partition_by,
+        properties=config.output.properties,
+        evolve=config.output.schema_evolution,
+    )
+    ensure_table(spark, dead_letter, from_arrow_schema(DEAD_LETTER_SCHEMA), what="dead-letter")
     state_dir = join(config.job.checkpoint, "retrylib")
     metrics = MetricsRecorder(
         config, checkpoint_identity(state_dir, config.job.name), forward=on_result
     )
-    metrics.prepare()
+    metrics.prepare(spark)
     router = BatchRouter(
         task_plan(config, partitions),
         state_dir=state_dir,
         kafka_options=dict(config.kafka.options),
         bootstrap_servers=config.kafka.bootstrap_servers,
+        output_table=output,
+        evolve_output=config.output.schema_evolution,
+        dead_letter_table=dead_letter,
         on_result=metrics.on_result,
     )
     writer = (

@@ -38,11 +38,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from deltalake import DeltaTable, write_deltalake
-from deltalake.transaction import CommitProperties, Transaction
 
 from retrylib.config import Config
-from retrylib.delta_sink import ensure_table
+from retrylib.delta_tables import TableRef, append_once, ensure_table
 from retrylib.kafka_client import client_config, topic_partitions
 from retrylib.offsets import PartitionKey, delay_frontier
 from retrylib.storage import filesystem, join, list_names
@@ -243,26 +241,11 @@ def table_row(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def append_once(uri: str, row: Mapping[str, Any], app_id: str) -> bool:
-    """Append `row` to the metrics table at `uri` once for (`app_id`, its batch id).
+def metrics_struct():
+    """`METRICS_SCHEMA` as a Spark StructType."""
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    Returns False, writing nothing, when the table holds a commit for this or a later batch.
-    """
-    table = DeltaTable(uri)
-    batch_id = row["batch_id"]
-    done = table.transaction_version(app_id)
-    if done is not None and done >= batch_id:
-        return False
-    data = pa.Table.from_pylist([table_row(row)], schema=METRICS_SCHEMA)
-    write_deltalake(
-        table,
-        data,
-        mode="append",
-        commit_properties=CommitProperties(
-            app_transactions=[Transaction(app_id, batch_id, int(time.time() * 1000))]
-        ),
-    )
-    return True
+    return from_arrow_schema(METRICS_SCHEMA)
 
 
 class MetricsRecorder:
@@ -270,19 +253,24 @@ class MetricsRecorder:
 
     `app_id` is the job's Delta app id (the router's); rows are committed under
     "<app_id>:metrics". `forward` is called with each result afterwards (a caller's own
-    callback). Call `prepare()` before the query starts: it creates the table if configured.
+    callback). Call `prepare(spark)` before the query starts: it creates the table if
+    configured, through that session.
     """
 
     def __init__(self, config: Config, app_id: str, forward=None) -> None:
         self.config = config
         self.app_id = f"{app_id}:metrics"
         self.forward = forward
-        self.rows: list[dict[str, Any]] = []
         self._kafka: KafkaOffsets | None = None
+        self._spark = None
+        self._table = (
+            TableRef.parse(config.metrics.table, "metrics.table") if config.metrics.table else None
+        )
 
-    def prepare(self) -> None:
-        if self.config.metrics.table:
-            ensure_table(self.config.metrics.table, METRICS_SCHEMA, "metrics")
+    def prepare(self, spark) -> None:
+        self._spark = spark
+        if self._table is not None:
+            ensure_table(spark, self._table, metrics_struct(), what="metrics")
 
     def on_result(self, result: BatchResult) -> None:
         try:
@@ -291,8 +279,6 @@ class MetricsRecorder:
             log.warning("metrics of batch %d not recorded: %s", result.batch_id, e)
         if self.forward is not None:
             self.forward(result)
-
-    __call__ = on_result
 
     def record(self, result: BatchResult) -> dict[str, Any]:
         """Log the batch's metrics line and append it to the table; returns the row."""
@@ -305,10 +291,10 @@ class MetricsRecorder:
             lag=self._lag(result.batch_id, now_ms),
         )
         metrics_log.info(json.dumps(row))
-        self.rows.append(row)
-        if self.config.metrics.table:
+        if self._table is not None and self._spark is not None:
             try:
-                append_once(self.config.metrics.table, row, self.app_id)
+                frame = self._spark.createDataFrame([table_row(row)], metrics_struct())
+                append_once(frame, self._table, app_id=self.app_id, batch_id=row["batch_id"])
             except Exception as e:
                 log.warning(
                     "metrics row of batch %d not written to %s: %s",

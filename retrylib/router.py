@@ -3,13 +3,18 @@
 A batch runs in steps, each safe to repeat after a crash:
 
 1. Unless this batch already has a manifest: executors route every record (see
-   `batch_task`) and write files; the driver records the files and the batch's clock in a
-   manifest. The manifest is the commit point of the batch's decisions: a replay after it
-   reuses them instead of calling the handler again.
+   `batch_task`), and Spark writes their decisions (`results`) to the batch's staging folder
+   in the checkpoint; the driver then records the batch's clock and counters in a manifest.
+   The manifest is the commit point of the batch's decisions: a replay after it reads them
+   back instead of calling the handler again.
 2. Staged retry and dead-letter records are produced in one Kafka transaction with a
    per-batch marker, so they are produced once (`staging`).
-3. The output and dead-letter files are committed to their Delta tables with the app
-   transaction (the checkpoint's app id, batch id), so they are committed once (`delta_sink`).
+3. The output and dead-letter rows are appended to their Delta tables by Spark's Delta
+   writer with the app transaction (`txnAppId` = the checkpoint's app id, `txnVersion` =
+   batch id), so they are committed once (`delta_tables`).
+
+A batch's staging folder is removed once the next batch has run: Spark replays at most the
+last batch, and a replay of it may still need its staged rows.
 
 The manifest is claimed, not overwritten: on a local filesystem it is linked into place
 only if no manifest exists yet, and a loser of that race (a zombie instance of the job
@@ -35,13 +40,13 @@ from functools import partial
 from typing import Any
 
 import pyarrow.fs as pafs
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import DataFrame, SparkSession
 
-from retrylib.batch_task import SUMMARY_DDL, TaskPlan, run_task
-from retrylib.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.delta_sink import DataFile, commit_files, committed_batch
+from retrylib.batch_task import TaskPlan, run_task
+from retrylib.delta_tables import TableRef, append_once, committed_version
 from retrylib.errors import RetrylibError
 from retrylib.faults import crash_point
+from retrylib.results import result_struct
 from retrylib.staging import StagedProducer
 from retrylib.storage import delete_tree, filesystem, join, list_names, read_json, write_json
 
@@ -73,17 +78,20 @@ class BatchRouter:
         state_dir: str,
         kafka_options: dict[str, str],
         bootstrap_servers: str,
+        *,
+        output_table: TableRef,
+        dead_letter_table: TableRef,
+        evolve_output: bool = False,
         on_result=None,
     ) -> None:
         self._template = plan_template
         self._state_dir = state_dir
+        self._output_table = output_table
+        self._evolve_output = evolve_output
+        self._dead_letter_table = dead_letter_table
         self.app_id = checkpoint_identity(state_dir, plan_template.job)
         self._producer = StagedProducer(
-            plan_template.job,
-            self.app_id,
-            bootstrap_servers,
-            kafka_options,
-            state_dir=state_dir,
+            plan_template.job, self.app_id, bootstrap_servers, kafka_options
         )
         self._on_result = on_result
         self._checked_tables = False
@@ -92,8 +100,9 @@ class BatchRouter:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        spark = df.sparkSession
         if not self._checked_tables:
-            self._check_tables_not_ahead(batch_id)
+            self._check_tables_not_ahead(spark, batch_id)
             self._checked_tables = True
         manifest_uri = join(self._state_dir, "manifests", f"{batch_id}.json")
         manifest = read_json(manifest_uri)
@@ -105,7 +114,7 @@ class BatchRouter:
             if replayed:
                 log.warning("batch %d was routed concurrently; using the other run's", batch_id)
             crash_point("after_manifest", batch_id)
-        result = self._apply(manifest, batch_id, replayed, started)
+        result = self._apply(spark, manifest, batch_id, replayed, started)
         crash_point("before_batch_end", batch_id)
         self._clean_up(batch_id)
         crash_point("after_cleanup", batch_id)
@@ -115,44 +124,56 @@ class BatchRouter:
         self.batch_finished.set()
 
     def _route(self, df: DataFrame, batch_id: int) -> dict[str, Any]:
-        plan = _with_batch(
-            self._template, batch_id, int(time.time() * 1000), self._staging_dir(batch_id)
-        )
-        summary = _run_tasks(df, plan)
+        """Route the batch and stage its decisions; returns the manifest to claim."""
+        plan = replace(self._template, batch_id=batch_id, now_ms=int(time.time() * 1000))
+        staging = self._staging_dir(batch_id)
+        _run_tasks(df, plan, staging)
         crash_point("after_handler", batch_id)
-        files: dict[str, list[str]] = {"output": [], "dead_letter": [], "staged": []}
         counters: Counter[str] = Counter()
-        for row in summary:
-            if row.kind == "counters":
-                counters.update(json.loads(row.payload))
-            else:
-                files[row.kind].append(row.payload)
-        return {"now_ms": plan.now_ms, "files": files, "counters": dict(counters)}
+        kinds: Counter[str] = Counter()
+        staged = df.sparkSession.read.parquet(staging)
+        for row in staged.groupBy("kind").count().collect():
+            kinds[row["kind"]] = row["count"]
+        for row in staged.where("kind = 'counters'").select("counters").collect():
+            counters.update(json.loads(row["counters"]))
+        return {
+            "now_ms": plan.now_ms,
+            "staging": staging,
+            "rows": {kind: kinds[kind] for kind in ("output", "dead_letter", "staged")},
+            "counters": dict(counters),
+        }
 
     def _apply(
-        self, manifest: dict[str, Any], batch_id: int, replayed: bool, started: float
+        self,
+        spark: SparkSession,
+        manifest: dict[str, Any],
+        batch_id: int,
+        replayed: bool,
+        started: float,
     ) -> BatchResult:
-        files = {
-            kind: [DataFile.from_json(text) for text in texts]
-            for kind, texts in manifest["files"].items()
-        }
-        staged_paths = [join(f.table, f.path) for f in files["staged"]]
-        produced = self._producer.produce_once(batch_id, staged_paths) if staged_paths else 0
+        staged = spark.read.parquet(manifest["staging"])
+        rows = manifest["rows"]
+
+        def of_kind(kind: str) -> DataFrame:
+            return staged.where(f"kind = '{kind}'").select(f"{kind}.*")
+
+        produced = 0
+        if rows["staged"]:
+            # Read before the Kafka transaction opens, so that Spark's time does not count
+            # against the transaction's timeout.
+            records = of_kind("staged").toArrow()
+            produced = self._producer.produce_once(batch_id, records.to_batches)
         crash_point("after_produce", batch_id)
-        output_committed = bool(files["output"]) and commit_files(
-            self._template.output_table,
-            self._template.output_schema,
-            files["output"],
+        output_committed = bool(rows["output"]) and append_once(
+            of_kind("output"),
+            self._output_table,
             app_id=self.app_id,
             batch_id=batch_id,
+            evolve=self._evolve_output,
         )
         crash_point("after_output_commit", batch_id)
-        dead_committed = bool(files["dead_letter"]) and commit_files(
-            self._template.dead_letter_table,
-            DEAD_LETTER_SCHEMA,
-            files["dead_letter"],
-            app_id=self.app_id,
-            batch_id=batch_id,
+        dead_committed = bool(rows["dead_letter"]) and append_once(
+            of_kind("dead_letter"), self._dead_letter_table, app_id=self.app_id, batch_id=batch_id
         )
         crash_point("after_dead_letter_commit", batch_id)
         return BatchResult(
@@ -165,21 +186,21 @@ class BatchRouter:
             round((time.monotonic() - started) * 1000),
         )
 
-    def _check_tables_not_ahead(self, batch_id: int) -> None:
+    def _check_tables_not_ahead(self, spark: SparkSession, batch_id: int) -> None:
         """Raise `RetrylibError` when a table already holds a later batch of this checkpoint.
 
         Spark replays at most the last unfinished batch, so a table's app transaction is
         never above the batch that runs first after a start, unless the checkpoint is not
         the one the tables were written with.
         """
-        for what, uri in (
-            ("output", self._template.output_table),
-            ("dead-letter", self._template.dead_letter_table),
+        for what, table in (
+            ("output", self._output_table),
+            ("dead-letter", self._dead_letter_table),
         ):
-            done = committed_batch(uri, self.app_id)
+            done = committed_version(spark, table, self.app_id)
             if done is not None and done > batch_id:
                 raise RetrylibError(
-                    f"the {what} table {uri} holds batch {done} of {self.app_id!r}, but the "
+                    f"the {what} table {table} holds batch {done} of {self.app_id!r}, but the "
                     f"query is at batch {batch_id}: the checkpoint is older than the tables. "
                     "Its batches would be skipped as already committed. Restore the latest "
                     "checkpoint, or start from a new one"
@@ -189,9 +210,10 @@ class BatchRouter:
         return join(self._state_dir, "staged", str(batch_id))
 
     def _clean_up(self, batch_id: int) -> None:
-        """Drop staged files of finished batches and manifests older than the last few."""
+        """Drop the staging folders of batches before this one (a replay of this one may
+        still read its own), and manifests older than the last few."""
         for name in list_names(join(self._state_dir, "staged")):
-            if name.isdigit() and int(name) <= batch_id:
+            if name.isdigit() and int(name) < batch_id:
                 delete_tree(join(self._state_dir, "staged", name))
         for name in list_names(join(self._state_dir, "manifests")):
             number, _, rest = name.partition(".json")
@@ -254,8 +276,8 @@ def claim_json(uri: str, content: dict[str, Any]) -> dict[str, Any]:
     return content
 
 
-def _run_tasks(df: DataFrame, plan: TaskPlan) -> list[Row]:
-    """Route the batch on the executors; returns the tasks' summary rows.
+def _run_tasks(df: DataFrame, plan: TaskPlan, staging: str) -> None:
+    """Route the batch on the executors and write their result rows to `staging` (Parquet).
 
     If a Python worker dies (a handler called os._exit or crashed in native code), the
     batch runs again with every handler call in a process of its own, so that the record
@@ -266,8 +288,12 @@ def _run_tasks(df: DataFrame, plan: TaskPlan) -> list[Row]:
     # trickling in over many partitions) then costs a few task start-ups, not dozens.
     # (coalesce never adds partitions, so a batch with fewer ranges is left as it is.)
     slots = max(1, df.sparkSession.sparkContext.defaultParallelism)
+    results = df.coalesce(slots).mapInArrow(
+        partial(run_task, plan), result_struct(plan.output_schema)
+    )
     try:
-        return df.coalesce(slots).mapInArrow(partial(run_task, plan), SUMMARY_DDL).collect()
+        results.write.mode("overwrite").parquet(staging)
+        return
     except Exception as error:
         if plan.isolate or _WORKER_DIED not in str(error):
             raise
@@ -276,11 +302,7 @@ def _run_tasks(df: DataFrame, plan: TaskPlan) -> list[Row]:
         "with each handler call in its own process",
         plan.batch_id,
     )
-    return _run_tasks(df, replace(plan, isolate=True))
-
-
-def _with_batch(template: TaskPlan, batch_id: int, now_ms: int, staging_dir: str) -> TaskPlan:
-    return replace(template, batch_id=batch_id, now_ms=now_ms, staging_dir=staging_dir)
+    _run_tasks(df, replace(plan, isolate=True), staging)
 
 
 def _summary(result: BatchResult) -> dict[str, Any]:

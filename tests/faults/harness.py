@@ -46,10 +46,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 from confluent_kafka import KafkaError, TopicPartition
 
 from retrylib.broker import EmbeddedBroker
-from retrylib.delta_sink import read_table
 from retrylib.faults import CRASH_POINTS
 from retrylib.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, record_id
 from retrylib.kafka_client import ensure_topics, make_admin, make_consumer, make_producer
@@ -669,15 +669,17 @@ def _suppress_lookup() -> Iterator[None]:
         pass
 
 
+def read_table(path: str) -> pa.Table:
+    """The Delta table at `path`, read through Spark (the test's session when there is one)."""
+    return _local_spark().read.format("delta").load(path).toArrow()
+
+
 def _local_spark():
-    from pyspark.sql import SparkSession
+    from retrylib.session import build_spark_session
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return (
-        SparkSession.builder.master("local[1]")
-        .appName("fault-harness-check")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
+    return build_spark_session(
+        "fault-harness-check", master="local[1]", extra={"spark.ui.enabled": "false"}
     )
 
 

@@ -28,6 +28,8 @@ def write_config(tmp_path: Path, bootstrap_servers: str) -> Callable[..., Config
         retry: str = 'delays = ["1s", "2s"]\nmax_attempts = 3',
         handler: str = "job_handlers:by_key",
         kafka: str = "",
+        output_table: str | None = None,
+        dead_letter_table: str | None = None,
     ) -> Config:
         from job_handlers import OUTPUT_SCHEMA  # noqa: PLC0415 - on sys.path via HANDLERS_DIR
 
@@ -47,13 +49,13 @@ function = "{handler}"
 output_schema = "{OUTPUT_SCHEMA}"
 paths = ["{HANDLERS_DIR}"]
 [output]
-table = "{tmp_path}/out"
+table = "{output_table or f"{tmp_path}/out"}"
 [retry]
 {retry}
 non_retryable = ["ValueError"]
 [dead_letter]
 topic = "{topics[0]}.dlt"
-table = "{tmp_path}/dlq"
+table = "{dead_letter_table or f"{tmp_path}/dlq"}"
 {extra}
 """)
         return load_config(path)

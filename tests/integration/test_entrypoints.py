@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from conftest import produce
+from table_reading import read_table
 
 from retrylib.config import load_config
-from retrylib.delta_sink import read_table
 from retrylib.errors import TopicError
 from retrylib.job import start_query
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from conftest import produce
+from table_reading import read_table
 
-from retrylib.delta_sink import read_table
 from retrylib.job import start_query
-from retrylib.router import BatchResult
+from retrylib.router import BatchResult, checkpoint_identity
 
 pytestmark = pytest.mark.slow
 
@@ -89,3 +92,40 @@ def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topi
     table = read_table(config.output.table)
     assert table.num_rows == 50
     assert pa.compute.count_distinct(table.column("offset")).as_py() == 50
+
+
+def test_each_batch_commits_with_its_own_transaction(
+    spark, bootstrap_servers, make_topic, write_config
+):
+    topic = make_topic("orders", partitions=2)
+    produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(300)], partitions=2)
+    config = write_config([topic], kafka="max_offsets_per_trigger = 100")
+
+    results = run_available_now(spark, config)
+
+    committed = [r.batch_id for r in results if r.output_committed]
+    assert len(committed) >= 3  # 300 records at most 100 per batch
+    txns = []
+    for commit in sorted(Path(config.output.table, "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in commit.read_text().splitlines()]
+        txns += [action["txn"] for action in actions if "txn" in action]
+    assert [t["version"] for t in txns] == committed
+    state_dir = str(Path(config.job.checkpoint, "retrylib"))
+    assert {t["appId"] for t in txns} == {checkpoint_identity(state_dir, config.job.name)}
+
+
+def test_catalog_table_names(spark, bootstrap_servers, make_topic, write_config):
+    topic = make_topic("orders", partitions=2)
+    records = [(f"ok-{i}", f"v{i}") for i in range(40)] + [("bad-1", "x")]
+    produce(bootstrap_servers, topic, records)
+    suffix = uuid.uuid4().hex[:8]
+    output, dead = f"default.orders_{suffix}", f"spark_catalog.default.orders_dlq_{suffix}"
+    config = write_config([topic], output_table=output, dead_letter_table=dead)
+
+    run_available_now(spark, config)
+
+    actual = spark.table(output).drop("partition", "offset")
+    expected = expected_frame(spark, [(k, v, topic, 0, 0, 0) for k, v in records[:-1]])
+    assert_df_equality(actual, expected.drop("partition", "offset"), ignore_row_order=True)
+    [dead_row] = spark.table(dead).select("key", "reason").collect()
+    assert (dead_row.key, dead_row.reason) == (b"bad-1", "non_retryable")

@@ -10,10 +10,11 @@ import time
 
 import pytest
 from conftest import produce
+from table_reading import read_table
 
-from retrylib.delta_sink import read_table
+from retrylib.delta_tables import TableRef, append_once
 from retrylib.job import start_query, stop_gracefully
-from retrylib.metrics import METRICS_SCHEMA, append_once
+from retrylib.metrics import METRICS_SCHEMA, metrics_struct, table_row
 from retrylib.router import BatchResult
 
 pytestmark = pytest.mark.slow
@@ -95,5 +96,8 @@ def test_metrics_lines_and_table_match_the_run(
         assert lag == line["input_lag"]
 
     # A replayed batch logs again but never adds a second row.
-    assert append_once(config.metrics.table, lines[-1], f"{router.app_id}:metrics") is False
+    replay = spark.createDataFrame([table_row(lines[-1])], metrics_struct())
+    table_ref = TableRef.parse(config.metrics.table, "metrics.table")
+    app_id, batch_id = f"{router.app_id}:metrics", lines[-1]["batch_id"]
+    assert append_once(replay, table_ref, app_id=app_id, batch_id=batch_id) is False
     assert read_table(config.metrics.table).num_rows == len(lines)

@@ -10,8 +10,8 @@ import pytest
 from chispa import assert_df_equality
 from confluent_kafka import TopicPartition
 from conftest import produce
+from table_reading import read_table
 
-from retrylib.delta_sink import read_table
 from retrylib.headers import split_headers
 from retrylib.job import start_query, stop_gracefully
 from retrylib.kafka_client import make_consumer, make_producer

@@ -6,8 +6,8 @@ import time
 
 import pytest
 from conftest import produce
+from table_reading import read_table
 
-from retrylib.delta_sink import read_table
 from retrylib.job import start_query
 
 pytestmark = pytest.mark.slow

@@ -10,12 +10,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from retrylib.batch_task import TaskPlan, run_task
 from retrylib.headers import RetryState, decode_retry_state, encode_retry_headers, split_headers
 from retrylib.kafka_source import KAFKA_ARROW_SCHEMA
+from retrylib.results import result_schema
 
 OUTPUT = pa.schema(
     [("key", pa.string()), ("topic", pa.string()), ("offset", pa.int64()), ("attempt", pa.int32())]
@@ -32,11 +32,8 @@ def plan(tmp_path: Path) -> TaskPlan:
         handler="unit_handlers:by_key",
         handler_paths=(str(Path(__file__).parent),),
         timeout_seconds=None,
-        output_table=str(tmp_path / "out"),
         output_schema=OUTPUT,
-        dead_letter_table=str(tmp_path / "dlq"),
         dead_letter_topic="orders.dlt",
-        staging_dir=str(tmp_path / "staged"),
         retry_topics={"orders": (TIER, "orders.retry.1m")},
         tier_delays_ms=(5000, 60000),
         partition_counts={TIER: 3, "orders.retry.1m": 3, "orders.dlt": 3},
@@ -66,14 +63,14 @@ def kafka_batch(rows: list[dict]) -> pa.RecordBatch:
 
 
 def route(plan: TaskPlan, rows: list[dict]) -> tuple[dict, dict[str, list[dict]]]:
-    summary = pa.Table.from_batches(list(run_task(plan, iter([kafka_batch(rows)])))).to_pylist()
-    counters = next(json.loads(r["payload"]) for r in summary if r["kind"] == "counters")
+    batches = list(run_task(plan, iter([kafka_batch(rows)])))
+    assert all(batch.schema == result_schema(OUTPUT) for batch in batches)
+    results = pa.Table.from_batches(batches).to_pylist()
+    [counters] = [json.loads(r["counters"]) for r in results if r["kind"] == "counters"]
     written: dict[str, list[dict]] = {"output": [], "dead_letter": [], "staged": []}
-    for row in summary:
+    for row in results:
         if row["kind"] != "counters":
-            data_file = json.loads(row["payload"])
-            path = Path(data_file["table"]) / data_file["path"]
-            written[row["kind"]] += pq.read_table(path).to_pylist()
+            written[row["kind"]].append(row[row["kind"]])
     return counters, written
 
 

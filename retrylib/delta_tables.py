@@ -1,0 +1,458 @@
+"""The one place the job touches Delta tables, all through Spark's own Delta writer (delta-spark).
+
+A table is named in the config by a path or URI (`s3://b/x`, `/Volumes/c/s/v/x`, `./x`) or by
+a catalog name (`db.t`, `catalog.db.t`); `TableRef.parse` tells them apart at the config edge.
+
+Exactly-once appends use Delta's idempotent writes: every append carries the writer options
+`txnAppId` (the job's app id) and `txnVersion` (the batch id), and Delta records them as a
+`txn` action in the same commit as the data. A later append whose version is not above the
+one the table holds for that app id is skipped by Delta itself, so a replayed batch changes
+nothing. An append of an empty DataFrame still commits a version holding only that `txn`
+action, so a batch without rows is recorded as done all the same.
+
+Cost, measured on local[2] with a tiny table on an idle machine: an append with txn options
+took about 7 s with Delta's default of 50 snapshot partitions and 1.5-2 s with 1-4
+(`spark.databricks.delta.snapshotPartitions`), where a plain append took 0.3-0.4 s. Delta
+reads the table's transactions by reconstructing the snapshot's state, a Spark job, once per
+table version. `append_once` asks for them before writing, and the write reuses that state
+(same cached snapshot), so its own question costs nothing extra; `committed_version` after
+a commit pays for the new version once.
+
+Needs a classic (JVM) Spark session with the Delta extension and catalog configured:
+`committed_version` reads the snapshot's transactions through py4j, as no public API or SQL
+command exposes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from retrylib.errors import ConfigError, RetrylibError
+
+if TYPE_CHECKING:
+    from delta.tables import DeltaTable
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+log = logging.getLogger(__name__)
+
+_NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
+# A URI scheme as RFC 3986 spells it, followed by ':' (s3:, abfss:, dbfs:, file:).
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+# Spark accepts these characters in an identifier without backquotes.
+_UNQUOTED_PART = re.compile(r"[A-Za-z0-9_]+")
+_FIX = "write ./{name} for a folder, or db.{name} for a catalog table"
+
+
+class _NotAName(ValueError):
+    """Raised inside `TableRef.parse` when a text is no catalog name; carries the reason."""
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """A Delta table as the config names it: a path or URI (`is_path`), else a catalog name.
+
+    `text` is kept exactly as written; Spark receives it as is, except that `resolved()`
+    makes a relative local path absolute.
+    """
+
+    text: str
+    is_path: bool
+
+    @classmethod
+    def parse(cls, text: str, key: str) -> TableRef:
+        """Read a table reference from config key `key`, without touching Spark.
+
+        Anything containing '/' or starting with a URI scheme and ':' is a path; otherwise it
+        must be a catalog name of 2 or 3 dot-separated identifiers, each made of letters,
+        digits and '_' or backquoted (`` `my-cat`.db.t ``, a backquote inside doubled).
+
+        Raises `ConfigError` naming `key`, echoing the value and giving the fix for anything
+        else: not a string, empty, surrounding spaces, a bare word, 1 or 4+ parts, other
+        characters outside backquotes.
+        """
+        if not isinstance(text, str):
+            raise ConfigError(
+                f"{key}: expected a table path or catalog name as a string, got {text!r}; "
+                + _FIX.format(name="orders")
+            )
+        if not text.strip():
+            raise ConfigError(f"{key}: {text!r} is empty; " + _FIX.format(name="orders"))
+        if text != text.strip():
+            raise ConfigError(
+                f"{key}: {text!r} has spaces around it; write {text.strip()!r} without them"
+            )
+        if "/" in text or _SCHEME.match(text):
+            return cls(text, is_path=True)
+        try:
+            parts = _name_parts(text)
+        except _NotAName as e:
+            raise ConfigError(
+                f"{key}: {text!r} is neither a path nor a catalog table name ({e}); "
+                + _FIX.format(name="orders")
+            ) from e
+        if len(parts) == 1:
+            raise ConfigError(
+                f"{key}: {text!r} is ambiguous, a bare name is neither a path nor a catalog "
+                "table name; " + _FIX.format(name=text if text == parts[0] else "orders")
+            )
+        if len(parts) > 3:
+            raise ConfigError(
+                f"{key}: {text!r} has {len(parts)} dot-separated parts, a catalog table name "
+                "has 2 (db.table) or 3 (catalog.db.table); " + _FIX.format(name="orders")
+            )
+        return cls(text, is_path=False)
+
+    def resolved(self) -> TableRef:
+        """This reference with a relative local path made absolute against the current
+        directory, so that where Spark's JVM runs from does not matter.
+
+        URIs, absolute paths and catalog names come back unchanged.
+        """
+        if not self.is_path or _SCHEME.match(self.text) or os.path.isabs(self.text):
+            return self
+        return TableRef(os.path.abspath(self.text), is_path=True)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _name_parts(text: str) -> list[str]:
+    """Split a dotted identifier into its parts, unquoting backquoted ones.
+
+    Raises `_NotAName` saying what is wrong.
+    """
+    parts: list[str] = []
+    i = 0
+    while True:
+        quoted = text.startswith("`", i)
+        if quoted:
+            part, i = _backquoted_part(text, i)
+        else:
+            match = _UNQUOTED_PART.match(text, i)
+            part = match.group() if match else ""
+            i = match.end() if match else i
+        if not quoted and (not part or (i < len(text) and text[i] != ".")):
+            bad = repr(text[i]) if i < len(text) else "end"
+            raise _NotAName(
+                f"unexpected {bad} at position {i}: a part without backquotes may hold only "
+                "letters, digits and _; backquote other parts, as in `my-cat`.db.t"
+            )
+        if i < len(text) and text[i] != ".":
+            raise _NotAName(f"expected '.' after `{part}` at position {i}, found {text[i]!r}")
+        parts.append(part)
+        if i == len(text):
+            return parts
+        i += 1
+
+
+def _backquoted_part(text: str, start: int) -> tuple[str, int]:
+    """The unquoted part that starts with the backquote at `start`, and the index after it."""
+    pieces = []
+    i = start + 1
+    while True:
+        end = text.find("`", i)
+        if end < 0:
+            raise _NotAName(f"the backquote at position {start} is not closed")
+        pieces.append(text[i:end])
+        if not text.startswith("``", end):
+            break
+        # A doubled backquote stands for one backquote inside the part.
+        pieces.append("`")
+        i = end + 2
+    part = "".join(pieces)
+    if not part:
+        raise _NotAName(f"the backquoted part at position {start} is empty")
+    return part, end + 1
+
+
+def table_exists(spark: SparkSession, ref: TableRef) -> bool:
+    """Whether a Delta table exists at `ref`.
+
+    A path with no Delta log (missing, empty, or holding other files) gives False. Raises
+    `RetrylibError` when a catalog name exists but is not a Delta table, since creating or
+    appending there would fail later with a less clear error.
+    """
+    from delta.tables import DeltaTable
+
+    target = ref.resolved()
+    if target.is_path:
+        return DeltaTable.isDeltaTable(spark, target.text)
+    if not spark.catalog.tableExists(target.text):
+        return False
+    provider = _catalog_provider(spark, target.text)
+    if provider != "delta":
+        raise RetrylibError(
+            f"catalog table {target} is a {provider or 'non-Delta'} table, not a Delta table: "
+            "name a new table or a Delta table in the config"
+        )
+    return True
+
+
+def _catalog_provider(spark: SparkSession, name: str) -> str | None:
+    """The `Provider` line of DESCRIBE TABLE EXTENDED, lower-cased (None for views)."""
+    # DESCRIBE DETAIL would also say the format, but for Delta it reads the file statistics,
+    # which reconstructs the snapshot's state.
+    for row in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect():
+        if row.col_name == "Provider":
+            return row.data_type.strip().lower()
+    return None
+
+
+def read_table(spark: SparkSession, ref: TableRef) -> DataFrame:
+    """The latest version of the table at `ref`, as a DataFrame.
+
+    Raises Spark's `AnalysisException` when there is no such table.
+    """
+    target = ref.resolved()
+    if target.is_path:
+        return spark.read.format("delta").load(target.text)
+    return spark.read.table(target.text)
+
+
+def ensure_table(
+    spark: SparkSession,
+    ref: TableRef,
+    schema: StructType,
+    *,
+    what: str,
+    partition_by: Sequence[str] = (),
+    properties: Mapping[str, str] = _NO_PROPERTIES,
+    evolve: bool = False,
+) -> None:
+    """Create the Delta table at `ref` with `schema` unless it exists, then check its columns.
+
+    A new table gets `partition_by` and the table `properties`; an existing one keeps its
+    own. Columns are matched by name, ignoring case (as Spark resolves them) and
+    nullability. With `evolve`, columns the config has and the table lacks are accepted:
+    appends with `evolve` add them. Everything else must match.
+
+    `what` says what the table is for ("output", "dead-letter") in messages.
+
+    Raises `RetrylibError` when a partition column is not in `schema`, when the existing
+    table has columns the config lacks, lacks columns the config has (unless `evolve`), or
+    holds a column with another type, listing every difference; and when a catalog name
+    holds a non-Delta table.
+    """
+    from delta.tables import DeltaTable
+
+    target = ref.resolved()
+    columns = {field.name.lower() for field in schema.fields}
+    unknown = [column for column in partition_by if column.lower() not in columns]
+    if unknown:
+        raise RetrylibError(
+            f"{what} table {ref}: partition column(s) {', '.join(unknown)} not in the schema "
+            f"(columns: {', '.join(schema.fieldNames())}); partition by columns of the schema"
+        )
+    if not table_exists(spark, target):
+        builder = DeltaTable.createIfNotExists(spark).addColumns(schema)
+        if target.is_path:
+            builder = builder.location(target.text)
+        else:
+            builder = builder.tableName(target.text)
+        if partition_by:
+            builder = builder.partitionedBy(*partition_by)
+        for name, value in properties.items():
+            builder = builder.property(name, value)
+        # If another process created it meanwhile, this is a no-op and the check below applies.
+        builder.execute()
+        log.info("created %s table %s", what, target)
+    existing = read_table(spark, target).schema
+    differences = column_differences(existing, schema, evolve=evolve)
+    if differences:
+        fix = "Point the config at a new table, or migrate this one (ALTER TABLE)"
+        if not evolve and not column_differences(existing, schema, evolve=True):
+            fix += ", or enable schema evolution for it to add the missing columns"
+        raise RetrylibError(f"{what} table {ref} {differences}. {fix}")
+
+
+def column_differences(table: StructType, config: StructType, *, evolve: bool = False) -> str:
+    """What keeps rows of schema `config` from being appended to a table of schema `table`,
+    as a phrase that follows the table's name; empty when they fit.
+
+    Columns match by name ignoring case (as Spark resolves them); nullability is ignored at
+    every depth. The phrase lists missing columns (in `config`, not in `table`), extra
+    columns (in `table`, not in `config`) and each type change, as in
+    "differs from the config: column total: table has DOUBLE, config has STRING".
+    With `evolve`, missing columns are allowed: an append with `evolve` adds them.
+    """
+    in_table = {field.name.lower(): field for field in table.fields}
+    in_config = {field.name.lower(): field for field in config.fields}
+    problems = []
+    missing = [field for name, field in in_config.items() if name not in in_table]
+    if missing and not evolve:
+        problems.append("missing columns (in the config, not in the table): " + _columns(missing))
+    extra = [field for name, field in in_table.items() if name not in in_config]
+    if extra:
+        problems.append("extra columns (in the table, not in the config): " + _columns(extra))
+    for name, field in in_config.items():
+        existing = in_table.get(name)
+        if existing is None:
+            continue
+        if _without_nullability(existing.dataType) != _without_nullability(field.dataType):
+            problems.append(
+                f"column {field.name}: table has {_type_sql(existing.dataType)}, "
+                f"config has {_type_sql(field.dataType)}"
+            )
+    return "differs from the config: " + "; ".join(problems) if problems else ""
+
+
+def _columns(fields: Sequence[Any]) -> str:
+    return ", ".join(f"{field.name} {_type_sql(field.dataType)}" for field in fields)
+
+
+def _without_nullability(data_type: DataType) -> DataType:
+    """`data_type` with every nullable flag set, so that types compare by shape alone."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(data_type, StructType):
+        return StructType(
+            [StructField(f.name, _without_nullability(f.dataType), True) for f in data_type]
+        )
+    if isinstance(data_type, ArrayType):
+        return ArrayType(_without_nullability(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(
+            _without_nullability(data_type.keyType), _without_nullability(data_type.valueType)
+        )
+    return data_type
+
+
+def _type_sql(data_type: DataType) -> str:
+    """A type as Spark SQL writes it (`DOUBLE`, `ARRAY<STRING>`), field names kept as they are."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, StructType):
+        return "STRUCT<" + ", ".join(f"{f.name}: {_type_sql(f.dataType)}" for f in data_type) + ">"
+    if isinstance(data_type, ArrayType):
+        return f"ARRAY<{_type_sql(data_type.elementType)}>"
+    if isinstance(data_type, MapType):
+        return f"MAP<{_type_sql(data_type.keyType)}, {_type_sql(data_type.valueType)}>"
+    return data_type.simpleString().upper()
+
+
+def append_once(
+    df: DataFrame, ref: TableRef, *, app_id: str, batch_id: int, evolve: bool = False
+) -> bool:
+    """Append `df` to the Delta table at `ref` unless batch `batch_id` of `app_id` is in it.
+
+    The commit carries the transaction (`app_id`, `batch_id`); Delta skips the append when the
+    table already holds a version >= `batch_id` for `app_id`, so replaying a batch, or an
+    older one, changes nothing. An empty `df` still commits, recording the transaction.
+    With `evolve`, columns of `df` the table lacks are added (`mergeSchema`).
+
+    Returns True when this call committed a new table version, False when Delta skipped it.
+    That assumes one writer per `app_id` at a time, as a streaming query is: another writer
+    with other app ids may commit meanwhile without confusing the answer.
+
+    Raises `ValueError` for a negative `batch_id` (Delta refuses those), Spark's
+    `AnalysisException` when the table does not exist (call `ensure_table` first) or the
+    columns do not fit, and Delta's `ConcurrentTransactionException` when another writer
+    committed the same `app_id` at the same time.
+    """
+    if batch_id < 0:
+        raise ValueError(f"batch_id must be >= 0, got {batch_id!r}")
+    spark = df.sparkSession
+    target = ref.resolved()
+    # The outcome is read from the table rather than from the write, which returns nothing.
+    # A table version moving on alone is no proof (another app id may commit meanwhile), and
+    # the app's txn version alone cannot tell this commit from an earlier one; together they
+    # can. Reading the txn map first is free: the write reuses the same snapshot and its state.
+    before = _latest_snapshot(spark, target)
+    done = _txn_version(before, app_id)
+    # The write runs even when `done` says Delta will skip it: Delta stays the one that
+    # decides, and a skipped write neither computes `df` nor writes files.
+    writer = (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", str(batch_id))
+    )
+    if evolve:
+        writer = writer.option("mergeSchema", "true")
+    if target.is_path:
+        writer.save(target.text)
+    else:
+        writer.saveAsTable(target.text)
+    if done is not None and done >= batch_id:
+        log.info(
+            "batch %d of %s not appended to %s: the table holds its batch %d already",
+            batch_id,
+            app_id,
+            target,
+            done,
+        )
+        return False
+    # Listing the log only; no state reconstruction for this newer version.
+    return _latest_snapshot(spark, target).version() > before.version()
+
+
+def committed_version(spark: SparkSession, ref: TableRef, app_id: str) -> int | None:
+    """The last batch id (`txnVersion`) that the table at `ref` holds for `app_id`.
+
+    None when the table does not exist or has no transaction of `app_id`. Reads the table's
+    latest commit, including commits made by other sessions and processes since this
+    session last looked.
+
+    Raises `RetrylibError` on a session without a JVM (Spark Connect), and as
+    `table_exists` does for a non-Delta catalog table.
+    """
+    if not table_exists(spark, ref):
+        return None
+    return _txn_version(_latest_snapshot(spark, ref.resolved()), app_id)
+
+
+def _latest_snapshot(spark: SparkSession, target: TableRef) -> Any:
+    """The JVM `Snapshot` of the table's latest version, listed afresh from its log.
+
+    No public API or SQL command exposes the transactions a table holds, so this goes through
+    py4j to the same `DeltaLog` the writer uses (stable from Delta 4.0 to 4.4):
+    `DeltaTable.deltaLog` (protected in Scala, public in bytecode) resolves path and catalog
+    tables alike, and `DeltaLog.update(stalenessAcceptable=false, ...)` lists the log
+    synchronously instead of handing back the snapshot it cached.
+    """
+    jdt = getattr(_delta_table(spark, target), "_jdt", None)
+    if jdt is None:
+        raise RetrylibError(
+            f"reading the Delta transactions of {target} needs a classic Spark session with a "
+            "JVM; Spark Connect sessions cannot: run the job on a classic cluster"
+        )
+    none = spark._jvm.scala.Option.empty()  # type: ignore[union-attr]
+    return jdt.deltaLog().update(False, none, none)
+
+
+def _txn_version(snapshot: Any, app_id: str) -> int | None:
+    """The version `snapshot` holds for `app_id`, from its `transactions` map, else None."""
+    # `transactions` drops transactions older than the table's
+    # delta.setTransactionRetentionDuration, as the writer's own check does.
+    found = snapshot.transactions().get(app_id)
+    return int(found.get()) if found.isDefined() else None
+
+
+def _delta_table(spark: SparkSession, target: TableRef) -> DeltaTable:
+    from delta.tables import DeltaTable
+
+    if target.is_path:
+        return DeltaTable.forPath(spark, target.text)
+    return DeltaTable.forName(spark, target.text)
+
+
+def update_where(
+    spark: SparkSession,
+    ref: TableRef,
+    condition: str,
+    set_values: Mapping[str, Column | str],
+) -> None:
+    """Set columns of the rows of the table at `ref` that match `condition`, in one commit.
+
+    `condition` is a SQL predicate; each value in `set_values` is a Column or a SQL
+    expression. Raises Spark's `AnalysisException` when the table does not exist or the
+    condition or a value does not resolve against its columns.
+    """
+    _delta_table(spark, ref.resolved()).update(condition=condition, set=dict(set_values))
