@@ -1,40 +1,35 @@
-"""Records bound for Kafka (retry tiers, dead-letter topic), staged in Parquet, produced once.
+"""Records bound for Kafka (retry tiers, dead-letter topic), produced exactly once per batch.
 
-Executors decide what to send and stage it in Parquet files; the driver produces a batch's
-staged records in one Kafka transaction that also writes a marker (key: the checkpoint's app
-id, value: the batch id) to the job's one-partition control topic. Readers use
-read_committed, so a crash mid-produce leaves no visible half, and a replayed batch that
-finds its marker produces nothing again.
+The driver produces a batch's records in one Kafka transaction that also writes a marker
+(key: the checkpoint's app id, value: the batch id) to the job's one-partition control topic.
+Readers use read_committed, so a crash mid-produce leaves no visible half, and a replayed
+batch that finds its marker produces nothing again. The records come from a callable that
+returns a fresh iterator of Arrow RecordBatches (`STAGED_SCHEMA`) each time, so every attempt
+reads them anew.
 
-Why the marker check can be trusted:
+Each checkpoint has one transactional id, "retrylib-<app id>". Why the marker check can be
+trusted:
 
-- It runs only on a producer that has completed `init_transactions` since the last failure,
-  after the transactional id used before it was initialised once more. That settles the
-  earlier transaction (a commit in progress is finished, an open one aborted) and fences off
-  a zombie instance of the job, so no marker can turn up after the check says "not produced".
+- It runs only on a producer that has completed `init_transactions` since the last failure.
+  That settles the id's earlier transaction (a commit in progress is finished, an open one is
+  aborted) and bumps the producer epoch, which fences a zombie instance of the job and any
+  producer this one discarded, so no marker can turn up after the check says "not produced".
 - It reads the control topic with read_committed, from the end backwards in growing windows
   until it finds a committed marker of this app id, so any number of aborted transactions
   (their records and markers take offsets, as do commit markers) cannot hide the last
   committed one. Reads stop at the partition's end (EOF, the last stable offset), never by
-  waiting out a timeout, and each window uses a fresh consumer (a reused one may hand out
-  a previous read's messages or end-of-partition event).
+  waiting out a timeout.
 - Batch ids of one checkpoint grow, so its last committed marker holds its highest produced
   batch. Markers of other app ids (an earlier checkpoint of the same job) are passed over.
-- After each commit the marker is read back; a transaction the broker dropped although the
-  commit call succeeded (noida-db 0.2.3 does so when it restarts mid-transaction) is found
-  there and produced again.
+- Once a producer has read the marker, it tracks the last batch itself: while it is not
+  fenced, nobody else can commit a marker of this app id.
 
-A transactional id is never used again once one of its transactions may have been aborted:
-the generation in its name (kept in the checkpoint's state directory) moves on whenever a
-producer is created, at start and after any failure. Some brokers (noida-db 0.2.3) hide
-every later record of a producer from a read_committed fetch that starts after one of its
-aborted transactions; a producer whose history ends at its first abort is safe from that.
-
-Any failure (broker away, coordinator moved, transaction timed out or dropped) discards the
-producer and retries the whole step (new producer, marker check, transaction) for up to
-`retry_seconds`; the job so rides through a short broker restart, and fails loudly after.
-Being fenced is not retried: a newer instance of the job runs, and retrying would fence it
-in turn.
+Any failure (broker away, coordinator moved, delivery timed out) discards the producer and
+retries the whole step (new producer on the same id, marker check, transaction) for up to
+`retry_seconds`; the job so rides through a broker restart, and fails loudly after. Being
+fenced is not retried: another instance of the job took over the id, or the transaction
+stayed open longer than `transaction.timeout.ms` and the broker aborted it (librdkafka
+reports both as fenced); retrying would fence that other instance in turn.
 """
 
 from __future__ import annotations
@@ -42,24 +37,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping
+import traceback
+from collections.abc import Callable, Iterable, Mapping
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-from confluent_kafka import (
-    OFFSET_END,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from retrylib.dead_letter import HEADERS_TYPE
 from retrylib.errors import RetrylibError
 from retrylib.faults import crash_point
 from retrylib.kafka_client import make_consumer, make_producer
-from retrylib.storage import filesystem, join, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +61,9 @@ STAGED_SCHEMA = pa.schema(
     ]
 )
 
+StagedRecords = Callable[[], Iterable[pa.RecordBatch]]
+"""Returns a fresh iterator of RecordBatches with the `STAGED_SCHEMA` columns on each call."""
+
 MARKER_WINDOW = 64
 """Offsets of the control topic read first when looking for the last marker (then 2x, 4x...)."""
 MARKER_READ_TIMEOUT_S = 30.0
@@ -83,6 +73,7 @@ PRODUCE_RETRY_SECONDS = 90.0
 """How long `produce_once` keeps retrying a batch through Kafka errors before it fails."""
 _INIT_TIMEOUT_S = 30.0
 _COMMIT_TIMEOUT_S = 60.0
+_ABORT_TIMEOUT_S = 30.0
 _WATERMARK_TIMEOUT_S = 15.0
 
 
@@ -94,10 +85,6 @@ class MarkerReadError(RetrylibError):
     """Raised when the control topic could not be read to the end in time."""
 
 
-class TransactionLost(RetrylibError):
-    """Raised when a committed transaction's marker cannot be read back."""
-
-
 def control_topic(job_name: str) -> str:
     """The one-partition topic holding the id of each batch whose records were produced."""
     return f"_retrylib.{job_name}.produced"
@@ -106,10 +93,10 @@ def control_topic(job_name: str) -> str:
 class StagedProducer:
     """Produces a batch's staged records exactly once (see the module docstring).
 
-    `state_dir` (in the checkpoint) keeps the generation of the transactional id,
-    "retrylib-<app id>-<generation>". Creating the producer fences off any earlier instance
-    of this checkpoint's job. Raises `KafkaException` from the constructor when the broker
-    cannot initialise transactions.
+    Its transactional id is "retrylib-<app id>". Creating it initialises transactions on that
+    id, which fences off any earlier instance of this checkpoint's job and aborts its open
+    transaction. Raises `KafkaException` from the constructor when the broker cannot
+    initialise transactions.
     """
 
     def __init__(
@@ -119,7 +106,6 @@ class StagedProducer:
         bootstrap: str,
         options: Mapping[str, str],
         *,
-        state_dir: str,
         retry_seconds: float = PRODUCE_RETRY_SECONDS,
     ) -> None:
         self._job = job_name
@@ -128,15 +114,20 @@ class StagedProducer:
         self._bootstrap = bootstrap
         self._options = dict(options)
         self._topic = control_topic(job_name)
-        self._generation_uri = join(state_dir, "producer.json")
+        self._transactional_id = f"retrylib-{app_id}"
         self._retry_seconds = retry_seconds
         self._producer: Producer | None = None
         # The last produced batch as known to the current producer: read once after it is
-        # created, then set by each verified commit. While that producer is not fenced, no one
-        # else can have committed a marker since it started.
+        # created, then set by each commit. While that producer is not fenced, no one else
+        # can have committed a marker since it started.
         self._known_last: int | None = None
         self._known = False
         self._producer = self._new_producer()  # fence zombies as soon as the job starts
+
+    @property
+    def transactional_id(self) -> str:
+        """The Kafka transactional id of this checkpoint: "retrylib-<app id>"."""
+        return self._transactional_id
 
     # -- the marker ---------------------------------------------------------------------
 
@@ -157,10 +148,6 @@ class StagedProducer:
                 batches = self._markers_between(consumer, start, end)
                 if batches:
                     return max(batches)
-                consumer.close()
-                # A consumer that read before may still hand out that read's messages or
-                # end-of-partition event after a new assign(): each window gets a fresh one.
-                consumer = self._marker_consumer()
                 end, window = start, window * 2
             return None
         finally:
@@ -168,10 +155,7 @@ class StagedProducer:
                 consumer.close()
 
     def _markers_between(self, consumer: Consumer, start: int, end: int) -> list[int]:
-        """Batch ids of our committed markers at offsets `start`..`end` (exclusive).
-
-        `consumer` must be fresh (see `last_produced_batch`).
-        """
+        """Batch ids of our committed markers at offsets `start`..`end` (exclusive)."""
         consumer.assign([TopicPartition(self._topic, 0, start)])
         batches: list[int] = []
         deadline = time.monotonic() + MARKER_READ_TIMEOUT_S
@@ -210,16 +194,23 @@ class StagedProducer:
 
     # -- producing ----------------------------------------------------------------------
 
-    def produce_once(self, batch_id: int, staged_files: Iterable[str]) -> int:
-        """Produce the records in `staged_files` for `batch_id` unless already done.
+    def produce_once(self, batch_id: int, records: StagedRecords) -> int:
+        """Produce the records that `records()` yields for `batch_id` unless already done.
+
+        `records` is called once per attempt, inside the attempt's open transaction, and must
+        return a fresh iterator of RecordBatches with the `STAGED_SCHEMA` columns each time;
+        it is not called when the marker shows the batch was produced. The time it takes
+        counts against the transaction's `transaction.timeout.ms`.
 
         Returns the number of records produced (0 when the marker shows they were). Kafka
         errors are retried for `retry_seconds`, each time on a fresh producer; then
-        `ProduceError` is raised (the batch fails and is replayed on restart). Raises
-        `RetrylibError` when the marker of a later batch is found: the query's checkpoint
-        is behind what this job name already produced (see `BatchRouter`).
+        `ProduceError` is raised (the batch fails and is replayed on restart). Being fenced
+        raises `ProduceError` at once. Raises `RetrylibError` when the marker of a later
+        batch is found (the query's checkpoint is behind what this job name already
+        produced, see `BatchRouter`) or a RecordBatch lacks a column; an exception from
+        `records` itself is raised as it is. Nothing of an attempt that failed is visible
+        to read_committed readers.
         """
-        files = list(staged_files)
         deadline = time.monotonic() + self._retry_seconds
         failures = 0
         while True:
@@ -239,15 +230,18 @@ class StagedProducer:
                 if done == batch_id:
                     log.info("records of batch %d were produced before; skipped", batch_id)
                     return 0
-                return self._produce_transaction(batch_id, files)
-            except (KafkaException, MarkerReadError, TransactionLost) as e:
+                return self._produce_transaction(batch_id, records)
+            except (KafkaException, MarkerReadError) as e:
                 failures += 1
-                self._discard_producer()
+                self._discard_producer(e)
                 if _fenced(e):
                     raise ProduceError(
-                        f"producing the records of batch {batch_id} failed: another instance "
-                        f"of job {self._job!r} took over its Kafka transactions ({e}); this "
-                        "one stops, as two instances must not run the same checkpoint"
+                        f"producing the records of batch {batch_id} failed: its Kafka "
+                        f"transaction was fenced ({e}). Either another instance of job "
+                        f"{self._job!r} took over transactional id {self._transactional_id} "
+                        "(two instances must not run the same checkpoint: this one stops), "
+                        "or the transaction stayed open longer than transaction.timeout.ms "
+                        "and the broker aborted it"
                     ) from e
                 if time.monotonic() >= deadline:
                     raise ProduceError(
@@ -259,147 +253,108 @@ class StagedProducer:
                     "producing the records of batch %d failed (%s); retrying in %.1fs with a "
                     "new producer",
                     batch_id,
-                    e,
+                    str(e),
                     pause,
                 )
                 time.sleep(pause)
-            except BaseException:
-                self._discard_producer()  # it may hold an aborted transaction: never reuse
+            except BaseException as e:
+                self._discard_producer(e)  # it may hold an open transaction: never reuse
                 raise
 
-    def _produce_transaction(self, batch_id: int, files: list[str]) -> int:
-        """One transaction: the records of `files` and the marker; returns the record count.
+    def _produce_transaction(self, batch_id: int, records: StagedRecords) -> int:
+        """One transaction: the records of `records()` and the marker; returns the count.
 
-        Before committing, every record is acknowledged and each partition written to must
-        still hold its last stable offset at or below the transaction's first record there
-        (an intact open transaction does). After committing, the marker must read back.
+        Every record is acknowledged before the commit.
         """
         producer = self._producer
         assert producer is not None
         deliveries = _Deliveries()
         producer.begin_transaction()
         try:
-            count = sum(self._produce_file(producer, path, deliveries) for path in files)
+            count = self._produce_records(producer, batch_id, records, deliveries)
             _produce(
                 producer,
-                {
-                    "topic": self._topic,
-                    "partition": 0,
-                    "key": self._key,
-                    "headers": None,
-                    "value": str(batch_id).encode(),
-                    "timestamp_ms": int(time.time() * 1000),
-                },
                 deliveries,
+                topic=self._topic,
+                partition=0,
+                timestamp_ms=int(time.time() * 1000),
+                key=self._key,
+                value=str(batch_id).encode(),
+                headers=None,
             )
-            left = _serve(producer.flush, _COMMIT_TIMEOUT_S)
-            deliveries.check(left)
-            self._check_still_open(deliveries.first_offsets)
+            deliveries.check(_serve(producer.flush, _COMMIT_TIMEOUT_S))
             crash_point("in_produce", batch_id)
             producer.commit_transaction(_COMMIT_TIMEOUT_S)
         except BaseException as error:
-            # A failed abort leaves the transaction to the next producer's start. Its error
-            # tells reliably whether this producer was fenced, which the first error (say, a
-            # delivery callback's) may not.
+            # A failed abort leaves the transaction to the next producer's init_transactions.
+            # Its error tells reliably whether this producer was fenced, which the first
+            # error (say, a delivery callback's) may not.
             try:
-                producer.abort_transaction(30)
+                producer.abort_transaction(_ABORT_TIMEOUT_S)
             except KafkaException as abort_error:
                 if _fenced(abort_error) and not _fenced(error):
                     raise abort_error from error
             raise
-        seen = self.last_produced_batch()
-        if seen != batch_id:
-            raise TransactionLost(
-                f"the transaction of batch {batch_id} was committed, but its marker is not in "
-                f"{self._topic} (last marker: batch {seen}): the broker dropped it"
-            )
         self._known_last = batch_id
+        log.info("produced %d record(s) of batch %d in one transaction", count, batch_id)
         return count
 
-    def _check_still_open(self, first_offsets: Mapping[tuple[str, int], int]) -> None:
-        """Raise `TransactionLost` when the broker already ended part of the open transaction.
-
-        A broker that loses transaction state when it restarts (noida-db 0.2.3) aborts what
-        was sent before and then lets the rest commit on its own. The open transaction holds
-        each partition's last stable offset at its first record there; an offset past it
-        shows the split, and aborting the whole transaction keeps the batch all-or-nothing.
-        """
-        consumer = make_consumer(
-            self._bootstrap, {**self._options, "isolation.level": "read_committed"}
-        )
-        try:
-            answers = consumer.offsets_for_times(
-                [TopicPartition(t, p, OFFSET_END) for t, p in first_offsets],
-                timeout=_WATERMARK_TIMEOUT_S,
-            )
-        finally:
-            consumer.close()
-        for answer in answers:
-            if answer.error is not None:
-                raise KafkaException(answer.error)
-            first = first_offsets[(answer.topic, answer.partition)]
-            if answer.offset > first:
-                raise TransactionLost(
-                    f"{answer.topic}[{answer.partition}] is stable up to offset "
-                    f"{answer.offset}, past this open transaction's first record at {first}: "
-                    "the broker ended part of the transaction (did it restart?)"
-                )
-
-    def _produce_file(self, producer: Producer, path: str, deliveries: _Deliveries) -> int:
-        fs, local = filesystem(path)
-        try:
-            parquet = pq.ParquetFile(local, filesystem=fs)
-        except FileNotFoundError as e:
-            raise RetrylibError(
-                f"staged file {path} is gone but its batch has no marker in {self._topic}"
-            ) from e
+    def _produce_records(
+        self, producer: Producer, batch_id: int, records: StagedRecords, deliveries: _Deliveries
+    ) -> int:
         count = 0
-        for batch in parquet.iter_batches(batch_size=5000):
-            for row in batch.to_pylist():
-                _produce(producer, row, deliveries)
-                count += 1
+        for batch in records():
+            missing = [n for n in STAGED_SCHEMA.names if batch.schema.get_field_index(n) < 0]
+            if missing:
+                raise RetrylibError(
+                    f"the staged records of batch {batch_id} lack column(s) {missing}: got "
+                    f"columns {batch.schema.names}, expected {STAGED_SCHEMA.names}"
+                )
+            columns = [batch.column(name).to_pylist() for name in STAGED_SCHEMA.names]
+            for topic, partition, timestamp_ms, key, value, headers in zip(*columns, strict=True):
+                _produce(
+                    producer,
+                    deliveries,
+                    topic=topic,
+                    partition=partition,
+                    timestamp_ms=timestamp_ms,
+                    key=key,
+                    value=value,
+                    headers=headers,
+                )
+            count += batch.num_rows
         return count
 
     def _new_producer(self) -> Producer:
-        """A producer on a transactional id of a new generation, transactions initialised.
-
-        The id of the generation before is initialised first: that fences whoever still uses
-        it and settles its last transaction. The new generation is recorded before its id is
-        first used, so no id is ever used by two generations.
-        """
-        state = read_json(self._generation_uri) or {}
-        previous = state.get("generation")
-        if previous is not None:
-            self._transactional_producer(previous).init_transactions(_INIT_TIMEOUT_S)
-        generation = 0 if previous is None else previous + 1
-        write_json(self._generation_uri, {"generation": generation})
-        producer = self._transactional_producer(generation)
+        """A producer on this checkpoint's transactional id, transactions initialised."""
+        producer = make_producer(
+            self._bootstrap,
+            {**self._options, "transactional.id": self._transactional_id, "linger.ms": "20"},
+        )
         producer.init_transactions(_INIT_TIMEOUT_S)
-        log.info("producing with transactional.id %s", self._transactional_id(generation))
+        log.info("producing with transactional.id %s", self._transactional_id)
         return producer
 
-    def _transactional_id(self, generation: int) -> str:
-        return f"retrylib-{self._app_id}-{generation}"
+    def _discard_producer(self, error: BaseException) -> None:
+        """Drop the producer after `error`; the next attempt creates (and initialises) one.
 
-    def _transactional_producer(self, generation: int) -> Producer:
-        return make_producer(
-            self._bootstrap,
-            {
-                **self._options,
-                "transactional.id": self._transactional_id(generation),
-                "linger.ms": "20",
-            },
-        )
-
-    def _discard_producer(self) -> None:
-        """Drop the producer after a failure; the next use creates (and initialises) one."""
+        confluent-kafka destroys a client when its last reference goes. That must happen
+        here, before a new producer initialises the same id: an operation the old one still
+        has under way would otherwise bump the epoch later and fence the new one (seen with
+        Apache Kafka 4.1: a producer kept alive after its init_transactions timed out while
+        the broker was down took a new epoch once the broker was back, and the producer made
+        after it was fenced). The frames of `error`'s traceback, which the caller may keep,
+        hold the old producer too, so their locals are cleared.
+        """
         producer, self._producer = self._producer, None
         self._known = False
+        _clear_frames(error)
         if producer is not None:
             with contextlib.suppress(Exception):
                 producer.purge()
 
     def close(self) -> None:
+        """Release the producer; between batches it holds no open transaction."""
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.flush(30)
@@ -410,8 +365,9 @@ _FENCED_CODES = frozenset(
 )
 
 
-def _fenced(error: Exception) -> bool:
-    """True when `error` says a newer producer with our transactional.id took over.
+def _fenced(error: BaseException) -> bool:
+    """True when `error` says the producer's epoch is over: a newer producer with our
+    transactional.id took over, or the broker aborted a transaction that outlived its timeout.
 
     Retrying would fence that newer instance in turn, so such an error ends the batch.
     """
@@ -419,6 +375,16 @@ def _fenced(error: Exception) -> bool:
         return False
     kafka_error = error.args[0]
     return isinstance(kafka_error, KafkaError) and kafka_error.code() in _FENCED_CODES
+
+
+def _clear_frames(error: BaseException) -> None:
+    """Clear the locals of the finished frames in the tracebacks of `error` and its causes."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def _marker_batch(value: bytes | None) -> int | None:
@@ -429,20 +395,14 @@ def _marker_batch(value: bytes | None) -> int | None:
 
 
 class _Deliveries:
-    """Delivery reports of one transaction: first offset per partition, and any error."""
+    """Delivery reports of one transaction: the first error, if any."""
 
     def __init__(self) -> None:
-        self.first_offsets: dict[tuple[str, int], int] = {}
         self.error: KafkaError | None = None
 
     def __call__(self, error: KafkaError | None, message) -> None:
-        if error is not None:
-            self.error = self.error or error
-            return
-        key = (message.topic(), message.partition())
-        offset = message.offset()
-        if offset < self.first_offsets.get(key, offset + 1):
-            self.first_offsets[key] = offset
+        if error is not None and self.error is None:
+            self.error = error
 
     def check(self, left: int) -> None:
         """Raise `KafkaException` unless every record was delivered (`left` still queued)."""
@@ -454,17 +414,27 @@ class _Deliveries:
             )
 
 
-def _produce(producer: Producer, row: dict, deliveries: _Deliveries) -> None:
-    headers = [(h["key"], h["value"]) for h in row["headers"] or ()]
+def _produce(
+    producer: Producer,
+    deliveries: _Deliveries,
+    *,
+    topic: str,
+    partition: int,
+    timestamp_ms: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[dict] | None,
+) -> None:
+    pairs = [(h["key"], h["value"]) for h in headers or ()]
     while True:
         try:
             producer.produce(
-                row["topic"],
-                key=row["key"],
-                value=row["value"],
-                headers=headers,
-                partition=row["partition"],
-                timestamp=row["timestamp_ms"],
+                topic,
+                key=key,
+                value=value,
+                headers=pairs,
+                partition=partition,
+                timestamp=timestamp_ms,
                 on_delivery=deliveries,
             )
             return

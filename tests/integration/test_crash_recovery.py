@@ -7,18 +7,21 @@ random moments, restarts the broker under it, and checks the tables and topics w
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
+from retrylib import staging
 from retrylib.errors import RetrylibError
 from retrylib.faults import CRASH_POINTS
 from retrylib.kafka_client import ensure_topics, make_admin, make_consumer, make_producer
@@ -105,8 +108,9 @@ def test_the_checkpoint_identity_is_created_once(tmp_path):
 # -- producing once -----------------------------------------------------------------------
 
 
-def _staged(tmp_path: Path, name: str, topic: str, count: int) -> str:
-    rows = [
+def _rows(name: str, topic: str, count: int) -> list[dict]:
+    """`count` staged records of value `name` over `topic`'s partitions 0 and 1."""
+    return [
         {
             "topic": topic,
             "partition": i % 2,
@@ -117,18 +121,48 @@ def _staged(tmp_path: Path, name: str, topic: str, count: int) -> str:
         }
         for i in range(count)
     ]
-    path = tmp_path / f"{name}.parquet"
-    pq.write_table(pa.Table.from_pylist(rows, schema=STAGED_SCHEMA), path)
-    return str(path)
 
 
-def _committed_values(bootstrap: str, topic: str, start: int = 0) -> list[bytes]:
-    """The values of `topic`'s committed records, each partition read from offset `start`."""
+class Staged:
+    """A `records` callable for `StagedProducer.produce_once`: `_rows(name, topic, count)` in
+    RecordBatches of two rows. `midway(call)`, if given, runs after the first RecordBatch was
+    taken, on each call (1, 2, ...); `calls` counts the calls."""
+
+    def __init__(self, name: str, topic: str, count: int, midway=None) -> None:
+        self.rows = _rows(name, topic, count)
+        self.batches = [
+            pa.RecordBatch.from_pylist(self.rows[i : i + 2], schema=STAGED_SCHEMA)
+            for i in range(0, count, 2)
+        ]
+        self.midway = midway
+        self.calls = 0
+
+    def __call__(self) -> Iterator[pa.RecordBatch]:
+        self.calls += 1
+        return self._batches(self.calls)
+
+    def _batches(self, call: int) -> Iterator[pa.RecordBatch]:
+        for index, batch in enumerate(self.batches):
+            if index == 1 and self.midway is not None:
+                self.midway(call)
+            yield batch
+
+
+Seen = list[tuple[bytes | None, bytes | None]]
+
+
+def _once(*staged: Staged) -> Seen:
+    """What `_read` returns when each record of `staged` is in the topic once."""
+    return sorted((row["key"], row["value"]) for s in staged for row in s.rows)
+
+
+def _read(bootstrap: str, topic: str, isolation: str = "read_committed") -> Seen:
+    """(key, value) of every record of `topic` that a reader with `isolation` sees, sorted."""
     consumer = make_consumer(
-        bootstrap, {"isolation.level": "read_committed", "enable.partition.eof": True}
+        bootstrap, {"isolation.level": isolation, "enable.partition.eof": True}
     )
     partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-    consumer.assign([TopicPartition(topic, p, start) for p in partitions])
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     values, open_partitions = [], set(partitions)
     deadline = time.monotonic() + 30
     while open_partitions and time.monotonic() < deadline:
@@ -139,25 +173,33 @@ def _committed_values(bootstrap: str, topic: str, start: int = 0) -> list[bytes]
             assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
             open_partitions.discard(message.partition())
             continue
-        values.append(message.value())
+        values.append((message.key(), message.value()))
     consumer.close()
     assert not open_partitions
-    return values
+    return sorted(values)
+
+
+def _markers(bootstrap: str, job: str) -> list[bytes]:
+    """The committed markers' values (batch ids) in the control topic of `job`."""
+    return [value for _, value in _read(bootstrap, control_topic(job))]
 
 
 @pytest.fixture
 def topics(bootstrap_servers, make_topic):
+    """A fresh job name with its control topic, and a fresh two-partition tier topic."""
     job = f"job{time.monotonic_ns()}"
     ensure_topics(make_admin(bootstrap_servers, {}), {control_topic(job): 1}, create=True)
     return job, make_topic("tier", partitions=2)
 
 
 @pytest.mark.slow
-def test_the_marker_is_found_behind_aborted_transactions(tmp_path, bootstrap_servers, topics):
+def test_a_replay_after_the_commit_produces_nothing(bootstrap_servers, topics):
     job, tier = topics
-    producer = StagedProducer(job, "app-1", bootstrap_servers, {}, state_dir=str(tmp_path))
+    producer = StagedProducer(job, "app-1", bootstrap_servers, {})
+    assert producer.transactional_id == "retrylib-app-1"
     assert producer.last_produced_batch() is None
-    assert producer.produce_once(0, [_staged(tmp_path, "b0", tier, 4)]) == 4
+    b0 = Staged("b0", tier, 4)
+    assert producer.produce_once(0, b0) == 4
     # Many aborted transactions carrying our key, then markers of another checkpoint: the
     # backward scan must find batch 0 behind all of them.
     other = make_producer(bootstrap_servers, {"transactional.id": f"{job}-other"})
@@ -173,84 +215,155 @@ def test_the_marker_is_found_behind_aborted_transactions(tmp_path, bootstrap_ser
     plain.flush(10)
     assert producer.last_produced_batch() == 0
 
-    assert producer.produce_once(1, [_staged(tmp_path, "b1", tier, 3)]) == 3
-    assert producer.produce_once(1, [_staged(tmp_path, "b1", tier, 3)]) == 0  # replay
-    again = StagedProducer(job, "app-1", bootstrap_servers, {}, state_dir=str(tmp_path))
-    assert again.produce_once(1, ["/gone/because/cleaned/up.parquet"]) == 0  # replay, restarted
+    b1 = Staged("b1", tier, 3)
+    assert producer.produce_once(1, b1) == 3
+    assert producer.produce_once(1, b1) == 0  # replay in the same run
+    restarted = StagedProducer(job, "app-1", bootstrap_servers, {})  # a crash after the commit
+    assert restarted.produce_once(1, b1) == 0
+    assert b1.calls == 1
     with pytest.raises(RetrylibError, match="holds the marker of batch 1"):
-        again.produce_once(0, [_staged(tmp_path, "b0", tier, 4)])  # an older checkpoint
-    again.close()
-    assert sorted(_committed_values(bootstrap_servers, tier)) == [b"b0"] * 4 + [b"b1"] * 3
+        restarted.produce_once(0, b0)  # an older checkpoint
+    restarted.close()
+    assert _read(bootstrap_servers, tier) == _once(b0, b1)
 
 
 @pytest.mark.slow
-def test_a_crash_inside_the_transaction_then_replay_produces_once(
-    tmp_path, bootstrap_servers, topics
-):
+def test_a_crash_before_the_commit_then_replay_produces_once(bootstrap_servers, topics):
     job, tier = topics
-    path = _staged(tmp_path, "b5", tier, 6)
     crashed = _python(
-        "from retrylib.staging import StagedProducer\n"
-        f"p = StagedProducer({job!r}, 'app-1', {bootstrap_servers!r}, {{}}, "
-        f"state_dir={str(tmp_path)!r})\n"
-        f"p.produce_once(5, [{path!r}])\n",
+        "import pyarrow as pa\n"
+        "from retrylib.staging import STAGED_SCHEMA, StagedProducer\n"
+        f"rows = {_rows('b5', tier, 6)!r}\n"
+        f"p = StagedProducer({job!r}, 'app-1', {bootstrap_servers!r}, {{}})\n"
+        "p.produce_once(5, lambda: [pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)])\n",
         RETRYLIB_CRASH_AT="in_produce",
     )
     assert crashed.returncode == -9, crashed.stderr
-    replay = StagedProducer(job, "app-1", bootstrap_servers, {}, state_dir=str(tmp_path))
-    assert replay.last_produced_batch() is None  # the open transaction was aborted
-    assert replay.produce_once(5, [path]) == 6
-    assert replay.produce_once(6, [_staged(tmp_path, "b6", tier, 2)]) == 2
+    assert "crash at in_produce in batch 5" in crashed.stderr
+    replay = StagedProducer(job, "app-1", bootstrap_servers, {})  # aborts the open transaction
+    assert replay.last_produced_batch() is None
+    b5, b6 = Staged("b5", tier, 6), Staged("b6", tier, 2)
+    assert replay.produce_once(5, b5) == 6
+    assert replay.produce_once(6, b6) == 2
     replay.close()
-    assert sorted(_committed_values(bootstrap_servers, tier)) == [b"b5"] * 6 + [b"b6"] * 2
-    # Each partition holds 3 aborted records and the abort marker at offsets 0-3. A read that
-    # starts behind them still sees what came after (noida-db hides later records of the
-    # producer of an aborted transaction from such a read: hence a new transactional id).
-    assert sorted(_committed_values(bootstrap_servers, tier, 4)) == [b"b5"] * 6 + [b"b6"] * 2
-    assert (tmp_path / "producer.json").read_text() == '{"generation": 1}'
+    assert _read(bootstrap_servers, tier) == _once(b5, b6)
+    # The crashed run's records did reach the log, in the transaction that was aborted.
+    assert _read(bootstrap_servers, tier, "read_uncommitted") == _once(b5, b5, b6)
+    assert _markers(bootstrap_servers, job) == [b"5", b"6"]
 
 
 @pytest.mark.slow
-def test_a_fenced_instance_stops_instead_of_fencing_back(tmp_path, bootstrap_servers, topics):
+def test_a_fenced_instance_stops_instead_of_fencing_back(bootstrap_servers, topics):
     job, tier = topics
-    old = StagedProducer(job, "app-1", bootstrap_servers, {}, state_dir=str(tmp_path))
-    new = StagedProducer(job, "app-1", bootstrap_servers, {}, state_dir=str(tmp_path))
-    with pytest.raises(ProduceError, match="another instance"):
-        old.produce_once(0, [_staged(tmp_path, "zombie", tier, 2)])
-    assert new.produce_once(0, [_staged(tmp_path, "live", tier, 2)]) == 2
+    old = StagedProducer(job, "app-1", bootstrap_servers, {})
+    new = StagedProducer(job, "app-1", bootstrap_servers, {})
+    with pytest.raises(ProduceError, match="fenced .*another instance of job"):
+        old.produce_once(0, Staged("zombie", tier, 2))
+    live = Staged("live", tier, 2)
+    assert new.produce_once(0, live) == 2
     new.close()
-    assert _committed_values(bootstrap_servers, tier) == [b"live", b"live"]
+    assert _read(bootstrap_servers, tier) == _once(live)
 
 
 @pytest.mark.slow
-def test_a_transaction_split_by_a_broker_restart_is_redone_whole(tmp_path, monkeypatch):
-    """noida-db aborts what a transaction sent before it restarted, then commits the rest:
-    the producer must notice before committing and redo the whole batch."""
+def test_a_zombie_fenced_inside_its_transaction_commits_nothing(bootstrap_servers, topics):
+    job, tier = topics
+    old = StagedProducer(job, "app-1", bootstrap_servers, {})
+    started: list[StagedProducer] = []
+
+    def start_new_instance(call: int) -> None:
+        started.append(StagedProducer(job, "app-1", bootstrap_servers, {}))
+
+    zombie = Staged("zombie", tier, 6, midway=start_new_instance)
+    with pytest.raises(ProduceError, match="fenced"):
+        old.produce_once(0, zombie)
+    assert zombie.calls == 1  # not retried
+    [new] = started
+    live = Staged("live", tier, 4)
+    assert new.produce_once(0, live) == 4
+    new.close()
+    assert _read(bootstrap_servers, tier) == _once(live)
+    assert _markers(bootstrap_servers, job) == [b"0"]
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    """A broker of this test's own, to restart; its data under tmp_path."""
     from retrylib.broker import EmbeddedBroker
 
     with EmbeddedBroker(data_dir=tmp_path / "broker") as broker:
-        bootstrap = broker.bootstrap_servers
-        ensure_topics(make_admin(bootstrap, {}), {control_topic("j"): 1, "tier": 2}, create=True)
-        producer = StagedProducer("j", "app", bootstrap, {}, state_dir=str(tmp_path / "state"))
-        assert producer.produce_once(0, [_staged(tmp_path, "b0", "tier", 2)]) == 2
-        original = producer._produce_file
-        restarted = []
+        ensure_topics(
+            make_admin(broker.bootstrap_servers, {}),
+            {control_topic("j"): 1, "tier": 2},
+            create=True,
+        )
+        yield broker
 
-        def restart_after_sending(kafka_producer, path, deliveries):
-            count = original(kafka_producer, path, deliveries)
-            if not restarted:
-                kafka_producer.flush(10)
-                broker.stop()
-                broker.start()
-                restarted.append(True)
-            return count
 
-        monkeypatch.setattr(producer, "_produce_file", restart_after_sending)
-        assert producer.produce_once(1, [_staged(tmp_path, "b1", "tier", 4)]) == 4
-        producer.close()
-        assert restarted
-        assert sorted(_committed_values(bootstrap, "tier")) == [b"b0"] * 2 + [b"b1"] * 4
-        assert sorted(_committed_values(bootstrap, control_topic("j"))) == [b"0", b"1"]
+@pytest.mark.slow
+def test_broker_restarts_between_batches_and_inside_a_transaction(own_broker):
+    bootstrap = own_broker.bootstrap_servers
+    producer = StagedProducer("j", "app", bootstrap, {})
+    b0, b1 = Staged("b0", "tier", 2), Staged("b1", "tier", 4)
+    assert producer.produce_once(0, b0) == 2
+    own_broker.stop()
+    own_broker.start()
+    assert producer.produce_once(1, b1) == 4
+    assert producer.produce_once(1, b1) == 0
+
+    def restart(call: int) -> None:
+        if call == 1:
+            own_broker.stop()
+            own_broker.start()
+
+    # The broker keeps the open transaction across a clean restart: it commits, or fails
+    # and is produced whole once more.
+    b2 = Staged("b2", "tier", 6, midway=restart)
+    assert producer.produce_once(2, b2) == 6
+    producer.close()
+    assert _read(bootstrap, "tier") == _once(b0, b1, b2)
+    assert _markers(bootstrap, "j") == [b"0", b"1", b"2"]
+
+
+@pytest.mark.slow
+def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
+    own_broker, monkeypatch, caplog
+):
+    bootstrap = own_broker.bootstrap_servers
+    producer = StagedProducer("j", "app", bootstrap, {})
+    b0 = Staged("b0", "tier", 2)
+    assert producer.produce_once(0, b0) == 2
+    # Each Kafka call gives up after 3 s, so the batch's transaction fails, and so do the
+    # new producers' init_transactions, until the broker is back some 8 s later.
+    for name in ("_INIT_TIMEOUT_S", "_COMMIT_TIMEOUT_S", "_ABORT_TIMEOUT_S"):
+        monkeypatch.setattr(staging, name, 3.0)
+    outage: list[threading.Thread] = []
+    restart_errors: list[BaseException] = []
+
+    def start_again() -> None:
+        time.sleep(8)
+        try:
+            own_broker.start()
+        except BaseException as e:
+            restart_errors.append(e)
+
+    def crash_broker(call: int) -> None:
+        if call == 1:
+            own_broker.kill()
+            outage.append(threading.Thread(target=start_again))
+            outage[0].start()
+
+    b1 = Staged("b1", "tier", 6, midway=crash_broker)
+    with caplog.at_level(logging.WARNING, logger=staging.__name__):
+        assert producer.produce_once(1, b1) == 6
+    outage[0].join()
+    assert not restart_errors
+    retries = [r for r in caplog.records if "retrying" in r.getMessage()]
+    assert len(retries) >= 2, [r.getMessage() for r in caplog.records]
+    assert b1.calls >= 2  # read again once the broker answered
+    producer.close()
+    assert _read(bootstrap, "tier") == _once(b0, b1)
+    assert _markers(bootstrap, "j") == [b"0", b"1"]
 
 
 # -- the real job, killed over and over ---------------------------------------------------
