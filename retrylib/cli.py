@@ -5,10 +5,11 @@ run the embedded demo.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
@@ -24,8 +25,9 @@ EXIT_CONFIG = 2
 _EXIT_CODES = """\
 exit codes:
   0  success
-  1  failure: the job failed; check found a missing topic, a mismatched table or (with
-     --require-broker) no broker; status could not reach the broker; a redrive failed
+  1  failure: the job failed; check found a missing topic, (with --tables) a mismatched
+     table or (with --require-broker) no broker; status could not reach the broker; a
+     redrive failed; Spark could not read or update a table
   2  bad usage or invalid config (every problem is listed, each naming its key)
 
 environment:
@@ -68,8 +70,10 @@ def _parser() -> argparse.ArgumentParser:
         "check",
         "validate a config without starting Spark",
         "Lists every config problem at once. When the config is valid and the broker answers,\n"
-        "also checks that the main topics exist, which other topics the job would create, and\n"
-        "that existing tables have the expected columns. An unreachable broker is a warning.",
+        "also checks that the main topics exist and which other topics the job would create.\n"
+        "An unreachable broker is a warning. With --tables, also starts Spark to check that\n"
+        "existing tables have the columns the job writes (a missing table is a note: the job\n"
+        "creates it on start).",
     )
     check.add_argument("config", help="path of the job's TOML config")
     check.add_argument(
@@ -83,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--show", action="store_true", help="print the resolved config (secrets as ***) as JSON"
     )
+    check.add_argument(
+        "--tables",
+        action="store_true",
+        help="also check the Delta tables' columns (starts Spark: local[1] unless spark-submit)",
+    )
 
     status = command(
         "status",
@@ -90,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
         "Retry tiers: records waiting, how many are due, the oldest one's age, when the next\n"
         "is due (read from the tier topics past the job's checkpointed position). Dead\n"
         "letters by error class (from the dead-letter table). Last batches' figures (from the\n"
-        "metrics table, else the checkpoint's manifests). Starts no Spark, changes nothing.",
+        "metrics table, else the checkpoint's manifests). Changes nothing. The tables are read\n"
+        "through Spark (local[1] unless launched by spark-submit), a path or a catalog name.",
     )
     status.add_argument("config", help="path of the job's TOML config")
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -107,7 +117,8 @@ def _parser() -> argparse.ArgumentParser:
         "(redrive_id, redrive_topic, redriven_at), so running it again sends nothing twice.\n"
         "A redrive interrupted by a crash is finished by the next run. Filters combine with\n"
         "AND; --error-class and --id may repeat (OR within each). Times are ISO 8601, UTC\n"
-        "unless they carry an offset.",
+        "unless they carry an offset. The table is read and updated through Spark (local[1]\n"
+        "unless launched by spark-submit).",
     )
     redrive.add_argument("config", help="path of the job's TOML config")
     redrive.add_argument("--to", metavar="TOPIC", help="send to this topic instead of the origin")
@@ -189,9 +200,12 @@ def _check(args: argparse.Namespace) -> int:
     _out(f"config {args.config}: valid")
     if args.show:
         _out(json.dumps(config.redacted(), indent=2))
-    from retrylib.status import preflight
+    from retrylib.status import Finding, preflight
 
-    reachable, findings = preflight(config, timeout=args.timeout)
+    with _stops_new_spark(args.tables):
+        reachable, findings = preflight(config, timeout=args.timeout, tables=args.tables)
+    if not args.tables:
+        findings.append(Finding("note", "tables not checked (--tables checks them with Spark)"))
     for finding in findings:
         stream = sys.stderr if finding.level in ("warning", "error") else sys.stdout
         _out(f"{finding.level}: {finding.message}", stream)
@@ -209,9 +223,9 @@ def _check(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from retrylib.status import collect_status, render_status, status_json
 
-    status = collect_status(
-        _load(args.config, check_imports=False), batches=args.batches, timeout=args.timeout
-    )
+    config = _load(args.config, check_imports=False)
+    with _stops_new_spark():
+        status = collect_status(config, batches=args.batches, timeout=args.timeout)
     _out(status_json(status) if args.json else render_status(status))
     return EXIT_OK if status["broker"]["reachable"] else EXIT_FAILED
 
@@ -223,7 +237,8 @@ def _redrive(args: argparse.Namespace) -> int:
     selection = Selection(args.since, args.until, tuple(args.error_class), tuple(args.id))
     progress = None if args.dry_run else _Progress("redrive: sent")
     try:
-        report = redrive(config, selection, to=args.to, dry_run=args.dry_run, progress=progress)
+        with _stops_new_spark():
+            report = redrive(config, selection, to=args.to, dry_run=args.dry_run, progress=progress)
     finally:
         if progress is not None:
             progress.close()
@@ -232,6 +247,27 @@ def _redrive(args: argparse.Namespace) -> int:
     else:
         _out(_render_redrive(report))
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _stops_new_spark(used: bool = True) -> Iterator[None]:
+    """Stop the SparkSession the block started (status, redrive and check --tables read
+    tables through one), and only that: a session running before it is left as it was.
+    With `used` false (check without --tables) there is nothing to stop.
+    """
+    if not used:
+        yield
+        return
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    ran_before = SparkContext._active_spark_context is not None
+    try:
+        yield
+    finally:
+        started = SparkSession.getActiveSession()
+        if not ran_before and started is not None:
+            started.stop()
 
 
 def _render_redrive(report: Any) -> str:
@@ -344,6 +380,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = error.str() if hasattr(error, "str") else error
         _out(f"error: Kafka{_brokers_of(args)}: {reason}", sys.stderr)
         return EXIT_FAILED
+    except Exception as e:
+        if not _from_spark(e):
+            raise
+        text = str(e).strip()
+        _out(f"error: Spark: {text.splitlines()[0] if text else type(e).__name__}", sys.stderr)
+        return EXIT_FAILED
+
+
+def _from_spark(error: Exception) -> bool:
+    """True for an error raised by Spark or Delta (reading or updating a table)."""
+    if "pyspark" not in sys.modules:
+        return False
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    return isinstance(error, PySparkException | Py4JError)
 
 
 def _brokers_of(args: argparse.Namespace) -> str:

@@ -251,17 +251,17 @@ def ensure_table(
             f"(columns: {', '.join(schema.fieldNames())}); partition by columns of the schema"
         )
     if not table_exists(spark, target):
-        builder = DeltaTable.createIfNotExists(spark).addColumns(schema)
         if target.is_path:
+            builder = DeltaTable.createIfNotExists(spark).addColumns(schema)
             builder = builder.location(target.text)
+            if partition_by:
+                builder = builder.partitionedBy(*partition_by)
+            for name, value in properties.items():
+                builder = builder.property(name, value)
+            # If another process created it meanwhile, this is a no-op; the check below applies.
+            builder.execute()
         else:
-            builder = builder.tableName(target.text)
-        if partition_by:
-            builder = builder.partitionedBy(*partition_by)
-        for name, value in properties.items():
-            builder = builder.property(name, value)
-        # If another process created it meanwhile, this is a no-op and the check below applies.
-        builder.execute()
+            _create_catalog_table(spark, target.text, schema, partition_by, properties)
         log.info("created %s table %s", what, target)
     existing = read_table(spark, target).schema
     differences = column_differences(existing, schema, evolve=evolve)
@@ -270,6 +270,33 @@ def ensure_table(
         if not evolve and not column_differences(existing, schema, evolve=True):
             fix += ", or enable schema evolution for it to add the missing columns"
         raise RetrylibError(f"{what} table {ref} {differences}. {fix}")
+
+
+def _create_catalog_table(
+    spark: SparkSession,
+    name: str,
+    schema: StructType,
+    partition_by: Sequence[str],
+    properties: Mapping[str, str],
+) -> None:
+    """Create the Delta table `name` through the catalog's own DDL path.
+
+    DataFrameWriterV2 takes names of any depth (`catalog.db.t`), where Delta's table
+    builder parses at most `db.t`. A table created meanwhile by someone else is left as it is.
+    """
+    from pyspark.errors import AnalysisException
+    from pyspark.sql.functions import col
+
+    writer = spark.createDataFrame([], schema).writeTo(name).using("delta")
+    if partition_by:
+        writer = writer.partitionedBy(*(col(column) for column in partition_by))
+    for key, value in properties.items():
+        writer = writer.tableProperty(key, value)
+    try:
+        writer.create()
+    except AnalysisException as error:
+        if "TABLE_OR_VIEW_ALREADY_EXISTS" not in str(error):
+            raise
 
 
 def column_differences(table: StructType, config: StructType, *, evolve: bool = False) -> str:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # every Kafka client imports this module; the config parser is not needed
     from retrylib.config import Config
 
-_QUIET = ("py4j", "pyspark", "urllib3", "deltalake")
+_QUIET = ("py4j", "pyspark", "urllib3")
 KAFKA_CLIENT_LOGGER = "retrylib.kafka.librdkafka"
 """Where the command-line tools send librdkafka's own log lines (quiet unless DEBUG)."""
 _MASK = "***"

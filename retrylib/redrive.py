@@ -23,6 +23,12 @@ see the records of an aborted send read with `isolation.level = read_committed`:
 librdkafka default, so retrylib's own source does; Spark's built-in Kafka source does not
 unless `"isolation.level" = "read_committed"` is among `[kafka.options]`.
 
+The dead-letter table (a path or a catalog name) is read and updated through Spark's Delta
+(`retrylib.delta_tables`); an UPDATE that loses a race with another commit (an OPTIMIZE, a
+second redrive) is run again, a few times. The job's own appends of dead letters are blind
+appends, which Delta lets an UPDATE commit beside. A table the job has not created yet holds
+nothing to redrive.
+
 Run one redrive per job at a time; a second one fences the first, whose send then fails
 and is finished by the next run. Target topics are checked before rows are claimed; if a
 claimed row's topic disappears before it is sent, every run fails on it until the topic
@@ -37,26 +43,47 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from deltalake import DeltaTable, QueryBuilder
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from delta.exceptions import (
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentDeleteReadException,
+    ConcurrentWriteException,
+    DeltaConcurrentModificationException,
+    MetadataChangedException,
+    ProtocolChangedException,
+)
 
 from retrylib.config import Config
-from retrylib.dead_letter import ensure_dead_letter_table
+from retrylib.delta_tables import TableRef, read_table, table_exists, update_where
 from retrylib.errors import RetrylibError
 from retrylib.headers import PREFIX
 from retrylib.kafka_client import ensure_topics, make_admin, make_consumer, make_producer
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _COMMIT_ATTEMPTS = 5
+_CONFLICTS = (
+    ConcurrentAppendException,
+    ConcurrentDeleteReadException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentWriteException,
+    MetadataChangedException,
+    ProtocolChangedException,
+    DeltaConcurrentModificationException,
+)
+"""Delta's commit conflicts: the UPDATE committed nothing and may run again. PySpark raises
+them as these classes once `delta.exceptions` is imported (importing it installs the
+conversion from the JVM's exceptions)."""
 _TRANSACTION_TIMEOUT_MS = 900_000  # Kafka's default transaction.max.timeout.ms
 _SHOWN_COLUMNS = (
     "id",
@@ -88,7 +115,8 @@ class Selection:
     ids: tuple[str, ...] = ()
 
     def predicate(self) -> str:
-        """A SQL predicate over the dead-letter table for rows not claimed by any redrive.
+        """A Spark SQL condition over the dead-letter table for rows not claimed by any
+        redrive.
 
         An error class matches the stored class exactly ("builtins.ValueError") or by its
         last part ("ValueError").
@@ -101,7 +129,7 @@ class Selection:
         if self.error_classes:
             classes = ", ".join(_quote(c) for c in self.error_classes)
             short = " OR ".join(
-                f"ends_with(error_class, {_quote('.' + c)})" for c in self.error_classes
+                f"endswith(error_class, {_quote('.' + c)})" for c in self.error_classes
             )
             parts.append(f"(error_class IN ({classes}) OR {short})")
         if self.ids:
@@ -146,21 +174,30 @@ def redrive(
     to: str | None = None,
     dry_run: bool = False,
     progress: Progress | None = None,
+    spark: SparkSession | None = None,
 ) -> RedriveReport:
     """Redrive the rows `selection` picks, to `to` or each row's origin topic; see the module
-    docstring. With `dry_run`, change nothing and report what would go.
+    docstring. With `dry_run`, change nothing and report what would go. The table is read
+    and updated through `spark`, or through `retrylib.status.tool_session()` when it is None.
 
-    Raises `RedriveError` for a bad `to`, a missing target topic, or a failed send, and
-    `TopicError` when the control topic is missing and may not be created.
+    Raises `ConfigError` for a dead-letter table name that is not valid, `RedriveError` for
+    a bad `to`, a missing target topic, or a failed send, and `TopicError` when the control
+    topic is missing and may not be created.
     """
     if to is not None and not _TOPIC.fullmatch(to):
         raise RedriveError(f"--to: not a Kafka topic name, got {to!r}")
+    table = TableRef.parse(config.dead_letter.table, "dead_letter.table")
     report = RedriveReport(dry_run=dry_run)
-    table = _open_table(config.dead_letter.table, create=not dry_run)
-    if table is None:
+    if spark is None:
+        from retrylib.status import tool_session
+
+        spark = tool_session(f"retrylib-redrive-{config.job.name}")
+    if not table_exists(spark, table):
+        log.info("no dead-letter table %s: nothing to redrive", table)
         return report
+    dead = _DeadLetters(spark, table)
     if dry_run:
-        return _dry_run(config, table, selection, to, report)
+        return _dry_run(config, dead, selection, to, report)
     kafka = config.kafka
     options = kafka.options
     admin = make_admin(kafka.bootstrap_servers, options)
@@ -176,56 +213,53 @@ def redrive(
     producer.init_transactions(30)  # fences a stale redrive and settles its transaction
     sender = _Sender(config, producer, admin, progress)
     committed = committed_redrives(config)
-    for redrive_id, rows in _claimed(table).items():
+    for redrive_id, rows in dead.claimed().items():
         if redrive_id in committed:
-            _confirm(table, redrive_id, committed[redrive_id])
+            _confirm(dead, redrive_id, committed[redrive_id])
             report.confirmed += [_shown(row) for row in rows]
         else:
             log.info("resending %d records of interrupted redrive %s", len(rows), redrive_id)
             report.sent += sender.send(redrive_id, rows)
-            _confirm(table, redrive_id, int(time.time() * 1000))
+            _confirm(dead, redrive_id, int(time.time() * 1000))
             report.resumed += [_shown(row) for row in rows]
     predicate = selection.predicate()
-    targets = [to] if to is not None else _origin_topics(table, predicate)
+    targets = [to] if to is not None else dead.origin_topics(predicate)
     if not targets:
         return report
     sender.check_topics(targets)  # before claiming, so no row is claimed for a missing topic
     report.redrive_id = uuid.uuid4().hex
-    _update(
-        table,
-        predicate=predicate,
-        updates={
+    dead.update(
+        predicate,
+        {
             "redrive_id": _quote(report.redrive_id),
             "redrive_topic": _quote(to) if to is not None else "origin_topic",
         },
     )
-    rows = _rows(table, f"redrive_id = {_quote(report.redrive_id)}", full=True)
+    rows = dead.rows(f"redrive_id = {_quote(report.redrive_id)}", full=True)
     if rows:
         report.sent += sender.send(report.redrive_id, rows)
-        _confirm(table, report.redrive_id, int(time.time() * 1000))
+        _confirm(dead, report.redrive_id, int(time.time() * 1000))
     report.selected = [_shown(row) for row in rows]
     return report
 
 
 def _dry_run(
     config: Config,
-    table: DeltaTable,
+    dead: _DeadLetters,
     selection: Selection,
     to: str | None,
     report: RedriveReport,
 ) -> RedriveReport:
     """Fill `report` with the rows a real run would send or confirm; change nothing."""
-    claimed = _claimed(table)
+    claimed = dead.claimed()
     committed = committed_redrives(config) if claimed else {}
     for redrive_id, rows in claimed.items():
         (report.confirmed if redrive_id in committed else report.resumed).extend(
             _shown(row) for row in rows
         )
-    names = pa.schema(table.schema().to_arrow()).names
-    predicate = selection.predicate() if "redrive_id" in names else _legacy(selection)
     report.selected = [
         {**_shown(row), "redrive_topic": to or row["origin_topic"]}
-        for row in _rows(table, predicate)
+        for row in dead.rows(selection.predicate())
     ]
     return report
 
@@ -338,87 +372,78 @@ class _Sender:
                 self._producer.poll(0.1)
 
 
-def _open_table(uri: str, *, create: bool) -> DeltaTable | None:
-    """The dead-letter table with its redrive columns; None when it does not exist yet."""
-    try:
-        DeltaTable(uri)
-    except TableNotFoundError:
-        log.info("no dead-letter table at %s: nothing to redrive", uri)
-        return None
-    if create:
-        ensure_dead_letter_table(uri)
-    return DeltaTable(uri)
+class _DeadLetters:
+    """The dead-letter table, read and updated through Spark. Every read starts from the
+    table's latest version, so it sees the UPDATEs made before it.
+    """
 
+    def __init__(self, spark: SparkSession, table: TableRef) -> None:
+        self.spark = spark
+        self.table = table
 
-def _claimed(table: DeltaTable) -> dict[str, list[dict[str, Any]]]:
-    """Rows claimed by a redrive but not confirmed, by redrive id."""
-    if "redrive_id" not in pa.schema(table.schema().to_arrow()).names:
-        return {}
-    claimed: dict[str, list[dict[str, Any]]] = {}
-    for row in _rows(table, "redrive_id IS NOT NULL AND redriven_at IS NULL", full=True):
-        claimed.setdefault(row["redrive_id"], []).append(row)
-    return claimed
+    def rows(self, predicate: str, *, full: bool = False) -> list[dict[str, Any]]:
+        """The rows `predicate` picks, oldest first, as dicts of `_SHOWN_COLUMNS` (and `key`,
+        `value`, `headers` with `full`)."""
+        columns = [*_SHOWN_COLUMNS, *(("key", "value", "headers") if full else ())]
+        frame = read_table(self.spark, self.table).where(predicate)
+        return frame.select(*columns).orderBy("dead_lettered_at", "id").toArrow().to_pylist()
 
+    def claimed(self) -> dict[str, list[dict[str, Any]]]:
+        """Rows claimed by a redrive but not confirmed, by redrive id."""
+        claimed: dict[str, list[dict[str, Any]]] = {}
+        for row in self.rows("redrive_id IS NOT NULL AND redriven_at IS NULL", full=True):
+            claimed.setdefault(row["redrive_id"], []).append(row)
+        return claimed
 
-def _rows(table: DeltaTable, predicate: str, *, full: bool = False) -> list[dict[str, Any]]:
-    table.update_incremental()
-    names = pa.schema(table.schema().to_arrow()).names
-    columns = ", ".join(c for c in _SHOWN_COLUMNS if c in names)
-    if full:
-        columns += ", key, value, headers"
-    sql = f"SELECT {columns} FROM t WHERE {predicate} ORDER BY dead_lettered_at, id"
-    return pa.table(QueryBuilder().register("t", table).execute(sql).read_all()).to_pylist()
+    def origin_topics(self, predicate: str) -> list[str]:
+        """The distinct origin topics of the rows `predicate` picks (none when no row matches)."""
+        frame = read_table(self.spark, self.table).where(predicate)
+        return sorted(row[0] for row in frame.select("origin_topic").distinct().collect())
 
+    def update(self, predicate: str, set_values: Mapping[str, str]) -> None:
+        """UPDATE the rows `predicate` picks (`set_values` are SQL expressions), run again
+        when a concurrent commit wins the race, at most `_COMMIT_ATTEMPTS` times in all.
 
-def _origin_topics(table: DeltaTable, predicate: str) -> list[str]:
-    """The distinct origin topics of the rows `predicate` picks (none when no row matches)."""
-    sql = f"SELECT DISTINCT origin_topic FROM t WHERE {predicate}"
-    result = pa.table(QueryBuilder().register("t", table).execute(sql).read_all())
-    return sorted(result.column(0).to_pylist())
+        Raises the last conflict when every attempt lost one.
+        """
+        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+            try:
+                update_where(self.spark, self.table, predicate, set_values)
+                return
+            except _CONFLICTS as e:
+                if attempt == _COMMIT_ATTEMPTS:
+                    raise
+                log.info("UPDATE of %s lost a race (%s); again", self.table, type(e).__name__)
+                time.sleep(0.2 * attempt)
 
 
 def _shown(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row.get(k) for k in _SHOWN_COLUMNS}
+    return {k: _utc(row.get(k)) for k in _SHOWN_COLUMNS}
 
 
-def _confirm(table: DeltaTable, redrive_id: str, at_ms: int) -> None:
+def _confirm(dead: _DeadLetters, redrive_id: str, at_ms: int) -> None:
     at = datetime.fromtimestamp(at_ms / 1000, UTC)
-    _update(
-        table,
-        predicate=f"redrive_id = {_quote(redrive_id)} AND redriven_at IS NULL",
-        new_values={"redriven_at": at},
+    dead.update(
+        f"redrive_id = {_quote(redrive_id)} AND redriven_at IS NULL",
+        {"redriven_at": _timestamp(at)},
     )
 
 
-def _update(table: DeltaTable, *, predicate: str, **changes: Any) -> None:
-    """UPDATE the table, retrying when a concurrent commit (the job appending dead letters)
-    wins the race.
-    """
-    for attempt in range(1, _COMMIT_ATTEMPTS + 1):
-        table.update_incremental()
-        try:
-            table.update(predicate=predicate, **changes)
-            return
-        except CommitFailedError:
-            if attempt == _COMMIT_ATTEMPTS:
-                raise
-            time.sleep(0.2 * attempt)
-
-
-def _legacy(selection: Selection) -> str:
-    """`selection.predicate()` for a table made before the redrive columns existed."""
-    return selection.predicate().replace("redrive_id IS NULL AND redriven_at IS NULL", "true", 1)
-
-
 def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+    """`text` as a Spark SQL string literal (backslashes and quotes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _timestamp(moment: datetime) -> str:
-    """A SQL literal for `moment` (naive datetimes are taken as UTC)."""
+    """A Spark SQL timestamp literal for `moment` (naive datetimes are taken as UTC)."""
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return _quote(moment.astimezone(UTC).isoformat())
+    return f"TIMESTAMP'{moment.astimezone(UTC).isoformat()}'"
+
+
+def _utc(value: Any) -> Any:
+    """Timestamps (Spark gives them in the session's time zone) in UTC; other values as is."""
+    return value.astimezone(UTC) if isinstance(value, datetime) else value
 
 
 def _plain(value: Any) -> Any:

@@ -1,6 +1,8 @@
 """`retrylib status`: what a job is holding, read from Kafka, the checkpoint and its tables.
 
-Nothing here starts Spark or changes anything. Where each figure comes from:
+Nothing here changes anything. Kafka and the checkpoint are read directly; the Delta tables
+through Spark (`tool_session`), so a path or a catalog name works alike. Where each figure
+comes from:
 
 - The job's position: the end offsets of the last batch Spark marked complete
   (`<checkpoint>/spark/commits/<N>` and `offsets/<N>`). Before the first completed batch,
@@ -14,7 +16,7 @@ Nothing here starts Spark or changes anything. Where each figure comes from:
   past means due already). At most `scan_limit` records are read per tier; beyond that
   the rest are counted by offsets (an upper bound) and `exact` is false.
 - Dead letters: counted by error class from the dead-letter Delta table, with how many
-  were redriven.
+  were redriven and how many a redrive claimed but has not confirmed yet.
 - Last batches: from the metrics table when `[metrics] table` is set and holds rows, else
   from the router's manifests under `<checkpoint>/retrylib/manifests` (counters only).
 """
@@ -27,21 +29,24 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from deltalake import DeltaTable, QueryBuilder
-from deltalake.exceptions import TableNotFoundError
 
 from retrylib import headers
 from retrylib.config import Config, RetryTier
 from retrylib.durations import format_duration
+from retrylib.errors import ConfigError, RetrylibError
 from retrylib.kafka_client import make_consumer
 from retrylib.metrics import KafkaOffsets, batch_offsets, last_committed_batch
 from retrylib.offsets import PartitionKey
 from retrylib.staging import control_topic
 from retrylib.storage import join, list_names, read_json
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from retrylib.delta_tables import TableRef
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +54,34 @@ DEFAULT_SCAN_LIMIT = 10_000
 _CONSUME_BATCH = 500
 
 
+def tool_session(app_name: str) -> SparkSession:
+    """The SparkSession that `status`, `redrive` and `check --tables` read tables through.
+
+    The running one when this process has one (a notebook, a test, a caller's job), with
+    its settings untouched. Else a new one: under spark-submit or a cluster's Spark with the
+    master that launched it; on a PyPI pyspark `local[1]` without the UI, since one core
+    starts fastest and these reads are small. Raises `JarsError` when Delta's jars are
+    needed and cannot be resolved.
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from retrylib.jars import runs_on_cluster_spark
+    from retrylib.logs import spark_log_conf
+    from retrylib.session import build_spark_session
+
+    if SparkContext._active_spark_context is not None:
+        return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+    if runs_on_cluster_spark():
+        return build_spark_session(app_name, extra=spark_log_conf())
+    local = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"}
+    return build_spark_session(app_name, master="local[1]", extra={**local, **spark_log_conf()})
+
+
 def collect_status(
     config: Config,
     *,
+    spark: SparkSession | None = None,
     batches: int = 5,
     timeout: float = 5.0,
     scan_limit: int = DEFAULT_SCAN_LIMIT,
@@ -59,9 +89,17 @@ def collect_status(
     """The job's status as plain JSON-ready data (see the module docstring for each part).
 
     Kafka is given `timeout` seconds to answer; when it does not, `broker.reachable` is false
-    and the topic sections are empty. Table and checkpoint problems are reported in place
-    (`exists: false`), never raised.
+    and the topic sections are empty. The tables are read through `spark`, or through
+    `tool_session()` when it is None. A missing table or checkpoint is reported in place
+    (`exists: false`), not raised. Raises `ConfigError` naming the key of a table name that
+    is not valid, before anything is read.
     """
+    from retrylib.delta_tables import TableRef
+
+    dead_letter = TableRef.parse(config.dead_letter.table, "dead_letter.table")
+    metrics = (
+        TableRef.parse(config.metrics.table, "metrics.table") if config.metrics.table else None
+    )
     now_ms = int(time.time() * 1000)
     committed = last_committed_batch(config)
     position: dict[PartitionKey, int] = {}
@@ -89,6 +127,8 @@ def collect_status(
     except KafkaException as e:
         broker["reachable"] = False
         broker["error"] = errors[0] if errors else _kafka_text(e)
+    if spark is None:
+        spark = tool_session(f"retrylib-status-{config.job.name}")
     return {
         "job": config.job.name,
         "generated_at": _iso(now_ms),
@@ -97,8 +137,8 @@ def collect_status(
         "broker": broker,
         "main_topics": main_topics,
         "retry_tiers": tiers,
-        "dead_letters": dead_letter_summary(config.dead_letter.table),
-        "last_batches": last_batches(config, batches),
+        "dead_letters": dead_letter_summary(spark, dead_letter),
+        "last_batches": last_batches(spark, config, metrics, batches),
     }
 
 
@@ -227,39 +267,50 @@ def _header_ms(ours: Mapping[str, bytes | None], name: str, default: int) -> int
         return default
 
 
-def dead_letter_summary(uri: str) -> dict[str, Any]:
-    """Dead-lettered records by error class, with how many were redriven."""
-    try:
-        table = DeltaTable(uri)
-    except TableNotFoundError:
-        return {"table": uri, "exists": False, "total": 0, "redriven": 0, "by_error_class": []}
-    names = set(pa.schema(table.schema().to_arrow()).names)
-    redriven = "count(redriven_at)" if "redriven_at" in names else "0"
-    pending = (
-        "sum(CASE WHEN redrive_id IS NOT NULL AND redriven_at IS NULL THEN 1 ELSE 0 END)"
-        if "redrive_id" in names
-        else "0"
+def dead_letter_summary(spark: SparkSession, table: TableRef) -> dict[str, Any]:
+    """Dead-lettered records by error class (most first), with how many were redriven and
+    how many a redrive claimed but has not confirmed (`redrive_pending`).
+    """
+    from pyspark.sql import functions as F
+
+    from retrylib.delta_tables import read_table, table_exists
+
+    if not table_exists(spark, table):
+        return {
+            "table": str(table),
+            "exists": False,
+            "total": 0,
+            "redriven": 0,
+            "by_error_class": [],
+        }
+    pending = F.col("redrive_id").isNotNull() & F.col("redriven_at").isNull()
+    rows = (
+        read_table(spark, table)
+        .groupBy("error_class")
+        .agg(
+            F.count(F.lit(1)).alias("records"),
+            F.count("redriven_at").alias("redriven"),
+            F.count(F.when(pending, 1)).alias("redrive_pending"),
+            F.min("dead_lettered_at").alias("first"),
+            F.max("dead_lettered_at").alias("last"),
+        )
+        .orderBy(F.desc("records"), F.asc_nulls_last("error_class"))
+        .toArrow()
+        .to_pylist()
     )
-    sql = (
-        f"SELECT error_class, count(*) AS records, {redriven} AS redriven, "
-        f"{pending} AS redrive_pending, min(dead_lettered_at) AS first, "
-        "max(dead_lettered_at) AS last FROM t GROUP BY error_class "
-        "ORDER BY records DESC, error_class"
-    )
-    rows = _query(table, sql)
     classes = [
         {
             "error_class": row["error_class"],
-            "records": int(row["records"]),
-            "redriven": int(row["redriven"] or 0),
-            "redrive_pending": int(row["redrive_pending"] or 0),
+            "records": row["records"],
+            "redriven": row["redriven"],
+            "redrive_pending": row["redrive_pending"],
             "first_dead_lettered_at": _iso_datetime(row["first"]),
             "last_dead_lettered_at": _iso_datetime(row["last"]),
         }
         for row in rows
     ]
     return {
-        "table": uri,
+        "table": str(table),
         "exists": True,
         "total": sum(c["records"] for c in classes),
         "redriven": sum(c["redriven"] for c in classes),
@@ -267,19 +318,38 @@ def dead_letter_summary(uri: str) -> dict[str, Any]:
     }
 
 
-def last_batches(config: Config, count: int) -> dict[str, Any]:
-    """The last `count` batches' figures, newest first, and where they came from."""
-    if config.metrics.table:
-        try:
-            table = DeltaTable(config.metrics.table)
-        except TableNotFoundError:
-            table = None
-        if table is not None:
-            rows = _query(
-                table,
-                "SELECT batch_id, finished_at, replayed, duration_ms, records_main, "
-                "records_retry, succeeded, retried, dead_lettered, duplicates_skipped "
-                f"FROM t ORDER BY finished_at DESC, batch_id DESC LIMIT {int(count)}",
+_BATCH_COLUMNS = (
+    "batch_id",
+    "replayed",
+    "duration_ms",
+    "records_main",
+    "records_retry",
+    "succeeded",
+    "retried",
+    "dead_lettered",
+    "duplicates_skipped",
+)
+
+
+def last_batches(
+    spark: SparkSession, config: Config, metrics: TableRef | None, count: int
+) -> dict[str, Any]:
+    """The last `count` batches' figures, newest first, and where they came from: the
+    `metrics` table when given and holding rows, else the checkpoint's manifests.
+    """
+    if metrics is not None:
+        from pyspark.sql import functions as F
+
+        from retrylib.delta_tables import read_table, table_exists
+
+        if table_exists(spark, metrics):
+            rows = (
+                read_table(spark, metrics)
+                .select(*_BATCH_COLUMNS, "finished_at")
+                .orderBy(F.desc("finished_at"), F.desc("batch_id"))
+                .limit(count)
+                .toArrow()
+                .to_pylist()
             )
             if rows:
                 for row in rows:
@@ -316,10 +386,6 @@ def last_batches(config: Config, count: int) -> dict[str, Any]:
 def _kafka_text(error: KafkaException) -> str:
     first = error.args[0] if error.args else error
     return first.str() if hasattr(first, "str") else str(first)
-
-
-def _query(table: DeltaTable, sql: str) -> list[dict[str, Any]]:
-    return pa.table(QueryBuilder().register("t", table).execute(sql).read_all()).to_pylist()
 
 
 def _iso(ms: int | None) -> str | None:
@@ -376,7 +442,7 @@ def render_status(status: Mapping[str, Any]) -> str:
     dead = status["dead_letters"]
     lines.append("")
     if not dead["exists"]:
-        lines.append(f"dead letters: no table at {dead['table']} yet")
+        lines.append(f"dead letters: no table {dead['table']} yet")
     else:
         lines.append(
             f"dead letters: {dead['total']} in {dead['table']}, {dead['redriven']} redriven"
@@ -459,14 +525,21 @@ class Finding:
     message: str
 
 
-def preflight(config: Config, *, timeout: float = 5.0) -> tuple[bool, list[Finding]]:
+def preflight(
+    config: Config, *, timeout: float = 5.0, spark: SparkSession | None = None, tables: bool = False
+) -> tuple[bool, list[Finding]]:
     """What would stop the job from starting, beyond the config itself: whether the broker
-    answers within `timeout`, the main topics exist, the other topics exist or may be
-    created, and existing tables have the expected columns. Returns (broker reachable,
-    findings); changes nothing.
+    answers within `timeout`, the main topics exist and the other topics exist or may be
+    created; with `tables`, also that existing tables have the expected columns (read
+    through `spark`, or `tool_session()` when it is None: only then is Spark started).
+    Returns (broker reachable, findings); changes nothing.
     """
     reachable, findings = _topic_findings(config, timeout)
-    return reachable, findings + _table_findings(config)
+    if tables:
+        if spark is None:
+            spark = tool_session(f"retrylib-check-{config.job.name}")
+        findings += _table_findings(spark, config)
+    return reachable, findings
 
 
 def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]]:
@@ -526,43 +599,49 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
     return True, findings
 
 
-def _table_findings(config: Config) -> list[Finding]:
-    from retrylib.dead_letter import DEAD_LETTER_SCHEMA, REDRIVE_COLUMNS
-    from retrylib.metrics import METRICS_SCHEMA
+def _table_findings(spark: SparkSession, config: Config) -> list[Finding]:
+    """One finding per table: missing (a note: the job creates it), matching, unreadable (a
+    warning), or not what the job writes (an error naming every column difference).
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from retrylib.dead_letter import DEAD_LETTER_SCHEMA
+    from retrylib.delta_tables import TableRef, column_differences, read_table, table_exists
+    from retrylib.metrics import metrics_struct
 
     wanted = [
-        ("output.table", config.output.table, config.handler.output_schema.to_arrow()),
-        ("dead_letter.table", config.dead_letter.table, DEAD_LETTER_SCHEMA),
+        ("output.table", config.output.table, config.handler.output_schema.to_spark()),
+        ("dead_letter.table", config.dead_letter.table, from_arrow_schema(DEAD_LETTER_SCHEMA)),
     ]
     if config.metrics.table:
-        wanted.append(("metrics.table", config.metrics.table, METRICS_SCHEMA))
+        wanted.append(("metrics.table", config.metrics.table, metrics_struct()))
     findings = []
-    for key, uri, schema in wanted:
+    for key, text, schema in wanted:
         try:
-            names = pa.schema(DeltaTable(uri).schema().to_arrow()).names
-        except TableNotFoundError:
-            findings.append(Finding("note", f"{key}: no Delta table at {uri}; created on start"))
+            table = TableRef.parse(text, key)
+        except ConfigError as e:
+            findings.append(Finding("error", str(e)))
+            continue
+        try:
+            if not table_exists(spark, table):
+                findings.append(Finding("note", f"{key}: no Delta table {table}; created on start"))
+                continue
+            differences = column_differences(read_table(spark, table).schema, schema)
+        except RetrylibError as e:  # a catalog table that is not a Delta table
+            findings.append(Finding("error", f"{key}: {e}"))
             continue
         except Exception as e:  # object-store credentials, permissions, a broken log
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            findings.append(Finding("warning", f"{key}: cannot read the table at {uri}: {reason}"))
+            findings.append(Finding("warning", f"{key}: cannot read the table {table}: {reason}"))
             continue
-        upgradable = (
-            key == "dead_letter.table"
-            and names + [c for c in REDRIVE_COLUMNS if c not in names] == schema.names
-        )
-        if names == schema.names:
-            findings.append(Finding("ok", f"{key}: Delta table at {uri}"))
-        elif upgradable:
-            findings.append(
-                Finding("note", f"{key}: the redrive columns are added to {uri} on start")
-            )
+        if not differences:
+            findings.append(Finding("ok", f"{key}: Delta table {table}"))
         else:
             findings.append(
                 Finding(
                     "error",
-                    f"{key}: the table at {uri} has columns {names}, expected "
-                    f"{schema.names}; point {key} at a new path or migrate the table",
+                    f"{key}: the table {table} {differences}; point {key} at a new table "
+                    "or migrate this one",
                 )
             )
     return findings

@@ -4,6 +4,12 @@ One small job run (module fixture, through `retrylib run --available-now`) leave
 a retry tier, rows in the dead-letter table and a metrics row; the tests read and redrive
 those. Each redrive test picks its own rows by id or error class, so none depends on
 another having run.
+
+Most tests call the command's `main` in this process (it then reads the tables through the
+test session); one runs it as a process of its own, as a user does, which starts its own
+Spark. The tables here are named by path: a catalog name made in this process's session
+(an in-memory catalog) does not exist for another process. Catalog names are tested
+in-process in `test_redrive.py`.
 """
 
 from __future__ import annotations
@@ -13,18 +19,19 @@ import io
 import json
 import logging
 import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
-from deltalake import DeltaTable
+from delta.tables import DeltaTable
+from table_reading import read_table
 
 import retrylib.redrive as redrive_module
 from retrylib.cli import main
 from retrylib.config import load_config
-from retrylib.delta_sink import read_table
 from retrylib.kafka_client import make_consumer, make_producer
 
 pytestmark = pytest.mark.slow
@@ -36,7 +43,7 @@ OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset B
 RECORDS = (
     [(f"ok-{i}", "fine") for i in range(4)]
     + [(f"bad-{i}", "broken") for i in range(3)]  # ValueError: non-retryable
-    + [(f"stop-{i}", "halt") for i in range(3)]  # NonRetryable
+    + [(f"stop-{i}", "halt") for i in range(4)]  # NonRetryable
     + [(f"always-{i}", "again") for i in range(3)]  # RuntimeError: waits in tier 1 (30m)
 )
 
@@ -174,10 +181,10 @@ def test_run_exits_0_and_logs_one_metrics_line_per_batch(job):
         for name in ("records_main", "records_retry", "succeeded", "dead_lettered", "retried")
     }
     assert totals == {
-        "records_main": 13,
+        "records_main": 14,
         "records_retry": 0,
         "succeeded": 4,
-        "dead_lettered": 6,
+        "dead_lettered": 7,
         "retried": 3,
     }
     assert [sum(t) for t in zip(*(line["retried_by_tier"] for line in lines), strict=True)] == [
@@ -224,10 +231,10 @@ def test_status_json_reports_tiers_dead_letters_and_batches(job, capsys):
     assert 1200 < first["next_due_in_seconds"] <= 1800
     assert (second["waiting"], second["next_due_at"]) == (0, None)
     classes = {c["error_class"]: c["records"] for c in status["dead_letters"]["by_error_class"]}
-    assert classes == {"builtins.ValueError": 3, "retrylib.errors.NonRetryable": 3}
+    assert classes == {"builtins.ValueError": 3, "retrylib.errors.NonRetryable": 4}
     batches = status["last_batches"]
     assert batches["source"] == "metrics_table"
-    assert sum(b["records_main"] for b in batches["batches"]) == 13
+    assert sum(b["records_main"] for b in batches["batches"]) == 14
 
 
 def test_status_text_is_readable(job, capsys):
@@ -244,13 +251,32 @@ def test_check_passes_for_the_job_config(job, capsys):
 
     assert code == 0, err
     assert f"ok: main topic '{job[1]}': 2 partitions" in out
+    assert "note: tables not checked" in out
     assert out.rstrip().endswith(": ok")
 
 
-def test_redrive_dry_run_changes_nothing(job, capsys, bootstrap_servers):
+def test_check_tables_finds_the_job_tables(job, capsys):
+    config = config_of(job)
+
+    code, out, err = run_cli(capsys, "check", str(job[0]), "--tables")
+
+    assert code == 0, err
+    for key, table in (
+        ("output.table", config.output.table),
+        ("dead_letter.table", config.dead_letter.table),
+        ("metrics.table", config.metrics.table),
+    ):
+        assert f"ok: {key}: Delta table {table}" in out
+
+
+def latest_version(spark, path: str) -> int:
+    return DeltaTable.forPath(spark, path).history(1).collect()[0].version
+
+
+def test_redrive_dry_run_changes_nothing(job, spark, capsys, bootstrap_servers):
     config = config_of(job)
     chosen = dead_letter_ids(job, "stop-")[0]
-    version = DeltaTable(config.dead_letter.table).version()
+    version = latest_version(spark, config.dead_letter.table)
 
     code, out, _ = run_cli(capsys, "redrive", str(job[0]), "--id", chosen, "--dry-run", "--json")
 
@@ -259,7 +285,7 @@ def test_redrive_dry_run_changes_nothing(job, capsys, bootstrap_servers):
     assert report["dry_run"] is True
     assert [row["id"] for row in report["selected"]] == [chosen]
     assert report["selected"][0]["redrive_topic"] == job[1]
-    assert DeltaTable(config.dead_letter.table).version() == version
+    assert latest_version(spark, config.dead_letter.table) == version
     assert len(copies_in_topic(bootstrap_servers, job[1], "stop-0")) == 1
 
 
@@ -392,11 +418,65 @@ def test_check_notes_topics_the_job_would_create(
     path = job_config(tmp_path, bootstrap_servers, topic, "fresh")
     monkeypatch.setenv(SECRET_VARIABLE, SECRET)
 
-    code, out, err = run_cli(capsys, "check", str(path))
+    code, out, err = run_cli(capsys, "check", str(path), "--tables")
 
     assert code == 0, err
     assert (
         f"note: retry topic '{topic}.retry.30m' (tier 1, 30m, for '{topic}') does not exist" in out
     )
     assert f"note: dead-letter topic '{topic}.dlt' does not exist" in out
-    assert "note: output.table: no Delta table" in out
+    assert f"note: output.table: no Delta table {tmp_path}/out; created on start" in out
+
+
+def test_check_tables_names_column_differences(
+    spark, capsys, bootstrap_servers, make_topic, tmp_path, monkeypatch
+):
+    path = job_config(tmp_path, bootstrap_servers, make_topic("other", partitions=1), "other")
+    monkeypatch.setenv(SECRET_VARIABLE, SECRET)
+    spark.createDataFrame([(1, "x")], "key INT, note STRING").write.format("delta").save(
+        str(tmp_path / "out")
+    )
+
+    code, out, err = run_cli(capsys, "check", str(path), "--tables")
+
+    assert code == 1
+    assert f"error: output.table: the table {tmp_path}/out differs from the config: " in err
+    assert "extra columns (in the table, not in the config): note STRING" in err
+    assert "column key: table has INT, config has STRING" in err
+    assert "point output.table at a new table or migrate this one" in err
+
+
+def test_status_and_redrive_as_a_process_of_their_own(job, bootstrap_servers):
+    """`retrylib status` and `retrylib redrive` as a user runs them: each process starts its
+    own Spark (local[1]) to read the dead-letter table; stdout carries only the JSON.
+    """
+    chosen = dead_letter_ids(job, "stop-")[3]
+    command = [sys.executable, "-m", "retrylib.cli"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+
+    status = subprocess.run(
+        [*command, "status", str(job[0]), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    redriven = subprocess.run(
+        [*command, "redrive", str(job[0]), "--id", chosen, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+    assert status.returncode == 0, status.stderr[-3000:]
+    dead = json.loads(status.stdout)["dead_letters"]
+    assert (dead["exists"], dead["total"]) == (True, 7)
+    assert redriven.returncode == 0, redriven.stderr[-3000:]
+    report = json.loads(redriven.stdout)
+    assert (report["sent"], [row["id"] for row in report["selected"]]) == (1, [chosen])
+    assert len(copies_in_topic(bootstrap_servers, job[1], "stop-3")) == 2
+    row = next(r for r in dead_letters(job) if r["id"] == chosen)
+    assert row["redriven_at"] is not None and row["redrive_topic"] == job[1]
+    outputs = status.stdout + status.stderr + redriven.stdout + redriven.stderr
+    assert SECRET not in outputs

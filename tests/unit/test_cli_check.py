@@ -100,3 +100,39 @@ def test_show_prints_the_config_with_secrets_masked(tmp_path, capsys, monkeypatc
     assert '"client.id": "visible"' in captured.out
     assert '"sasl.oauthbearer.config": "***"' in captured.out
     assert "tok-7f3a9" not in captured.out + captured.err
+
+
+def test_tables_are_not_checked_without_the_flag(tmp_path, capsys, monkeypatch):
+    import retrylib.status as status_module
+
+    def no_spark(app_name):
+        raise AssertionError("check started Spark without --tables")
+
+    monkeypatch.setattr(status_module, "tool_session", no_spark)
+    path = write(tmp_path, VALID)
+
+    code = main(["check", str(path), "--timeout", "1"])
+
+    assert code == EXIT_OK
+    assert "note: tables not checked (--tables checks them with Spark)" in capsys.readouterr().out
+
+
+def test_tables_flag_reports_the_table_findings(tmp_path, capsys, monkeypatch):
+    import retrylib.status as status_module
+    from retrylib.status import Finding
+
+    sessions = []
+    monkeypatch.setattr(status_module, "tool_session", lambda name: sessions.append(name) or name)
+    monkeypatch.setattr(
+        status_module,
+        "_table_findings",
+        lambda spark, config: [Finding("error", f"output.table: differs (read with {spark})")],
+    )
+    path = write(tmp_path, VALID)
+
+    code = main(["check", str(path), "--timeout", "1", "--tables"])
+
+    err = capsys.readouterr().err
+    assert code == EXIT_FAILED
+    assert sessions == ["retrylib-check-checked"]
+    assert "error: output.table: differs (read with retrylib-check-checked)" in err

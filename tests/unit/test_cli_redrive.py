@@ -1,86 +1,128 @@
-"""How `retrylib redrive` picks dead letters: the selection's SQL on a real Delta table."""
+"""How `retrylib redrive` picks dead letters and updates its table, without Spark: the
+selection's Spark SQL condition as text, and the UPDATE's retries on Delta commit conflicts.
+The same conditions run against a real table in `tests/integration/test_redrive.py`.
+"""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
-import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, QueryBuilder, write_deltalake
+from delta.exceptions import ConcurrentAppendException, ConcurrentDeleteReadException
 
-from retrylib.dead_letter import DEAD_LETTER_SCHEMA, ensure_dead_letter_table
+import retrylib.redrive as redrive_module
+from retrylib.delta_tables import TableRef
 from retrylib.redrive import Selection
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+UNCLAIMED = "redrive_id IS NULL AND redriven_at IS NULL"
+
+
+def test_no_filter_picks_every_row_not_claimed():
+    assert Selection().predicate() == UNCLAIMED
+
+
+def test_time_range_is_half_open_with_utc_timestamp_literals():
+    since = datetime(2026, 5, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+
+    predicate = Selection(since=since, until=NOW).predicate()
+
+    assert predicate == (
+        f"{UNCLAIMED} AND dead_lettered_at >= TIMESTAMP'2026-05-01T12:00:00+00:00' "
+        "AND dead_lettered_at < TIMESTAMP'2026-05-01T12:00:00+00:00'"
+    )
+
+
+def test_naive_times_are_utc():
+    naive = datetime(2026, 5, 1, 10, 30)
+
+    assert (
+        Selection(until=naive)
+        .predicate()
+        .endswith("dead_lettered_at < TIMESTAMP'2026-05-01T10:30:00+00:00'")
+    )
+
+
+def test_error_class_matches_the_full_or_the_short_name():
+    predicate = Selection(error_classes=("ValueError", "shop.PriceError")).predicate()
+
+    assert predicate == (
+        f"{UNCLAIMED} AND (error_class IN ('ValueError', 'shop.PriceError') OR "
+        "endswith(error_class, '.ValueError') OR endswith(error_class, '.shop.PriceError'))"
+    )
+
+
+def test_quotes_and_backslashes_in_values_are_escaped():
+    predicate = Selection(ids=("it's", "back\\slash")).predicate()
+
+    assert predicate.endswith("id IN ('it\\'s', 'back\\\\slash')")
+
+
+class FakeUpdates:
+    """Stands for `update_where`: raises the queued errors first, then records the UPDATE."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.calls: list[tuple[str, dict[str, str]]] = []
+
+    def __call__(self, spark, ref, condition, set_values) -> None:
+        self.calls.append((condition, dict(set_values)))
+        if self.errors:
+            raise self.errors.pop(0)
 
 
 @pytest.fixture
-def table(tmp_path) -> DeltaTable:
-    rows = [
-        ("a", "builtins.ValueError", NOW - timedelta(hours=3), None),
-        ("b", "builtins.ValueError", NOW - timedelta(hours=1), None),
-        ("c", "shop.errors.PriceError", NOW - timedelta(minutes=5), None),
-        ("d", "builtins.KeyError", NOW, "earlier-redrive"),
-        ("it's", "shop.NotAValueError", NOW, None),
+def updates(monkeypatch):
+    def install(*errors: Exception) -> FakeUpdates:
+        fake = FakeUpdates(*errors)
+        monkeypatch.setattr(redrive_module, "update_where", fake)
+        monkeypatch.setattr(redrive_module.time, "sleep", lambda seconds: None)
+        return fake
+
+    return install
+
+
+def dead_letters() -> redrive_module._DeadLetters:
+    return redrive_module._DeadLetters(None, TableRef.parse("/tmp/dlq", "dead_letter.table"))
+
+
+def test_an_update_that_loses_a_race_runs_again(updates):
+    fake = updates(ConcurrentAppendException("appended"), ConcurrentDeleteReadException("gone"))
+
+    dead_letters().update("id = 'a'", {"redrive_id": "'r1'"})
+
+    assert fake.calls == [("id = 'a'", {"redrive_id": "'r1'"})] * 3
+
+
+def test_an_update_gives_up_after_five_conflicts(updates):
+    fake = updates(*(ConcurrentAppendException(f"race {i}") for i in range(5)))
+
+    with pytest.raises(ConcurrentAppendException, match="race 4"):
+        dead_letters().update("id = 'a'", {"redrive_id": "'r1'"})
+    assert len(fake.calls) == 5
+
+
+def test_other_update_errors_are_not_retried(updates):
+    fake = updates(ValueError("no such column"))
+
+    with pytest.raises(ValueError, match="no such column"):
+        dead_letters().update("nope = 1", {"redrive_id": "'r1'"})
+    assert len(fake.calls) == 1
+
+
+def test_confirm_sets_redriven_at_as_a_utc_timestamp_literal(updates):
+    fake = updates()
+
+    redrive_module._confirm(dead_letters(), "r'1", int(NOW.timestamp() * 1000))
+
+    assert fake.calls == [
+        (
+            "redrive_id = 'r\\'1' AND redriven_at IS NULL",
+            {"redriven_at": "TIMESTAMP'2026-05-01T12:00:00+00:00'"},
+        )
     ]
-    data = pa.Table.from_pylist(
-        [
-            {"id": i, "error_class": c, "dead_lettered_at": at, "redrive_id": r}
-            for i, c, at, r in rows
-        ],
-        schema=DEAD_LETTER_SCHEMA,
-    )
-    uri = str(tmp_path / "dlq")
-    ensure_dead_letter_table(uri)
-    write_deltalake(uri, data, mode="append")
-    return DeltaTable(uri)
 
 
-def chosen(table: DeltaTable, selection: Selection) -> list[str]:
-    sql = f"SELECT id FROM t WHERE {selection.predicate()} ORDER BY id"
-    result = pa.table(QueryBuilder().register("t", table).execute(sql).read_all())
-    return [str(v) for v in result.column(0).to_pylist()]
-
-
-def test_no_filter_picks_every_row_not_claimed(table):
-    assert chosen(table, Selection()) == ["a", "b", "c", "it's"]
-
-
-def test_time_range_is_half_open(table):
-    selection = Selection(since=NOW - timedelta(hours=1), until=NOW)
-
-    assert chosen(table, selection) == ["b", "c"]
-
-
-def test_naive_times_are_utc(table):
-    naive = (NOW - timedelta(hours=2)).replace(tzinfo=None)
-
-    assert chosen(table, Selection(until=naive)) == ["a"]
-
-
-def test_error_class_matches_the_full_or_the_short_name(table):
-    assert chosen(table, Selection(error_classes=("ValueError",))) == ["a", "b"]
-    assert chosen(table, Selection(error_classes=("shop.errors.PriceError", "KeyError"))) == ["c"]
-
-
-def test_ids_are_quoted(table):
-    assert chosen(table, Selection(ids=("it's", "a"))) == ["a", "it's"]
-
-
-def test_the_predicate_drives_a_delta_update(table):
-    table.update(
-        predicate=Selection(error_classes=("ValueError",)).predicate(),
-        updates={"redrive_id": "'r1'", "redrive_topic": "origin_topic"},
-    )
-
-    assert chosen(table, Selection()) == ["c", "it's"]
-
-
-def test_an_old_table_gets_the_redrive_columns(tmp_path):
-    uri = str(tmp_path / "old")
-    old = pa.schema([f for f in DEAD_LETTER_SCHEMA if not f.name.startswith("redrive")])
-    DeltaTable.create(uri, schema=old)
-
-    ensure_dead_letter_table(uri)
-
-    assert pa.schema(DeltaTable(uri).schema().to_arrow()).names == DEAD_LETTER_SCHEMA.names
+def test_a_bad_target_topic_is_refused_before_any_table_is_read():
+    with pytest.raises(redrive_module.RedriveError, match="--to: not a Kafka topic name"):
+        redrive_module.redrive(None, Selection(), to="bad topic!")

@@ -1,5 +1,5 @@
-"""Metrics figures from a batch result, lag arithmetic, the checkpoint offset log, and the
-metrics table's once-per-batch append.
+"""Metrics figures from a batch result, lag arithmetic and the checkpoint offset log. The
+metrics table's once-per-batch append runs on Spark in `tests/integration/test_metrics_rows.py`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,9 @@ import pytest
 from confluent_kafka import KafkaException
 
 from retrylib.config import load_config
-from retrylib.delta_sink import ensure_table, read_table
 from retrylib.metrics import (
     METRICS_SCHEMA,
     KafkaOffsets,
-    append_once,
     batch_offsets,
     input_lag,
     metrics_row,
@@ -109,21 +107,6 @@ def test_lag_splits_retry_topics_into_due_and_not_due(tmp_path):
         "orders": {"lag": 3, "not_due": 0},
         "orders.retry.10s": {"lag": 4, "not_due": 4},
     }
-
-
-def test_append_once_per_batch(tmp_path):
-    cfg = config(tmp_path)
-    ensure_table(cfg.metrics.table, METRICS_SCHEMA, "metrics")
-    row = metrics_row(result(2, records_main=1), job="m", tiers=2, finished_ms=0, lag=None)
-
-    assert append_once(cfg.metrics.table, row, "m-1:metrics") is True
-    assert append_once(cfg.metrics.table, row, "m-1:metrics") is False
-    earlier = metrics_row(result(1), job="m", tiers=2, finished_ms=0, lag=None)
-    assert append_once(cfg.metrics.table, earlier, "m-1:metrics") is False
-
-    table = read_table(cfg.metrics.table)
-    assert table.num_rows == 1
-    assert table.to_pylist()[0]["input_lag"] is None
 
 
 def test_the_job_kafka_options_reach_the_lookup_client():

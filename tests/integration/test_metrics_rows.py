@@ -1,0 +1,77 @@
+"""The metrics table through Spark: `MetricsRecorder` appends one row per batch, once. The
+figures themselves are checked without Spark in `tests/unit/test_metrics_row.py`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+
+from retrylib.config import load_config
+from retrylib.delta_tables import TableRef, read_table
+from retrylib.metrics import MetricsRecorder
+from retrylib.router import BatchResult
+
+pytestmark = pytest.mark.slow
+
+
+def config(tmp_path: Path):
+    (tmp_path / "h.py").write_text("def handle(record):\n    return None\n")
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[job]
+name = "m"
+checkpoint = "{tmp_path}/cp"
+[kafka]
+bootstrap_servers = "127.0.0.1:1"
+topics = ["orders"]
+[handler]
+function = "h:handle"
+output_schema = "id STRING"
+paths = ["{tmp_path}"]
+[output]
+table = "{tmp_path}/out"
+[retry]
+delays = ["10s", "1m"]
+[metrics]
+table = "{tmp_path}/metrics"
+""")
+    return load_config(path)
+
+
+def result(batch_id: int, **counters: int) -> BatchResult:
+    return BatchResult(batch_id, False, counters, 5, True, True, 321)
+
+
+def test_one_metrics_row_per_batch(spark, tmp_path):
+    cfg = config(tmp_path)
+    recorder = MetricsRecorder(cfg, "m-1")
+    recorder.prepare(spark)
+
+    recorder.record(result(2, records_main=3, retried_tier_1=1))
+    recorder.record(result(2, records_main=3, retried_tier_1=1))  # the batch replayed
+    recorder.record(result(1, records_main=9))  # an earlier batch, committed already
+
+    table = read_table(spark, TableRef.parse(cfg.metrics.table, "metrics.table"))
+    expected = spark.createDataFrame(
+        [("m", 2, 3, 1, [0, 1], None, 321)],
+        "job STRING, batch_id BIGINT, records_main BIGINT, retried BIGINT, "
+        "retried_by_tier ARRAY<BIGINT>, "
+        "input_lag ARRAY<STRUCT<topic: STRING, lag: BIGINT, not_due: BIGINT>>, "
+        "duration_ms BIGINT",
+    )
+    assert_df_equality(
+        table.select(
+            "job",
+            "batch_id",
+            "records_main",
+            "retried",
+            "retried_by_tier",
+            "input_lag",
+            "duration_ms",
+        ),
+        expected,
+        ignore_nullable=True,
+    )

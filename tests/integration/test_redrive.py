@@ -1,0 +1,270 @@
+"""`retrylib redrive` and `status` on Spark's Delta: the selection's condition on a real
+dead-letter table, a dead-letter table named by a catalog name, and UPDATEs racing.
+
+The command itself, on the table of a real job run and as its own process, is in
+`test_cli.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from chispa import assert_df_equality
+from confluent_kafka import TopicPartition
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+import retrylib.redrive as redrive_module
+from retrylib.dead_letter import DEAD_LETTER_SCHEMA
+from retrylib.delta_tables import TableRef, append_once, ensure_table, read_table
+from retrylib.kafka_client import make_consumer
+from retrylib.redrive import Selection, redrive
+from retrylib.status import collect_status, preflight
+
+pytestmark = pytest.mark.slow
+
+NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+DEAD_LETTER = from_arrow_schema(DEAD_LETTER_SCHEMA)
+
+
+def add_dead_letters(spark, table: TableRef, rows: list[dict]) -> None:
+    """Create the dead-letter table as the job does and append `rows` (missing columns null)."""
+    ensure_table(spark, table, DEAD_LETTER, what="dead-letter")
+    frame = spark.createDataFrame(rows, DEAD_LETTER).coalesce(1)
+    append_once(frame, table, app_id=f"test-{uuid.uuid4().hex}", batch_id=0)
+
+
+def chosen(spark, table: TableRef, selection: Selection) -> list[str]:
+    frame = read_table(spark, table).where(selection.predicate())
+    return sorted(row.id for row in frame.select("id").collect())
+
+
+@pytest.fixture(scope="module")
+def selection_table(spark, tmp_path_factory) -> TableRef:
+    table = TableRef.parse(str(tmp_path_factory.mktemp("selection") / "dlq"), "dead_letter.table")
+    rows = [
+        ("a", "builtins.ValueError", NOW - timedelta(hours=3), None),
+        ("b", "builtins.ValueError", NOW - timedelta(hours=1), None),
+        ("c", "shop.errors.PriceError", NOW - timedelta(minutes=5), None),
+        ("d", "builtins.KeyError", NOW, "earlier-redrive"),
+        ("it's", "shop.NotAValueError", NOW, None),
+        ("back\\slash", "builtins.KeyError", NOW, None),
+    ]
+    add_dead_letters(
+        spark,
+        table,
+        [
+            {"id": i, "error_class": c, "dead_lettered_at": at, "redrive_id": r}
+            for i, c, at, r in rows
+        ],
+    )
+    return table
+
+
+@pytest.mark.parametrize(
+    "selection, ids",
+    [
+        (Selection(), ["a", "b", "back\\slash", "c", "it's"]),
+        (Selection(since=NOW - timedelta(hours=1), until=NOW), ["b", "c"]),  # half-open
+        (Selection(until=(NOW - timedelta(hours=2)).replace(tzinfo=None)), ["a"]),  # naive: UTC
+        (Selection(error_classes=("ValueError",)), ["a", "b"]),  # not NotAValueError
+        (Selection(error_classes=("shop.errors.PriceError", "KeyError")), ["back\\slash", "c"]),
+        (Selection(ids=("it's", "back\\slash", "a")), ["a", "back\\slash", "it's"]),
+    ],
+)
+def test_the_selection_picks_rows_not_claimed(spark, selection_table, selection, ids):
+    assert chosen(spark, selection_table, selection) == ids
+
+
+def test_the_claim_update_takes_rows_out_of_later_selections(spark, tmp_path):
+    table = TableRef.parse(str(tmp_path / "dlq"), "dead_letter.table")
+    add_dead_letters(
+        spark,
+        table,
+        [
+            {"id": i, "error_class": c, "origin_topic": "orders"}
+            for i, c in [("a", "builtins.ValueError"), ("b", "x.KeyError")]
+        ],
+    )
+    dead = redrive_module._DeadLetters(spark, table)
+
+    dead.update(
+        Selection(error_classes=("ValueError",)).predicate(),
+        {"redrive_id": "'r1'", "redrive_topic": "origin_topic"},
+    )
+
+    assert chosen(spark, table, Selection()) == ["b"]
+    assert [(r["id"], r["redrive_topic"]) for r in dead.claimed()["r1"]] == [("a", "orders")]
+
+
+def test_updates_racing_each_other_all_land(spark, tmp_path, monkeypatch):
+    """Concurrent UPDATEs of one file conflict in Delta; each runs again until it lands.
+
+    Rounds of three racing UPDATEs run until Delta reported a conflict at least once (the
+    first round almost always does), so the retry path is known to have run.
+    """
+    table = TableRef.parse(str(tmp_path / "dlq"), "dead_letter.table")
+    ids = [f"r{i}" for i in range(3)]
+    add_dead_letters(spark, table, [{"id": i} for i in ids])
+    conflicts: list[str] = []
+    real_update = redrive_module.update_where
+
+    def watched(*args, **kwargs):
+        try:
+            real_update(*args, **kwargs)
+        except redrive_module._CONFLICTS as e:
+            conflicts.append(type(e).__name__)
+            raise
+
+    monkeypatch.setattr(redrive_module, "update_where", watched)
+    failures: list[BaseException] = []
+
+    def claim(start: threading.Barrier, row_id: str, tag: str) -> None:
+        start.wait()
+        try:
+            redrive_module._DeadLetters(spark, table).update(
+                f"id = '{row_id}'", {"redrive_id": f"'{tag}'"}
+            )
+        except BaseException as e:
+            failures.append(e)
+
+    for round_ in range(5):
+        start = threading.Barrier(len(ids))
+        threads = [threading.Thread(target=claim, args=(start, i, f"{i}-{round_}")) for i in ids]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures
+        expected = spark.createDataFrame(
+            [(i, f"{i}-{round_}") for i in ids], "id STRING, redrive_id STRING"
+        )
+        assert_df_equality(
+            read_table(spark, table).select("id", "redrive_id"),
+            expected,
+            ignore_row_order=True,
+            ignore_nullable=True,
+        )
+        if conflicts:
+            break
+    assert conflicts, "no round of racing UPDATEs conflicted"
+
+
+def records_in(bootstrap: str, topic: str, partition: int) -> list[tuple[bytes, list]]:
+    """(key, headers) of every committed record in `topic`[`partition`]."""
+    consumer = make_consumer(
+        bootstrap, {"isolation.level": "read_committed", "enable.partition.eof": True}
+    )
+    consumer.assign([TopicPartition(topic, partition, 0)])
+    found = []
+    try:
+        while True:
+            message = consumer.poll(10)
+            assert message is not None, "timed out reading the topic"
+            if message.error() is not None:
+                return found
+            found.append((message.key(), message.headers() or []))
+    finally:
+        consumer.close()
+
+
+def test_status_and_redrive_with_a_catalog_table(
+    spark, bootstrap_servers, make_topic, write_config
+):
+    """`dead_letter.table = "default.dlq_<uuid>"`: status counts it, redrive sends from it and
+    marks it, check finds it. In-process: the test session's catalog is in memory, so a
+    table made here is not visible to another process (see test_cli.py).
+    """
+    topic = make_topic("home", partitions=2)
+    config = write_config([topic], name="catalogdlq")
+    name = f"default.dlq_{uuid.uuid4().hex[:12]}"
+    config = dataclasses.replace(
+        config, dead_letter=dataclasses.replace(config.dead_letter, table=name)
+    )
+    table = TableRef.parse(name, "dead_letter.table")
+    headers = [{"key": "trace", "value": b"t1"}, {"key": "retrylib.attempt", "value": b"3"}]
+    add_dead_letters(
+        spark,
+        table,
+        [
+            {
+                "id": f"id-{i}",
+                "error_class": error_class,
+                "origin_topic": topic,
+                "origin_partition": 1,
+                "origin_offset": i,
+                "dead_lettered_at": NOW + timedelta(seconds=i),
+                "key": f"k{i}".encode(),
+                "value": b"v",
+                "headers": headers,
+            }
+            for i, error_class in enumerate(
+                ["builtins.ValueError", "builtins.ValueError", "shop.PriceError"]
+            )
+        ],
+    )
+    try:
+        status = collect_status(config, spark=spark, timeout=5)
+        dead = status["dead_letters"]
+        assert (dead["table"], dead["exists"], dead["total"], dead["redriven"]) == (
+            name,
+            True,
+            3,
+            0,
+        )
+        assert [(c["error_class"], c["records"]) for c in dead["by_error_class"]] == [
+            ("builtins.ValueError", 2),
+            ("shop.PriceError", 1),
+        ]
+
+        report = redrive(config, Selection(error_classes=("ValueError",)), spark=spark)
+
+        assert report.sent == 2
+        assert [row["id"] for row in report.selected] == ["id-0", "id-1"]
+        assert records_in(bootstrap_servers, topic, 1) == [
+            (b"k0", [("trace", b"t1")]),
+            (b"k1", [("trace", b"t1")]),
+        ]
+        marked = read_table(spark, table).select(
+            "id",
+            "redrive_id",
+            "redrive_topic",
+            F.col("redriven_at").isNotNull().alias("redriven"),
+        )
+        expected = spark.createDataFrame(
+            [
+                ("id-0", report.redrive_id, topic, True),
+                ("id-1", report.redrive_id, topic, True),
+                ("id-2", None, None, False),
+            ],
+            "id STRING, redrive_id STRING, redrive_topic STRING, redriven BOOLEAN",
+        )
+        assert_df_equality(marked, expected, ignore_row_order=True, ignore_nullable=True)
+        dead = collect_status(config, spark=spark, timeout=5)["dead_letters"]
+        assert (dead["total"], dead["redriven"]) == (3, 2)
+        again = redrive(config, Selection(error_classes=("ValueError",)), spark=spark)
+        assert (again.sent, again.selected) == (0, [])
+
+        _, findings = preflight(config, timeout=5, spark=spark, tables=True)
+        assert f"ok: dead_letter.table: Delta table {name}" in {
+            f"{f.level}: {f.message}" for f in findings
+        }
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_a_missing_catalog_table_has_nothing_to_redrive(spark, write_config, make_topic):
+    config = write_config([make_topic("home", partitions=1)], name="nodlq")
+    name = f"default.absent_{uuid.uuid4().hex[:12]}"
+    config = dataclasses.replace(
+        config, dead_letter=dataclasses.replace(config.dead_letter, table=name)
+    )
+
+    report = redrive(config, Selection(), spark=spark)
+
+    assert (report.sent, report.selected, report.redrive_id) == (0, [], None)
+    assert collect_status(config, spark=spark, timeout=5)["dead_letters"]["exists"] is False
