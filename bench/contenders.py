@@ -3,8 +3,9 @@
 - `ceiling`: a plain confluent-kafka consumer reading every record and doing nothing.
 - `baseline`: what a user writes without retrylib, seed-style: one process, a consumer,
   the handler per record, a failed record produced to a retry topic with retry headers,
-  output rows appended to a Delta table (deltalake.write_deltalake) every `flush_every`
-  records, consumer offsets committed after each append (at-least-once).
+  output rows appended to a Delta table every `flush_every` records with the `deltalake`
+  package (delta-rs, as a one-process job without Spark would), consumer offsets committed
+  after each append (at-least-once).
 
 Run as `python -m bench.contenders {ceiling|baseline} ARGS_JSON RESULT_JSON`; the result
 holds epoch times: `started` (process ready), `first` (first record received) and `done`
@@ -20,12 +21,7 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
-# noida-db ignores fetch size limits and may answer with a whole partition (DESIGN.md).
-_CONSUMER = {
-    "enable.auto.commit": False,
-    "auto.offset.reset": "earliest",
-    "receive.message.max.bytes": 1_000_000_000,
-}
+_CONSUMER = {"enable.auto.commit": False, "auto.offset.reset": "earliest"}
 _CONSUME_BATCH = 10_000
 
 

@@ -1,16 +1,23 @@
-"""Timers around retrylib's own code, for the time-share table. Nothing in retrylib changes.
+"""Timers around retrylib's own code, for the time-split table. Nothing in retrylib changes.
 
 Executor side: `timed_run_task` replaces `retrylib.router.run_task` (the `mapInArrow` body)
-with a wrapper that calls the original and times, per task, the waits for the next input
-batch (for Kafka records from the JVM; offset ranges are read inside the task, which
-retrylib counts itself as `kafka_read_ms`), the Parquet writes and closes of
-`DataFileWriter` ("parquet"), and the whole task. It adds them to the task's counters row,
-so the router sums them per batch like its own counters (`bench_*`). Handler time is
-retrylib's own `handler_ms` counter.
+with a wrapper that calls the original and times, per task:
 
-Driver side: `install_driver_timers` wraps the router's routing job, the staged produce,
-the Delta commits, the manifest write and the clean-up with timers keyed by step.
-Overhead: two `perf_counter` calls per 10,000-record Arrow batch and per step.
+- `bench_source_wait_ms`: waiting for the next input batch. With Spark's Kafka source that
+  is the JVM reading Kafka and handing the records over as Arrow; with the Python source
+  (offset ranges) the input is a few ranges and the reading is inside the task, counted
+  by retrylib itself as `kafka_read_ms`.
+- `bench_handoff_ms`: handing result rows back to Spark (the time a `yield` takes: Arrow
+  serialisation to the JVM, and waiting while the JVM writes the staging Parquet).
+- `bench_task_ms`: the whole task.
+
+It adds them to the task's counters row, so the router sums them per batch like its own
+counters. Handler time is retrylib's own `handler_ms` counter; the rest of the task is
+retrylib's per-record routing.
+
+Driver side: `install_driver_timers` wraps the steps of the router's `foreachBatch` body
+with timers keyed by step (see `DRIVER_STEPS`). Overhead: two `perf_counter` calls per
+Arrow batch and per step.
 """
 
 from __future__ import annotations
@@ -25,83 +32,76 @@ import pyarrow as pa
 
 log = logging.getLogger("bench.instrument")
 
-_writer_ms = [0.0]
-_writer_patched = [False]
-
-
-def _patch_writer() -> None:
-    """Time `DataFileWriter.write`/`close` in this (worker) process; done once."""
-    if _writer_patched[0]:
-        return
-    from retrylib import delta_sink
-
-    cls = delta_sink.DataFileWriter
-    original_write, original_close = cls.write, cls.close
-
-    def write(self, batch):
-        t = time.perf_counter()
-        try:
-            return original_write(self, batch)
-        finally:
-            _writer_ms[0] += (time.perf_counter() - t) * 1000
-
-    def close(self):
-        t = time.perf_counter()
-        try:
-            return original_close(self)
-        finally:
-            _writer_ms[0] += (time.perf_counter() - t) * 1000
-
-    cls.write, cls.close = write, close
-    _writer_patched[0] = True
+DRIVER_STEPS = {
+    "route": "routing the batch, then counting its decisions (BatchRouter._route)",
+    "staging_write": "Spark job: handler tasks + staging Parquet write (router._run_tasks)",
+    "manifest": "claiming the manifest (router.claim_json)",
+    "apply": "the batch's effects (BatchRouter._apply)",
+    "produce": "Kafka transaction of retry/dead-letter records (StagedProducer.produce_once)",
+    "delta_appends": "Delta appends with txnAppId/txnVersion (router.append_once)",
+    "clean_up": "dropping old staging folders and manifests (BatchRouter._clean_up)",
+    "check_tables": "first batch: are the tables ahead of the checkpoint",
+    "metrics": "per-batch metrics line and input lag (MetricsRecorder.record)",
+}
 
 
 def timed_run_task(plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """`retrylib.batch_task.run_task` with per-task timers added to its counters row."""
     from retrylib import batch_task
 
-    _patch_writer()
-    started = time.perf_counter()
-    writer_before = _writer_ms[0]
+    clock = time.perf_counter
+    started = clock()
     waited = [0.0]
     rows = [0]
 
     def timed_batches() -> Iterator[pa.RecordBatch]:
         source = iter(batches)
         while True:
-            t = time.perf_counter()
-            try:
-                batch = next(source)
-            except StopIteration:
-                waited[0] += time.perf_counter() - t
+            t = clock()
+            batch = next(source, None)
+            waited[0] += clock() - t
+            if batch is None:
                 return
-            waited[0] += time.perf_counter() - t
             rows[0] += batch.num_rows
             yield batch
 
-    for summary in batch_task.run_task(plan, timed_batches()):
-        timers = {
-            "bench_task_ms": round((time.perf_counter() - started) * 1000),
-            "bench_source_wait_ms": round(waited[0] * 1000),
-            "bench_parquet_ms": round(_writer_ms[0] - writer_before),
-            "bench_tasks": 1,
-            "bench_task_rows": rows[0],
-        }
-        yield _add_counters(summary, timers)
+    handed = 0.0
+    for out in batch_task.run_task(plan, timed_batches()):
+        if _is_counters_row(out):
+            out = _add_counters(
+                out,
+                {
+                    "bench_task_ms": round((clock() - started) * 1000),
+                    "bench_source_wait_ms": round(waited[0] * 1000),
+                    "bench_handoff_ms": round(handed * 1000),
+                    "bench_tasks": 1,
+                    "bench_task_rows": rows[0],
+                },
+            )
+        t = clock()
+        yield out
+        handed += clock() - t
 
 
-def _add_counters(summary: pa.RecordBatch, extra: dict[str, int]) -> pa.RecordBatch:
-    rows = summary.to_pylist()
-    for row in rows:
+def _is_counters_row(batch: pa.RecordBatch) -> bool:
+    kinds = batch.column("kind")
+    return batch.num_rows > 0 and kinds[batch.num_rows - 1].as_py() == "counters"
+
+
+def _add_counters(rows: pa.RecordBatch, extra: dict[str, int]) -> pa.RecordBatch:
+    """`rows` (result rows, `retrylib.results`) with `extra` added to its counters row's JSON,
+    or a counters row appended when it has none."""
+    table = rows.to_pylist()
+    for row in table:
         if row["kind"] == "counters":
-            counters = json.loads(row["payload"])
+            counters = json.loads(row["counters"])
             for key, value in extra.items():
                 counters[key] = counters.get(key, 0) + value
-            row["payload"] = json.dumps(counters)
+            row["counters"] = json.dumps(counters)
             extra = {}
     if extra:
-        rows.append({"kind": "counters", "payload": json.dumps(extra)})
-    return pa.RecordBatch.from_pylist(rows, schema=summary.schema)
+        table.append({"kind": "counters", "counters": json.dumps(extra)})
+    return pa.RecordBatch.from_pylist(table, schema=rows.schema)
 
 
 class DriverTimers:
@@ -137,19 +137,28 @@ class DriverTimers:
 
 def install_driver_timers() -> DriverTimers:
     """Route tasks through `timed_run_task` and time the router's driver-side steps."""
-    from retrylib import router, staging
+    from retrylib import metrics, router, staging
 
     if not hasattr(router, "run_task"):
         raise RuntimeError("retrylib.router.run_task is gone: update bench/instrument.py")
     router.run_task = timed_run_task
     timers = DriverTimers()
-    wrapped = [
-        timers.wrap(router.BatchRouter, "_route", "route_job"),
-        timers.wrap(staging.StagedProducer, "produce_once", "produce"),
-        timers.wrap(router, "commit_files", "delta_commits"),
-        timers.wrap(router, "write_json", "manifest"),
-        timers.wrap(router.BatchRouter, "_clean_up", "clean_up"),
+    targets = [
+        (router.BatchRouter, "_route", "route"),
+        (router, "_run_tasks", "staging_write"),
+        (router, "claim_json", "manifest"),
+        (router.BatchRouter, "_apply", "apply"),
+        (staging.StagedProducer, "produce_once", "produce"),
+        (router, "append_once", "delta_appends"),
+        (router.BatchRouter, "_clean_up", "clean_up"),
+        (router.BatchRouter, "_check_tables_not_ahead", "check_tables"),
+        (metrics.MetricsRecorder, "record", "metrics"),
     ]
-    if not all(wrapped):
-        log.warning("some retrylib driver steps were not found; their times read 0")
+    missing = [
+        f"{getattr(owner, '__name__', owner)}.{name}"
+        for owner, name, step in targets
+        if not timers.wrap(owner, name, step)
+    ]
+    if missing:
+        log.warning("retrylib steps not found, their times read 0: %s", ", ".join(missing))
     return timers

@@ -31,7 +31,6 @@ def not_before_by_origin(bootstrap: str, topic: str, timeout: float = 30.0) -> d
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "isolation.level": "read_committed",
-            "receive.message.max.bytes": 1_000_000_000,
         }
     )
     try:
@@ -58,7 +57,7 @@ def not_before_by_origin(bootstrap: str, topic: str, timeout: float = 30.0) -> d
 
 def handled_by_origin(table_uri: str) -> dict:
     """{(partition, offset): handled_at_ms} of the output rows of retried records."""
-    from retrylib.delta_sink import read_table
+    from deltalake import DeltaTable
 
-    rows = read_table(table_uri, where="attempt >= 1").to_pylist()
+    rows = DeltaTable(table_uri).to_pyarrow_table(filters=[("attempt", ">=", 1)]).to_pylist()
     return {(r["partition"], r["offset"]): r["handled_at_ms"] for r in rows}

@@ -177,8 +177,8 @@ def _all_stats() -> dict[int, tuple[str, int, float]]:
 
 
 def tree_cpu_seconds(root: int) -> float | None:
-    """CPU seconds used so far by `root` and its live descendants (for the broker, whose
-    `noida-db` command is a Python wrapper around the real binary), or None if it is gone."""
+    """CPU seconds used so far by `root` and its live descendants (the embedded broker is
+    one `java` process; an external one has no PID here), or None if it is gone."""
     stats = _all_stats()
     if root not in stats:
         return None

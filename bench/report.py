@@ -122,3 +122,43 @@ def split_lateness(
         waits.append(started[-1] - due)
         inside.append(at - started[-1])
     return waits, inside
+
+
+def epoch_ms(iso: str) -> int:
+    """Epoch ms of a StreamingQueryProgress timestamp like 2026-11-23T06:37:19.123Z."""
+    from datetime import datetime
+
+    return round(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def batch_ends(progress: Iterable[Mapping[str, object]]) -> dict[int, float]:
+    """{batch id: epoch seconds at which the trigger that ran it ended} from a query's
+    progress entries (trigger start `timestamp` + `durationMs.triggerExecution`)."""
+    ends = {}
+    for p in progress:
+        if p.get("timestamp") is None or p.get("batchId") is None:
+            continue
+        took = dict(p.get("durationMs") or {}).get("triggerExecution", 0)
+        ends[int(p["batchId"])] = (epoch_ms(str(p["timestamp"])) + int(took)) / 1000
+    return ends
+
+
+def steady_rate(batches: Sequence[tuple[float, int]]) -> float | None:
+    """Records per second after the first batch, from (end epoch s, records) per batch in
+    order: the records of every later batch over the time from the first batch's end to the
+    last one's. None with fewer than two batches."""
+    if len(batches) < 2:
+        return None
+    return rate(sum(n for _, n in batches[1:]), batches[-1][0] - batches[0][0])
+
+
+def full_batch_rate(batches: Sequence[tuple[int, float]], share: float = 0.5) -> float | None:
+    """Records per second of trigger time over the full batches among (records, trigger
+    seconds): those holding at least `share` of the largest one's records. Leaves out a
+    small tail batch (the input left over after the last full batch), whose fixed costs
+    would otherwise weigh on the rate as much as a full batch's."""
+    if not batches:
+        return None
+    largest = max(n for n, _ in batches)
+    full = [(n, s) for n, s in batches if n >= share * largest]
+    return rate(sum(n for n, _ in full), sum(s for _, s in full))

@@ -21,6 +21,20 @@ import threading
 import time
 
 
+def progress_of(query) -> list[dict]:
+    """The query's recent progress entries, reduced to what the report reads."""
+    entries = [json.loads(p.json) for p in query.recentProgress]
+    return [
+        {
+            "batchId": p.get("batchId"),
+            "timestamp": p.get("timestamp"),
+            "numInputRows": p.get("numInputRows"),
+            "durationMs": p.get("durationMs", {}),
+        }
+        for p in entries
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("config")
@@ -98,22 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         router.close()
     done = time.time()
     query_cpu = cpu_between(cpu_before, tree_cpu_by_group(os.getpid()))
-    progress = [json.loads(p.json) for p in query.recentProgress]
     result = {
         "started": started,
         "session_ready": session_ready,
         "query_started": query_started,
         "done": done,
         "batches": batches,
-        "progress": [
-            {
-                "batchId": p.get("batchId"),
-                "timestamp": p.get("timestamp"),
-                "numInputRows": p.get("numInputRows"),
-                "durationMs": p.get("durationMs", {}),
-            }
-            for p in progress
-        ],
+        "progress": progress_of(query),
         "succeeded": succeeded[0],
         "query_cpu_s": query_cpu,
         "error": error,

@@ -6,7 +6,7 @@
     .venv/bin/python -m bench.spy_summary prof.txt [--top 12]
 
 Each sample is put in one role by the frames on its stack: the source read (a Python data
-source task: `read_range`), the routing task (`run_task`: handler, routing, Parquet), the
+source task: `read_range`), the routing task (`run_task`: handler, routing, result rows), the
 driver (the foreachBatch body and everything else in the driver process), source planning
 (the Python data source's driver-side runner) or other worker time (starting, idle
 serialisation). Within a role a sample is charged to its innermost frame in retrylib/ or

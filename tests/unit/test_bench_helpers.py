@@ -120,14 +120,14 @@ def test_process_tree_and_groups():
 
 
 def test_timers_are_added_to_the_counters_row():
-    schema = pa.schema([("kind", pa.string()), ("payload", pa.string())])
+    schema = pa.schema([("kind", pa.string()), ("counters", pa.string())])
     summary = pa.RecordBatch.from_pylist(
-        [{"kind": "output", "payload": "{}"}, {"kind": "counters", "payload": '{"a": 1}'}],
+        [{"kind": "output", "counters": None}, {"kind": "counters", "counters": '{"a": 1}'}],
         schema=schema,
     )
     rows = _add_counters(summary, {"a": 2, "bench_x": 5}).to_pylist()
-    assert rows[0] == {"kind": "output", "payload": "{}"}
-    assert json.loads(rows[1]["payload"]) == {"a": 3, "bench_x": 5}
+    assert rows[0] == {"kind": "output", "counters": None}
+    assert json.loads(rows[1]["counters"]) == {"a": 3, "bench_x": 5}
 
 
 def test_spy_lines_are_put_in_roles_and_charged_to_our_frames():
@@ -151,3 +151,32 @@ def test_lateness_splits_at_the_trigger_that_handled_the_record():
     waits, inside = split_lateness(handled, due, [3_000, 5_000, 9_000])
     assert waits == [1_000, 1_000]
     assert inside == [300, 100]
+
+
+def test_batch_ends_and_steady_rate_from_query_progress():
+    from bench.report import batch_ends, steady_rate
+
+    progress = [
+        {
+            "batchId": 0,
+            "timestamp": "2026-01-01T00:00:00.000Z",
+            "durationMs": {"triggerExecution": 9000},
+        },
+        {
+            "batchId": 1,
+            "timestamp": "2026-01-01T00:00:09.100Z",
+            "durationMs": {"triggerExecution": 1900},
+        },
+        {"batchId": None, "timestamp": None},
+    ]
+    ends = batch_ends(progress)
+    assert ends[1] - ends[0] == pytest.approx(2.0)
+    assert steady_rate([(ends[0], 500), (ends[1], 1000)]) == pytest.approx(500.0)
+    assert steady_rate([(ends[0], 500)]) is None
+
+
+def test_full_batch_rate_leaves_out_a_small_tail_batch():
+    from bench.report import full_batch_rate
+
+    assert full_batch_rate([(1000, 2.0), (1000, 2.0), (16, 1.5)]) == pytest.approx(500.0)
+    assert full_batch_rate([]) is None

@@ -1,0 +1,90 @@
+"""The engine's own pace: a bare Spark pipeline from Kafka to Delta, no handler, no retries.
+
+    python -m bench.bare_driver ARGS_JSON RESULT_JSON --master local[2]
+
+ARGS_JSON holds `bootstrap`, `topic`, `table`, `checkpoint` and `max_offsets_per_trigger`.
+The pipeline is `spark.readStream.format("kafka")` on the topic, the trivial handler's
+output columns computed in the JVM (`partition, offset, length(value) AS size`: the same
+table retrylib writes), `writeStream.format("delta")` with `Trigger.AvailableNow` and the
+same `maxOffsetsPerTrigger` as retrylib. The session comes from
+`retrylib.session.build_spark_session`, so it has the same jars and settings. Run in a
+process of its own by bench/run.py; the result JSON has the same fields as
+bench/retrylib_driver.py's, batches taken from the query's progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("args_json")
+    parser.add_argument("result")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    options = json.loads(args.args_json)
+    started = time.time()
+
+    from pyspark.sql import functions as F
+
+    from bench.procmem import cpu_between, tree_cpu_by_group
+    from bench.retrylib_driver import progress_of
+    from retrylib.session import build_spark_session
+
+    spark = build_spark_session("bench-bare", master=args.master)
+    session_ready = time.time()
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", options["bootstrap"])
+        .option("subscribe", options["topic"])
+        .option("startingOffsets", "earliest")
+    )
+    if options.get("max_offsets_per_trigger"):
+        reader = reader.option("maxOffsetsPerTrigger", str(options["max_offsets_per_trigger"]))
+    frame = reader.load().select("partition", "offset", F.length("value").cast("int").alias("size"))
+    cpu_before = tree_cpu_by_group(os.getpid())
+    query = (
+        frame.writeStream.format("delta")
+        .queryName("bench-bare")
+        .option("checkpointLocation", options["checkpoint"])
+        .trigger(availableNow=True)
+        .start(options["table"])
+    )
+    query_started = time.time()
+    error = None
+    query.awaitTermination(args.timeout)
+    if query.isActive:
+        error = f"timed out after {args.timeout}s"
+        query.stop()
+    exception = query.exception()
+    if exception is not None:
+        error = str(exception)
+    done = time.time()
+    query_cpu = cpu_between(cpu_before, tree_cpu_by_group(os.getpid()))
+    progress = progress_of(query)
+    written = spark.read.format("delta").load(options["table"]).count()
+    result = {
+        "started": started,
+        "session_ready": session_ready,
+        "query_started": query_started,
+        "done": done,
+        "progress": progress,
+        "records": sum(p["numInputRows"] or 0 for p in progress),
+        "succeeded": written,
+        "query_cpu_s": query_cpu,
+        "error": error,
+    }
+    with open(args.result, "w") as f:
+        json.dump(result, f)
+    spark.stop()
+    return 1 if error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
