@@ -19,9 +19,8 @@ confirmed when their redrive's marker is committed (the crash came after the sen
 sent (with the same id and marker) when it is not (the crash came before or during it).
 Opening the transactional producer first fences a stale instance and settles its
 in-flight transaction, so the markers read afterwards are final. Consumers that must not
-see the records of an aborted send read with `isolation.level = read_committed`: the
-librdkafka default, so retrylib's own source does; Spark's built-in Kafka source does not
-unless `"isolation.level" = "read_committed"` is among `[kafka.options]`.
+see the records of an aborted send read with `isolation.level = read_committed`, as the
+job does on every topic it reads (unless `[kafka.options]` overrides it).
 
 The dead-letter table (a path or a catalog name) is read and updated through Spark's Delta
 (`retrylib.delta_tables`); an UPDATE that loses a race with another commit (an OPTIMIZE, a

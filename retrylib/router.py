@@ -41,6 +41,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.functions import collect_list, count
 
 from retrylib.batch_task import TaskPlan, run_task
 from retrylib.delta_tables import TableRef, append_once, committed_version
@@ -70,7 +71,7 @@ class BatchResult:
 
 
 class BatchRouter:
-    """Callable for `foreachBatch`; `plan_for(batch_id, now_ms)` gives the task plan."""
+    """Callable for `foreachBatch`: runs one batch in the steps of the module docstring."""
 
     def __init__(
         self,
@@ -131,11 +132,15 @@ class BatchRouter:
         crash_point("after_handler", batch_id)
         counters: Counter[str] = Counter()
         kinds: Counter[str] = Counter()
-        staged = df.sparkSession.read.parquet(staging)
-        for row in staged.groupBy("kind").count().collect():
-            kinds[row["kind"]] = row["count"]
-        for row in staged.where("kind = 'counters'").select("counters").collect():
-            counters.update(json.loads(row["counters"]))
+        by_kind = (
+            df.sparkSession.read.parquet(staging)
+            .groupBy("kind")
+            .agg(count("*").alias("rows"), collect_list("counters").alias("counters"))
+        )
+        for row in by_kind.collect():  # one row per kind; only "counters" has counters
+            kinds[row["kind"]] = row["rows"]
+            for text in row["counters"]:
+                counters.update(json.loads(text))
         return {
             "now_ms": plan.now_ms,
             "staging": staging,

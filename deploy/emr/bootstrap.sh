@@ -8,8 +8,10 @@
 #   wheels/*.whl          the retrylib wheel and the handler package's wheel
 #   retrylib-src.tar.gz   the repository (git archive --format=tar.gz HEAD)
 #
-# pyspark and delta-spark are not installed: the cluster's Spark provides pyspark, and
-# retrylib writes Delta with delta-rs. RETRYLIB_PYTHON picks the interpreter (python3).
+# pyspark is not installed: the cluster's Spark provides it. Delta's Python package is
+# installed without dependencies at the cluster's Delta version (DELTA_VERSION, 4.0.0 on
+# emr-spark-8.0.0); its jars come with the step's --packages. RETRYLIB_PYTHON picks the
+# interpreter (python3).
 set -euo pipefail
 
 artifacts=${1:?usage: bootstrap.sh s3://bucket/prefix}
@@ -17,7 +19,7 @@ python=${RETRYLIB_PYTHON:-python3}
 work=$(mktemp -d)
 
 aws s3 cp --recursive "${artifacts%/}/wheels/" "$work/wheels/"
-sudo "$python" -m pip install --no-deps "$work"/wheels/*.whl
+sudo "$python" -m pip install --no-deps "$work"/wheels/*.whl "delta-spark==${DELTA_VERSION:-4.0.0}"
 sudo "$python" - <<'PY'
 import importlib.metadata
 import re

@@ -47,7 +47,9 @@ def settled_count(config) -> int:
     return read_table(config.output.table).num_rows + read_table(config.dead_letter.table).num_rows
 
 
-def test_outcomes_by_kind(spark, bootstrap_servers, make_topic, write_config):
+@pytest.mark.parametrize("source", ["builtin", "python"])
+def test_outcomes_by_kind(spark, bootstrap_servers, make_topic, write_config, source):
+    """Both main-topic readers: Spark's connector, and retrylib's ranges read in the tasks."""
     topic = make_topic("orders", partitions=3)
     keys = (
         [f"ok-{i}" for i in range(30)]
@@ -58,7 +60,8 @@ def test_outcomes_by_kind(spark, bootstrap_servers, make_topic, write_config):
         + [f"stop-{i}" for i in range(5)]
     )
     produce(bootstrap_servers, topic, [(k, f"v-{k}") for k in keys])
-    config = write_config([topic])  # delays 1s, 2s; max_attempts 3; ValueError non-retryable
+    # delays 1s, 2s; max_attempts 3; ValueError non-retryable
+    config = write_config([topic], kafka=f'source = "{source}"')
 
     run_until(spark, config, lambda: settled_count(config) >= len(keys))
     time.sleep(1)  # nothing more may arrive
