@@ -853,7 +853,8 @@ def _dead_letter(
     default_table = f"{output_table.rstrip('/')}_dead_letter" if output_table else None
     table = t.get("table", _TEXT, 'table = "/tmp/retrylib/orders/dead_letter"', default_table)
     t.values["table"] = table  # the default too, for _check_locations
-    _check_table_name(t, "table", table)
+    if "table" in t.data:  # a default made from a bad output.table is reported there
+        _check_table_name(t, "table", table)
     t.finish()
     if topic and main_topics:
         owners = {name: f"kafka.topics[{i}]" for i, name in enumerate(main_topics)}

@@ -72,12 +72,12 @@ def _read_kafka(spark: SparkSession, format_name: str, options: dict[str, str]) 
 def source_frame(spark: SparkSession, config: Config) -> DataFrame:
     """Every topic the job reads: the main topics, and the retry tiers up to what is due.
 
-    Without Spark's Kafka connector this is one `retrylib_kafka` source for all of them,
-    emitting offset ranges (`retrylib.emit = ranges`) that the routing tasks read
-    themselves: one source process for the job however many tiers it has, and
-    `maxOffsetsPerTrigger` bounds a batch, retries included. With the connector
-    (`kafka.source`), the main topics come from it as records, in a union with one
-    `retrylib_kafka` source for the tiers, emitting records too.
+    With Spark's Kafka connector (`kafka.source` "builtin", or "auto" with the connector on
+    the classpath) the main topics come from it as records, in a union with one
+    `retrylib_kafka` source for the tiers, emitting records too. With "python" it is one
+    `retrylib_kafka` source for all of them, emitting offset ranges
+    (`retrylib.emit = ranges`) that the routing tasks read themselves: records skip the
+    JVM, and `maxOffsetsPerTrigger` bounds a batch, retries included.
     """
     kafka = config.kafka
     delays = config.retry.tier_delays_ms()

@@ -631,3 +631,54 @@ def test_several_unset_env_variables_in_one_value(
         "kafka.bootstrap_servers: environment variables RL_A and RL_B are not set (the value is "
         '"${env:RL_A}:${env:RL_B}"); export RL_A and RL_B before starting the job'
     ]
+
+
+# Delta tables: paths or catalog names, and what the job does when it creates the output
+
+
+def test_output_table_settings(tmp_path: Path) -> None:
+    config = load_config(
+        write_config(
+            tmp_path,
+            {
+                "output.table": '"main.sales.orders"',
+                "output.partition_by": '["order_id"]',
+                "output.schema_evolution": "true",
+            },
+            extra='[output.properties]\n"delta.appendOnly" = true\n',
+        )
+    )
+    assert config.output.table == "main.sales.orders"
+    assert config.output.partition_by == ("order_id",)
+    assert dict(config.output.properties) == {"delta.appendOnly": "true"}
+    assert config.output.schema_evolution is True
+    assert config.dead_letter.table == "main.sales.orders_dead_letter"
+
+
+def test_output_defaults_create_a_plain_table(tmp_path: Path) -> None:
+    output = load_config(write_config(tmp_path)).output
+    assert (output.partition_by, dict(output.properties), output.schema_evolution) == (
+        (),
+        {},
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("output.table", '"orders"', "write ./orders for a folder, or db.orders"),
+        ("dead_letter.table", '"a.b.c.d"', "has 4 dot-separated parts"),
+        ("metrics.table", '"my-db.t"', "backquote other parts"),
+    ],
+)
+def test_a_table_name_that_is_neither_path_nor_catalog_name(tmp_path, key, value, says) -> None:
+    problem = problem_for(tmp_path, {key: value})
+    assert problem.startswith(f"{key}: ")
+    assert says in problem
+
+
+def test_partition_column_must_be_an_output_column(tmp_path: Path) -> None:
+    problem = problem_for(tmp_path, {"output.partition_by": '["day"]'})
+    assert problem.startswith("output.partition_by[0]: 'day' is not a column")
+    assert "['order_id', 'total']" in problem
