@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 from delta.tables import DeltaTable
-from table_reading import read_table
+from helpers import read_table
 
 import retrylib.redrive as redrive_module
 from retrylib.cli import main

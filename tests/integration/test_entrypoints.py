@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import produce
-from table_reading import read_table
+from helpers import read_table
 
 from retrylib.config import load_config
 from retrylib.errors import TopicError

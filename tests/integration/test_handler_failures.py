@@ -13,7 +13,7 @@ import time
 import pytest
 from chispa import assert_df_equality
 from conftest import produce
-from table_reading import read_table
+from helpers import read_table
 
 from retrylib.config import load_config
 from retrylib.job import start_query, stop_gracefully

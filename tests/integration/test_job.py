@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from conftest import produce
-from table_reading import read_table
+from helpers import read_table
 
 from retrylib.job import start_query
 from retrylib.router import BatchResult, checkpoint_identity

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from conftest import produce
-from table_reading import read_table
+from helpers import read_table
 
 from retrylib.delta_tables import TableRef, append_once
 from retrylib.job import start_query, stop_gracefully

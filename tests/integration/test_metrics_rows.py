@@ -4,12 +4,10 @@ figures themselves are checked without Spark in `tests/unit/test_metrics_row.py`
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from chispa import assert_df_equality
+from helpers import metrics_job_config
 
-from retrylib.config import load_config
 from retrylib.delta_tables import TableRef, read_table
 from retrylib.metrics import MetricsRecorder
 from retrylib.router import BatchResult
@@ -17,36 +15,12 @@ from retrylib.router import BatchResult
 pytestmark = pytest.mark.slow
 
 
-def config(tmp_path: Path):
-    (tmp_path / "h.py").write_text("def handle(record):\n    return None\n")
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[job]
-name = "m"
-checkpoint = "{tmp_path}/cp"
-[kafka]
-bootstrap_servers = "127.0.0.1:1"
-topics = ["orders"]
-[handler]
-function = "h:handle"
-output_schema = "id STRING"
-paths = ["{tmp_path}"]
-[output]
-table = "{tmp_path}/out"
-[retry]
-delays = ["10s", "1m"]
-[metrics]
-table = "{tmp_path}/metrics"
-""")
-    return load_config(path)
-
-
 def result(batch_id: int, **counters: int) -> BatchResult:
     return BatchResult(batch_id, False, counters, 5, True, True, 321)
 
 
 def test_one_metrics_row_per_batch(spark, tmp_path):
-    cfg = config(tmp_path)
+    cfg = metrics_job_config(tmp_path)
     recorder = MetricsRecorder(cfg, "m-1")
     recorder.prepare(spark)
 

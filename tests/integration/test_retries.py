@@ -10,7 +10,7 @@ import pytest
 from chispa import assert_df_equality
 from confluent_kafka import TopicPartition
 from conftest import produce
-from table_reading import read_table
+from helpers import read_table
 
 from retrylib.headers import split_headers
 from retrylib.job import start_query, stop_gracefully

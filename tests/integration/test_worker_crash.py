@@ -6,7 +6,7 @@ import time
 
 import pytest
 from conftest import produce
-from table_reading import read_table
+from helpers import read_table
 
 from retrylib.job import start_query
 

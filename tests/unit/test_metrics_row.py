@@ -4,13 +4,11 @@ metrics table's once-per-batch append runs on Spark in `tests/integration/test_m
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaException
+from helpers import metrics_job_config
 
-from retrylib.config import load_config
 from retrylib.metrics import (
     METRICS_SCHEMA,
     KafkaOffsets,
@@ -24,30 +22,6 @@ from retrylib.router import BatchResult
 
 def result(batch_id: int = 4, **counters: int) -> BatchResult:
     return BatchResult(batch_id, False, counters, 5, True, True, 321)
-
-
-def config(tmp_path: Path):
-    (tmp_path / "h.py").write_text("def handle(record):\n    return None\n")
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[job]
-name = "m"
-checkpoint = "{tmp_path}/cp"
-[kafka]
-bootstrap_servers = "127.0.0.1:9092"
-topics = ["orders"]
-[handler]
-function = "h:handle"
-output_schema = "id STRING"
-paths = ["{tmp_path}"]
-[output]
-table = "{tmp_path}/out"
-[retry]
-delays = ["10s", "1m"]
-[metrics]
-table = "{tmp_path}/metrics"
-""")
-    return load_config(path)
 
 
 def test_row_holds_every_figure():
@@ -68,7 +42,7 @@ def test_row_holds_every_figure():
 
 
 def test_batch_offsets_merges_every_source(tmp_path):
-    cfg = config(tmp_path)
+    cfg = metrics_job_config(tmp_path)
     offsets = tmp_path / "cp" / "spark" / "offsets"
     offsets.mkdir(parents=True)
     (offsets / "7").write_text(
@@ -100,7 +74,10 @@ class FakeKafka:
 
 def test_lag_splits_retry_topics_into_due_and_not_due(tmp_path):
     lag = input_lag(
-        config(tmp_path), {("orders", 0): 7, ("orders.retry.10s", 0): 2}, FakeKafka(), 10**12
+        metrics_job_config(tmp_path),
+        {("orders", 0): 7, ("orders.retry.10s", 0): 2},
+        FakeKafka(),
+        10**12,
     )
 
     assert lag == {

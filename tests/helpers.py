@@ -1,0 +1,56 @@
+"""Shared by the tests: a small job config, and Delta tables read back through Spark's Delta
+reader, as users read them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from retrylib.config import Config, load_config
+
+
+def tests_session() -> SparkSession:
+    """The test process's SparkSession (the `spark` fixture's, or one made like it)."""
+    from retrylib.session import build_spark_session
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    return build_spark_session(
+        "retrylib-tests",
+        master="local[2]",
+        extra={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+    )
+
+
+def read_table(table: str) -> pa.Table:
+    """The current snapshot of the Delta table at path `table`, as an Arrow table."""
+    return tests_session().read.format("delta").load(table).toArrow()
+
+
+def metrics_job_config(tmp_path: Path) -> Config:
+    """A job "m" on topic "orders" with a do-nothing handler, two tiers and a metrics table,
+    everything under `tmp_path` (no broker is contacted to load it)."""
+    (tmp_path / "h.py").write_text("def handle(record):\n    return None\n")
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[job]
+name = "m"
+checkpoint = "{tmp_path}/cp"
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+topics = ["orders"]
+[handler]
+function = "h:handle"
+output_schema = "id STRING"
+paths = ["{tmp_path}"]
+[output]
+table = "{tmp_path}/out"
+[retry]
+delays = ["10s", "1m"]
+[metrics]
+table = "{tmp_path}/metrics"
+""")
+    return load_config(path)
