@@ -169,13 +169,13 @@ def start_query(
     )
     ensure_table(spark, dead_letter, from_arrow_schema(DEAD_LETTER_SCHEMA), what="dead-letter")
     state_dir = join(config.job.checkpoint, "retrylib")
-    metrics = MetricsRecorder(
-        config, checkpoint_identity(state_dir, config.job.name), forward=on_result
-    )
+    app_id = checkpoint_identity(spark, state_dir, config.job.name)
+    metrics = MetricsRecorder(config, app_id, forward=on_result)
     metrics.prepare(spark)
     router = BatchRouter(
         task_plan(config, partitions),
         state_dir=state_dir,
+        app_id=app_id,
         kafka_options=dict(config.kafka.options),
         bootstrap_servers=config.kafka.bootstrap_servers,
         output_table=output,

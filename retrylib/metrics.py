@@ -43,7 +43,7 @@ from retrylib.config import Config
 from retrylib.delta_tables import TableRef, append_once, ensure_table
 from retrylib.kafka_client import client_config, topic_partitions
 from retrylib.offsets import PartitionKey, delay_frontier
-from retrylib.storage import filesystem, join, list_names
+from retrylib.storage import join, list_names, read_text
 
 if TYPE_CHECKING:
     from retrylib.router import BatchResult
@@ -97,13 +97,16 @@ def spark_checkpoint(config: Config) -> str:
     return join(config.job.checkpoint, "spark")
 
 
-def last_committed_batch(config: Config) -> int | None:
+def last_committed_batch(spark, config: Config) -> int | None:
     """The id of the last batch Spark marked complete in the checkpoint, or None."""
-    numbers = [int(n) for n in list_names(join(spark_checkpoint(config), "commits")) if n.isdigit()]
+    commits = join(spark_checkpoint(config), "commits")
+    numbers = [int(n) for n in list_names(spark, commits) if n.isdigit()]
     return max(numbers, default=None)
 
 
-def batch_offsets(config: Config, batch_id: int) -> tuple[dict[PartitionKey, int], int | None]:
+def batch_offsets(
+    spark, config: Config, batch_id: int
+) -> tuple[dict[PartitionKey, int], int | None]:
     """End offsets of batch `batch_id` from the checkpoint's offset log, every source merged
     (main and tier topics are distinct), and the batch's trigger time in epoch ms.
 
@@ -111,9 +114,11 @@ def batch_offsets(config: Config, batch_id: int) -> tuple[dict[PartitionKey, int
     JSON line per source ({"topic": {"partition": offset}}). Raises `FileNotFoundError` when
     the file does not exist.
     """
-    fs, path = filesystem(join(spark_checkpoint(config), "offsets", str(batch_id)))
-    with fs.open_input_stream(path) as stream:
-        lines = stream.read().decode("utf-8").splitlines()
+    uri = join(spark_checkpoint(config), "offsets", str(batch_id))
+    text = read_text(spark, uri)
+    if text is None:
+        raise FileNotFoundError(uri)
+    lines = text.splitlines()
     metadata = json.loads(lines[1]) if len(lines) > 1 else {}
     offsets: dict[PartitionKey, int] = {}
     for line in lines[2:]:
@@ -306,7 +311,7 @@ class MetricsRecorder:
 
     def _lag(self, batch_id: int, now_ms: int) -> dict[str, dict[str, int]] | None:
         try:
-            end, _ = batch_offsets(self.config, batch_id)
+            end, _ = batch_offsets(self._spark, self.config, batch_id)
             if self._kafka is None:
                 kafka = self.config.kafka
                 self._kafka = KafkaOffsets(kafka.bootstrap_servers, kafka.options)

@@ -16,10 +16,10 @@ A batch runs in steps, each safe to repeat after a crash:
 A batch's staging folder is removed once the next batch has run: Spark replays at most the
 last batch, and a replay of it may still need its staged rows.
 
-The manifest is claimed, not overwritten: on a local filesystem it is linked into place
-only if no manifest exists yet, and a loser of that race (a zombie instance of the job
-routing the same batch) adopts the winner's decisions. Object stores have no such create
-here; there the job relies on the Kafka producer's fencing of zombies.
+The manifest is claimed, not overwritten (`storage.claim_json`): it is created only if no
+manifest exists yet, and a loser of that race (a zombie instance of the job routing the
+same batch) adopts the winner's decisions. Object stores have no atomic create; there the
+job relies on the Kafka producer's fencing of zombies.
 
 A batch id below one the tables or the control topic already hold for this checkpoint's
 app id means the query runs from an older copy of the checkpoint; its effects would be
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -39,7 +38,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import collect_list, count
 
@@ -49,7 +47,7 @@ from retrylib.errors import RetrylibError
 from retrylib.faults import crash_point
 from retrylib.results import result_struct
 from retrylib.staging import StagedProducer
-from retrylib.storage import delete_tree, filesystem, join, list_names, read_json, write_json
+from retrylib.storage import claim_json, delete_tree, join, list_names, read_json
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +75,7 @@ class BatchRouter:
         self,
         plan_template: TaskPlan,
         state_dir: str,
+        app_id: str,
         kafka_options: dict[str, str],
         bootstrap_servers: str,
         *,
@@ -90,7 +89,7 @@ class BatchRouter:
         self._output_table = output_table
         self._evolve_output = evolve_output
         self._dead_letter_table = dead_letter_table
-        self.app_id = checkpoint_identity(state_dir, plan_template.job)
+        self.app_id = app_id
         self._producer = StagedProducer(
             plan_template.job, self.app_id, bootstrap_servers, kafka_options
         )
@@ -106,18 +105,18 @@ class BatchRouter:
             self._check_tables_not_ahead(spark, batch_id)
             self._checked_tables = True
         manifest_uri = join(self._state_dir, "manifests", f"{batch_id}.json")
-        manifest = read_json(manifest_uri)
+        manifest = read_json(spark, manifest_uri)
         replayed = manifest is not None
         if manifest is None:
             routed = self._route(df, batch_id)
-            manifest = claim_json(manifest_uri, routed)
+            manifest = claim_json(spark, manifest_uri, routed)
             replayed = manifest is not routed
             if replayed:
                 log.warning("batch %d was routed concurrently; using the other run's", batch_id)
             crash_point("after_manifest", batch_id)
         result = self._apply(spark, manifest, batch_id, replayed, started)
         crash_point("before_batch_end", batch_id)
-        self._clean_up(batch_id)
+        self._clean_up(spark, batch_id)
         crash_point("after_cleanup", batch_id)
         log.info("batch %s", json.dumps(_summary(result)))
         if self._on_result is not None:
@@ -214,25 +213,25 @@ class BatchRouter:
     def _staging_dir(self, batch_id: int) -> str:
         return join(self._state_dir, "staged", str(batch_id))
 
-    def _clean_up(self, batch_id: int) -> None:
+    def _clean_up(self, spark: SparkSession, batch_id: int) -> None:
         """Drop the staging folders of batches before this one (a replay of this one may
         still read its own), and manifests older than the last few."""
-        for name in list_names(join(self._state_dir, "staged")):
+        for name in list_names(spark, join(self._state_dir, "staged")):
             if name.isdigit() and int(name) < batch_id:
-                delete_tree(join(self._state_dir, "staged", name))
-        for name in list_names(join(self._state_dir, "manifests")):
+                delete_tree(spark, join(self._state_dir, "staged", name))
+        for name in list_names(spark, join(self._state_dir, "manifests")):
             number, _, rest = name.partition(".json")
             if not number.isdigit():
                 continue
             leftover = rest.startswith(".tmp") and int(number) <= batch_id  # a crashed write
             if leftover or int(number) < batch_id - _MANIFESTS_KEPT:
-                delete_tree(join(self._state_dir, "manifests", name))
+                delete_tree(spark, join(self._state_dir, "manifests", name))
 
     def close(self) -> None:
         self._producer.close()
 
 
-def checkpoint_identity(state_dir: str, job_name: str) -> str:
+def checkpoint_identity(spark: SparkSession, state_dir: str, job_name: str) -> str:
     """The Delta app id and produce-marker id of this checkpoint: "<job>-<random>".
 
     Created with the checkpoint and kept in it. Batch ids restart at 0 when a checkpoint is
@@ -240,45 +239,10 @@ def checkpoint_identity(state_dir: str, job_name: str) -> str:
     old run's (which would skip their commits and lose their records).
     """
     uri = join(state_dir, "identity.json")
-    identity = read_json(uri)
+    identity = read_json(spark, uri)
     if identity is None:  # two instances starting at once agree on the first one's id
-        identity = claim_json(uri, {"app_id": f"{job_name}-{uuid.uuid4().hex[:12]}"})
+        identity = claim_json(spark, uri, {"app_id": f"{job_name}-{uuid.uuid4().hex[:12]}"})
     return identity["app_id"]
-
-
-def claim_json(uri: str, content: dict[str, Any]) -> dict[str, Any]:
-    """Write `content` at `uri` unless a file is there already; return what is in place.
-
-    The caller compares the result with `content` by identity to learn whether it won. On a
-    local filesystem the file is written and synced beside, then hard-linked into place,
-    which fails when the name exists: the first writer wins, readers never see a partial
-    file, and the decision survives a machine crash. Elsewhere it is a plain atomic PUT.
-    """
-    fs, path = filesystem(uri)
-    if not isinstance(fs, pafs.LocalFileSystem):
-        write_json(uri, content)
-        return content
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "wb") as out:
-        out.write(json.dumps(content).encode())
-        out.flush()
-        os.fsync(out.fileno())
-    try:
-        os.link(temporary, path)
-    except FileExistsError:
-        existing = read_json(uri)
-        if existing is None:  # pragma: no cover - removed between link and read
-            raise
-        return existing
-    finally:
-        os.unlink(temporary)
-    directory = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-    return content
 
 
 def _run_tasks(df: DataFrame, plan: TaskPlan, staging: str) -> None:

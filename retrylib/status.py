@@ -89,8 +89,8 @@ def collect_status(
     """The job's status as plain JSON-ready data (see the module docstring for each part).
 
     Kafka is given `timeout` seconds to answer; when it does not, `broker.reachable` is false
-    and the topic sections are empty. The tables are read through `spark`, or through
-    `tool_session()` when it is None. A missing table or checkpoint is reported in place
+    and the topic sections are empty. The tables and the checkpoint are read through `spark`,
+    or through `tool_session()` when it is None. A missing table or checkpoint is reported in place
     (`exists: false`), not raised. Raises `ConfigError` naming the key of a table name that
     is not valid, before anything is read.
     """
@@ -100,12 +100,14 @@ def collect_status(
     metrics = (
         TableRef.parse(config.metrics.table, "metrics.table") if config.metrics.table else None
     )
+    if spark is None:
+        spark = tool_session(f"retrylib-status-{config.job.name}")
     now_ms = int(time.time() * 1000)
-    committed = last_committed_batch(config)
+    committed = last_committed_batch(spark, config)
     position: dict[PartitionKey, int] = {}
     last_batch = None
     if committed is not None:
-        position, triggered_ms = batch_offsets(config, committed)
+        position, triggered_ms = batch_offsets(spark, config, committed)
         last_batch = {"id": committed, "triggered_at": _iso(triggered_ms)}
     errors: list[str] = []
     kafka = KafkaOffsets(
@@ -127,8 +129,6 @@ def collect_status(
     except KafkaException as e:
         broker["reachable"] = False
         broker["error"] = errors[0] if errors else _kafka_text(e)
-    if spark is None:
-        spark = tool_session(f"retrylib-status-{config.job.name}")
     return {
         "job": config.job.name,
         "generated_at": _iso(now_ms),
@@ -357,11 +357,12 @@ def last_batches(
                 return {"source": "metrics_table", "batches": rows}
     manifests = join(config.job.checkpoint, "retrylib", "manifests")
     numbers = sorted(
-        (int(name[:-5]) for name in list_names(manifests) if name[:-5].isdigit()), reverse=True
+        (int(name[:-5]) for name in list_names(spark, manifests) if name[:-5].isdigit()),
+        reverse=True,
     )
     batches = []
     for number in numbers[:count]:
-        manifest = read_json(join(manifests, f"{number}.json"))
+        manifest = read_json(spark, join(manifests, f"{number}.json"))
         if manifest is None:  # removed by the job's clean-up since the listing
             continue
         counters = manifest.get("counters", {})

@@ -1,64 +1,147 @@
-"""Files on local disks or object stores (s3://, gs://, abfs://, hdfs://) through pyarrow."""
+"""retrylib's own files in the job's checkpoint, on whatever file system Spark writes it to.
+
+A location with a URI scheme (`s3a://`, `abfss://`, `gs://`, `hdfs://`, `dbfs:/`, `file:/`)
+goes through Hadoop's FileSystem in Spark's JVM, the API Spark writes its own checkpoint
+with: the cluster's credentials apply and no Python process needs any. A plain local path
+is handled in Python, where a hard link gives `claim_json` an atomic create-if-absent.
+Only the driver calls these (they need the session's JVM).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import re
+import shutil
+from typing import TYPE_CHECKING, Any
 
-import pyarrow.fs as pafs
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem holding `uri` and the path within it; local paths are made absolute."""
-    return pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 
 
 def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts])
 
 
-def write_json(uri: str, content: Any) -> None:
-    """Write `content` as JSON so that readers see the whole file or none of it.
-
-    Local files are written beside and renamed into place; object stores make a single
-    PUT atomic already.
-    """
-    fs, path = filesystem(uri)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    data = json.dumps(content).encode()
-    if isinstance(fs, pafs.LocalFileSystem):
-        temporary = f"{path}.tmp-{os.getpid()}"
-        with fs.open_output_stream(temporary) as out:
-            out.write(data)
-        fs.move(temporary, path)
-    else:
-        with fs.open_output_stream(path) as out:
-            out.write(data)
+def _is_local(uri: str) -> bool:
+    return not _SCHEME.match(uri)
 
 
-def read_json(uri: str) -> Any | None:
+def _hadoop(spark: SparkSession, uri: str) -> tuple[Any, Any]:
+    """The Hadoop FileSystem holding `uri`, and `uri` as a Hadoop Path."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+
+
+def _java_error(error: Exception, class_name: str) -> bool:
+    java = getattr(error, "java_exception", None)
+    return java is not None and java.getClass().getName() == class_name
+
+
+def read_json(spark: SparkSession, uri: str) -> Any | None:
     """The JSON content of `uri`, or None when the file does not exist."""
-    fs, path = filesystem(uri)
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+    if _is_local(uri):
+        try:
+            with open(uri, "rb") as stream:
+                return json.loads(stream.read())
+        except FileNotFoundError:
+            return None
+    text = read_text(spark, uri)
+    return None if text is None else json.loads(text)
+
+
+def read_text(spark: SparkSession, uri: str) -> str | None:
+    """The UTF-8 text of `uri`, or None when the file does not exist."""
+    if _is_local(uri):
+        try:
+            with open(uri, encoding="utf-8") as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return None
+    fs, path = _hadoop(spark, uri)
+    if not fs.exists(path):
         return None
-    with fs.open_input_stream(path) as stream:
-        return json.loads(stream.read())
+    stream = fs.open(path)
+    try:
+        data = spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+    finally:
+        stream.close()
+    return bytes(data).decode("utf-8")
 
 
-def delete_tree(uri: str) -> None:
+def claim_json(spark: SparkSession, uri: str, content: dict[str, Any]) -> dict[str, Any]:
+    """Write `content` at `uri` unless a file is there already; return what is in place.
+
+    The caller compares the result with `content` by identity to learn whether it won. On a
+    local path the file is written and synced beside, then hard-linked into place, which
+    fails when the name exists: the first writer wins, readers never see a partial file,
+    and the decision survives a machine crash. Elsewhere Hadoop's create-if-absent does it
+    (atomic on HDFS; on object stores a single PUT, where the job relies on Kafka's fencing
+    of a second instance instead).
+    """
+    data = json.dumps(content).encode()
+    if not _is_local(uri):
+        fs, path = _hadoop(spark, uri)
+        try:
+            out = fs.create(path, False)
+        except Exception as error:
+            if not _java_error(error, "org.apache.hadoop.fs.FileAlreadyExistsException"):
+                raise
+            existing = read_json(spark, uri)
+            if existing is None:  # pragma: no cover - removed between create and read
+                raise
+            return existing
+        try:
+            out.write(bytearray(data))
+        finally:
+            out.close()
+        return content
+    os.makedirs(os.path.dirname(uri) or ".", exist_ok=True)
+    temporary = f"{uri}.tmp-{os.getpid()}"
+    with open(temporary, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    try:
+        os.link(temporary, uri)
+    except FileExistsError:
+        existing = read_json(spark, uri)
+        if existing is None:  # pragma: no cover - removed between link and read
+            raise
+        return existing
+    finally:
+        os.unlink(temporary)
+    directory = os.open(os.path.dirname(uri) or ".", os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return content
+
+
+def delete_tree(spark: SparkSession, uri: str) -> None:
     """Delete a file, or a directory and all below it; a missing one is fine."""
-    fs, path = filesystem(uri)
-    kind = fs.get_file_info(path).type
-    if kind == pafs.FileType.Directory:
-        fs.delete_dir(path)
-    elif kind == pafs.FileType.File:
-        fs.delete_file(path)
+    if _is_local(uri):
+        if os.path.isdir(uri):
+            shutil.rmtree(uri, ignore_errors=True)
+        elif os.path.exists(uri):
+            os.unlink(uri)
+        return
+    fs, path = _hadoop(spark, uri)
+    fs.delete(path, True)
 
 
-def list_names(uri: str) -> list[str]:
+def list_names(spark: SparkSession, uri: str) -> list[str]:
     """Names of the entries directly in directory `uri` (empty when it does not exist)."""
-    fs, path = filesystem(uri)
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+    if _is_local(uri):
+        try:
+            return os.listdir(uri)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    fs, path = _hadoop(spark, uri)
+    if not fs.exists(path):
         return []
-    return [info.base_name for info in fs.get_file_info(pafs.FileSelector(path))]
+    return [status.getPath().getName() for status in fs.listStatus(path)]

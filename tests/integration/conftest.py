@@ -30,6 +30,7 @@ def write_config(tmp_path: Path, bootstrap_servers: str) -> Callable[..., Config
         kafka: str = "",
         output_table: str | None = None,
         dead_letter_table: str | None = None,
+        checkpoint: str | None = None,
     ) -> Config:
         from job_handlers import OUTPUT_SCHEMA  # noqa: PLC0415 - on sys.path via HANDLERS_DIR
 
@@ -37,7 +38,7 @@ def write_config(tmp_path: Path, bootstrap_servers: str) -> Callable[..., Config
         path.write_text(f"""
 [job]
 name = "{name}"
-checkpoint = "{tmp_path}/checkpoint"
+checkpoint = "{checkpoint or f"{tmp_path}/checkpoint"}"
 trigger = "500ms"
 [kafka]
 bootstrap_servers = "{bootstrap_servers}"

@@ -25,8 +25,9 @@ from retrylib import staging
 from retrylib.errors import RetrylibError
 from retrylib.faults import CRASH_POINTS
 from retrylib.kafka_client import ensure_topics, make_admin, make_consumer, make_producer
-from retrylib.router import checkpoint_identity, claim_json
+from retrylib.router import checkpoint_identity
 from retrylib.staging import STAGED_SCHEMA, ProduceError, StagedProducer, control_topic
+from retrylib.storage import claim_json, read_json
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 REPO = FAULTS_DIR.parents[1]
@@ -90,19 +91,25 @@ def test_every_crash_point_is_placed_once():
 # -- the manifest -------------------------------------------------------------------------
 
 
-def test_the_first_manifest_wins(tmp_path):
-    uri = str(tmp_path / "manifests" / "7.json")
-    first = {"now_ms": 1, "files": {"output": ["a"]}, "counters": {}}
-    second = {"now_ms": 2, "files": {"output": ["b"]}, "counters": {}}
-    assert claim_json(uri, first) is first
-    assert claim_json(uri, second) == first  # the replay adopts the first decisions
-    assert os.listdir(tmp_path / "manifests") == ["7.json"]  # no temporary files left
+@pytest.mark.parametrize("scheme", ["", "file:"])
+def test_the_first_manifest_wins(spark, tmp_path, scheme):
+    """A plain path is claimed with a hard link; a URI through Hadoop's FileSystem."""
+    uri = f"{scheme}{tmp_path}/manifests/7.json"
+    first = {"now_ms": 1, "rows": {"output": 1}, "counters": {}}
+    second = {"now_ms": 2, "rows": {"output": 2}, "counters": {}}
+    assert claim_json(spark, uri, first) is first
+    assert claim_json(spark, uri, second) == first  # the replay adopts the first decisions
+    assert read_json(spark, uri) == first
+    left = [name for name in os.listdir(tmp_path / "manifests") if not name.endswith(".crc")]
+    assert left == ["7.json"]  # no temporary files left
 
 
-def test_the_checkpoint_identity_is_created_once(tmp_path):
-    app_id = checkpoint_identity(str(tmp_path), "orders")
+@pytest.mark.parametrize("scheme", ["", "file:"])
+def test_the_checkpoint_identity_is_created_once(spark, tmp_path, scheme):
+    app_id = checkpoint_identity(spark, f"{scheme}{tmp_path}", "orders")
     assert re.fullmatch(r"orders-[0-9a-f]{12}", app_id)
-    assert checkpoint_identity(str(tmp_path), "orders") == app_id
+    assert checkpoint_identity(spark, f"{scheme}{tmp_path}", "orders") == app_id
+    assert checkpoint_identity(spark, str(tmp_path), "orders") == app_id
 
 
 # -- producing once -----------------------------------------------------------------------

@@ -55,10 +55,14 @@ def test_thousands_of_records_land_once(spark, bootstrap_servers, make_topic, wr
     assert sum(r.counters.get("succeeded", 0) for r in results) == 4000
 
 
-def test_restart_processes_only_new_records(spark, bootstrap_servers, make_topic, write_config):
+@pytest.mark.parametrize("scheme", ["", "file:"])
+def test_restart_processes_only_new_records(
+    spark, bootstrap_servers, make_topic, write_config, tmp_path, scheme
+):
+    """A plain checkpoint path, and a URI (retrylib's files then go through Hadoop's API)."""
     topic = make_topic("orders", partitions=3)
     produce(bootstrap_servers, topic, [(f"ok-a{i}", "first") for i in range(500)])
-    config = write_config([topic])
+    config = write_config([topic], checkpoint=f"{scheme}{tmp_path}/checkpoint")
     run_available_now(spark, config)
     produce(bootstrap_servers, topic, [(f"ok-b{i}", "second") for i in range(300)])
 
@@ -85,7 +89,7 @@ def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topi
     router(frame, 7)  # replay with the manifest in place: decisions reused
     from retrylib.storage import delete_tree, join
 
-    delete_tree(join(config.job.checkpoint, "retrylib", "manifests"))
+    delete_tree(spark, join(config.job.checkpoint, "retrylib", "manifests"))
     router(frame, 7)  # replay from scratch: the Delta txn refuses a second commit
     router.close()
 
@@ -111,7 +115,7 @@ def test_each_batch_commits_with_its_own_transaction(
         txns += [action["txn"] for action in actions if "txn" in action]
     assert [t["version"] for t in txns] == committed
     state_dir = str(Path(config.job.checkpoint, "retrylib"))
-    assert {t["appId"] for t in txns} == {checkpoint_identity(state_dir, config.job.name)}
+    assert {t["appId"] for t in txns} == {checkpoint_identity(spark, state_dir, config.job.name)}
 
 
 def test_catalog_table_names(spark, bootstrap_servers, make_topic, write_config):

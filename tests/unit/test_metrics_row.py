@@ -50,7 +50,7 @@ def test_batch_offsets_merges_every_source(tmp_path):
         '{"orders":{"0":10,"1":12}}\n{"orders.retry.10s":{"0":3}}\n-\n'
     )
 
-    end, triggered = batch_offsets(cfg, 7)
+    end, triggered = batch_offsets(None, cfg, 7)  # a local path needs no Spark session
 
     assert end == {("orders", 0): 10, ("orders", 1): 12, ("orders.retry.10s", 0): 3}
     assert triggered == 1234
