@@ -124,6 +124,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a line is logged, not when it was set up: a
+    caller that swaps stderr (a test's capture, a notebook) and closes its own later must
+    not leave the handler writing to a closed stream. `setStream` pins another stream."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+        self._pinned = None
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return self._pinned if self._pinned is not None else sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        self._pinned = value
+
+
 def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
     """Log to stderr; RETRYLIB_LOG_LEVEL overrides `level` (INFO), RETRYLIB_LOG_FORMAT
     overrides `fmt` ("text" or "json").
@@ -132,7 +150,7 @@ def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
     """
     chosen = (os.environ.get("RETRYLIB_LOG_LEVEL") or level or "INFO").upper()
     style = (os.environ.get("RETRYLIB_LOG_FORMAT") or fmt or "text").lower()
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     if style == "json":
         handler.setFormatter(JsonFormatter())
     else:

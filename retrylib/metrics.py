@@ -48,8 +48,7 @@ from retrylib.storage import join, list_names, read_text
 if TYPE_CHECKING:
     from retrylib.router import BatchResult
 
-log = logging.getLogger(__name__)
-metrics_log = logging.getLogger("retrylib.metrics")
+log = logging.getLogger(__name__)  # "retrylib.metrics": the batch lines and the warnings
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _COUNTERS = (
@@ -295,7 +294,7 @@ class MetricsRecorder:
             finished_ms=now_ms,
             lag=self._lag(result.batch_id, now_ms),
         )
-        metrics_log.info(json.dumps(row))
+        log.info(json.dumps(row))
         if self._table is not None and self._spark is not None:
             try:
                 frame = self._spark.createDataFrame([table_row(row)], metrics_struct())
