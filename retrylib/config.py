@@ -21,6 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from retrylib.delta_tables import TableRef
 from retrylib.durations import format_duration, parse_duration
 from retrylib.errors import ConfigError
 from retrylib.importing import import_object
@@ -114,6 +115,9 @@ class OutputConfig(_ReadOnlyMappings):
     properties: Mapping[str, str] = field(default_factory=dict)
     schema_evolution: bool = False
 
+    def table_ref(self) -> TableRef:
+        return TableRef.parse(self.table, "output.table")  # checked when the config loaded
+
 
 @dataclass(frozen=True)
 class RetryTier(_ReadOnlyMappings):
@@ -154,12 +158,19 @@ class DeadLetterConfig:
     topic: str
     table: str
 
+    def table_ref(self) -> TableRef:
+        return TableRef.parse(self.table, "dead_letter.table")  # checked when the config loaded
+
 
 @dataclass(frozen=True)
 class MetricsConfig:
     """[metrics]: an optional Delta table of per-batch counts."""
 
     table: str | None
+
+    def table_ref(self) -> TableRef | None:
+        """The table, checked when the config loaded; None when there is none."""
+        return None if self.table is None else TableRef.parse(self.table, "metrics.table")
 
 
 @dataclass(frozen=True)
@@ -721,8 +732,6 @@ def _output(t: _Table, schema: OutputSchema | None) -> OutputConfig | None:
 
 def _check_table_name(t: _Table, key: str, table: str | None) -> None:
     """Report a Delta table setting that is neither a path/URI nor a catalog table name."""
-    from retrylib.delta_tables import TableRef
-
     if table is None:
         return
     where = t.path(key)

@@ -46,6 +46,13 @@ The last three are null until `retrylib redrive` sends the record back: `redrive
 committed to `redrive_topic` (see `retrylib.redrive`)."""
 
 
+def dead_letter_struct():
+    """`DEAD_LETTER_SCHEMA` as a Spark StructType."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(DEAD_LETTER_SCHEMA)
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """One dead-lettered record, as written to the table (times in epoch ms)."""

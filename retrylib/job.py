@@ -10,13 +10,12 @@ import time
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib.batch_task import TaskPlan
 from retrylib.config import Config
-from retrylib.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.delta_tables import TableRef, ensure_table
+from retrylib.dead_letter import dead_letter_struct
+from retrylib.delta_tables import ensure_table
 from retrylib.errors import TopicError
 from retrylib.kafka_client import TIER_CLIENT_OPTIONS, ensure_topics, make_admin, partition_counts
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
@@ -156,8 +155,8 @@ def start_query(
     (`retrylib.metrics`); `on_result` is then called with the batch's `BatchResult`.
     """
     partitions = prepare_topics(config)
-    output = TableRef.parse(config.output.table, "output.table")
-    dead_letter = TableRef.parse(config.dead_letter.table, "dead_letter.table")
+    output = config.output.table_ref()
+    dead_letter = config.dead_letter.table_ref()
     ensure_table(
         spark,
         output,
@@ -167,7 +166,7 @@ def start_query(
         properties=config.output.properties,
         evolve=config.output.schema_evolution,
     )
-    ensure_table(spark, dead_letter, from_arrow_schema(DEAD_LETTER_SCHEMA), what="dead-letter")
+    ensure_table(spark, dead_letter, dead_letter_struct(), what="dead-letter")
     state_dir = join(config.job.checkpoint, "retrylib")
     app_id = checkpoint_identity(spark, state_dir, config.job.name)
     metrics = MetricsRecorder(config, app_id, forward=on_result)

@@ -40,7 +40,7 @@ from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from retrylib.config import Config
-from retrylib.delta_tables import TableRef, append_once, ensure_table
+from retrylib.delta_tables import append_once, ensure_table
 from retrylib.kafka_client import client_config, topic_partitions
 from retrylib.offsets import PartitionKey, delay_frontier
 from retrylib.storage import join, list_names, read_text
@@ -267,9 +267,7 @@ class MetricsRecorder:
         self.forward = forward
         self._kafka: KafkaOffsets | None = None
         self._spark = None
-        self._table = (
-            TableRef.parse(config.metrics.table, "metrics.table") if config.metrics.table else None
-        )
+        self._table = config.metrics.table_ref()
 
     def prepare(self, spark) -> None:
         self._spark = spark

@@ -179,13 +179,12 @@ def redrive(
     docstring. With `dry_run`, change nothing and report what would go. The table is read
     and updated through `spark`, or through `retrylib.status.tool_session()` when it is None.
 
-    Raises `ConfigError` for a dead-letter table name that is not valid, `RedriveError` for
-    a bad `to`, a missing target topic, or a failed send, and `TopicError` when the control
-    topic is missing and may not be created.
+    Raises `RedriveError` for a bad `to`, a missing target topic, or a failed send, and
+    `TopicError` when the control topic is missing and may not be created.
     """
     if to is not None and not _TOPIC.fullmatch(to):
         raise RedriveError(f"--to: not a Kafka topic name, got {to!r}")
-    table = TableRef.parse(config.dead_letter.table, "dead_letter.table")
+    table = config.dead_letter.table_ref()
     report = RedriveReport(dry_run=dry_run)
     if spark is None:
         from retrylib.status import tool_session

@@ -36,7 +36,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from retrylib import headers
 from retrylib.config import Config, RetryTier
 from retrylib.durations import format_duration
-from retrylib.errors import ConfigError, RetrylibError
+from retrylib.errors import RetrylibError
 from retrylib.kafka_client import make_consumer
 from retrylib.metrics import KafkaOffsets, batch_offsets, last_committed_batch
 from retrylib.offsets import PartitionKey
@@ -90,16 +90,11 @@ def collect_status(
 
     Kafka is given `timeout` seconds to answer; when it does not, `broker.reachable` is false
     and the topic sections are empty. The tables and the checkpoint are read through `spark`,
-    or through `tool_session()` when it is None. A missing table or checkpoint is reported in place
-    (`exists: false`), not raised. Raises `ConfigError` naming the key of a table name that
-    is not valid, before anything is read.
+    or through `tool_session()` when it is None. A missing table or checkpoint is reported
+    in place (`exists: false`), not raised.
     """
-    from retrylib.delta_tables import TableRef
-
-    dead_letter = TableRef.parse(config.dead_letter.table, "dead_letter.table")
-    metrics = (
-        TableRef.parse(config.metrics.table, "metrics.table") if config.metrics.table else None
-    )
+    dead_letter = config.dead_letter.table_ref()
+    metrics = config.metrics.table_ref()
     if spark is None:
         spark = tool_session(f"retrylib-status-{config.job.name}")
     now_ms = int(time.time() * 1000)
@@ -604,25 +599,19 @@ def _table_findings(spark: SparkSession, config: Config) -> list[Finding]:
     """One finding per table: missing (a note: the job creates it), matching, unreadable (a
     warning), or not what the job writes (an error naming every column difference).
     """
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    from retrylib.dead_letter import DEAD_LETTER_SCHEMA
-    from retrylib.delta_tables import TableRef, column_differences, read_table, table_exists
+    from retrylib.dead_letter import dead_letter_struct
+    from retrylib.delta_tables import column_differences, read_table, table_exists
     from retrylib.metrics import metrics_struct
 
     wanted = [
-        ("output.table", config.output.table, config.handler.output_schema.to_spark()),
-        ("dead_letter.table", config.dead_letter.table, from_arrow_schema(DEAD_LETTER_SCHEMA)),
+        ("output.table", config.output.table_ref(), config.handler.output_schema.to_spark()),
+        ("dead_letter.table", config.dead_letter.table_ref(), dead_letter_struct()),
     ]
-    if config.metrics.table:
-        wanted.append(("metrics.table", config.metrics.table, metrics_struct()))
+    metrics = config.metrics.table_ref()
+    if metrics is not None:
+        wanted.append(("metrics.table", metrics, metrics_struct()))
     findings = []
-    for key, text, schema in wanted:
-        try:
-            table = TableRef.parse(text, key)
-        except ConfigError as e:
-            findings.append(Finding("error", str(e)))
-            continue
+    for key, table, schema in wanted:
         try:
             if not table_exists(spark, table):
                 findings.append(Finding("note", f"{key}: no Delta table {table}; created on start"))
