@@ -202,15 +202,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown jar set(s) {unknown}: choose from {list(finders)}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        jars = [jar for name in args.sets for jar in finders[name]()]
+        resolved = {name: finders[name]() for name in args.sets}
     except JarsError as error:
         print(f"retrylib: {error}", file=sys.stderr)
         return 1
     if args.classpath:
-        print(",".join(str(jar) for jar in jars))
+        print(",".join(str(jar) for jars in resolved.values() for jar in jars))
     else:
-        for name in args.sets:
-            print(f"{name}: {len(finders[name]())} jars")
+        for name, jars in resolved.items():
+            print(f"{name}: {len(jars)} jars")
     return 0
 
 

@@ -43,12 +43,6 @@ def _java_error(error: Exception, class_name: str) -> bool:
 
 def read_json(spark: SparkSession, uri: str) -> Any | None:
     """The JSON content of `uri`, or None when the file does not exist."""
-    if _is_local(uri):
-        try:
-            with open(uri, "rb") as stream:
-                return json.loads(stream.read())
-        except FileNotFoundError:
-            return None
     text = read_text(spark, uri)
     return None if text is None else json.loads(text)
 
