@@ -202,7 +202,7 @@ def _check(args: argparse.Namespace) -> int:
         _out(json.dumps(config.redacted(), indent=2))
     from retrylib.status import Finding, preflight
 
-    with _stops_new_spark(args.tables):
+    with _stops_new_spark() if args.tables else contextlib.nullcontext():
         reachable, findings = preflight(config, timeout=args.timeout, tables=args.tables)
     if not args.tables:
         findings.append(Finding("note", "tables not checked (--tables checks them with Spark)"))
@@ -250,14 +250,10 @@ def _redrive(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _stops_new_spark(used: bool = True) -> Iterator[None]:
+def _stops_new_spark() -> Iterator[None]:
     """Stop the SparkSession the block started (status, redrive and check --tables read
     tables through one), and only that: a session running before it is left as it was.
-    With `used` false (check without --tables) there is nothing to stop.
     """
-    if not used:
-        yield
-        return
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
