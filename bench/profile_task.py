@@ -91,7 +91,9 @@ table = "{workdir}/dead_letter"
     config = load_config(config_path)
     partitions = {t: 6 for tier in config.retry.tiers for t in tier.topics.values()}
     partitions[config.dead_letter.topic] = 6
-    return replace(task_plan(config, partitions), batch_id=1, now_ms=int(time.time() * 1000))
+    return replace(
+        task_plan(config, partitions, b"bench"), batch_id=1, now_ms=int(time.time() * 1000)
+    )
 
 
 def bare_loop(handler, batches) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -31,13 +32,18 @@ from retrylib.handler import (
     result_rows,
 )
 from retrylib.headers import (
+    JOB,
     CorruptRetryHeaders,
     RetryState,
+    UnverifiedRetryRecord,
     decode_retry_state,
     encode_dead_letter_headers,
     encode_retry_headers,
+    is_signed_by,
     record_id,
+    sign,
     split_headers,
+    without_reserved,
 )
 from retrylib.kafka_client import TIER_CLIENT_OPTIONS
 from retrylib.kafka_source import (
@@ -48,14 +54,24 @@ from retrylib.kafka_source import (
 )
 from retrylib.record import Record
 from retrylib.results import ResultRows
-from retrylib.retry_policy import RetryDecision, RetryPolicy, decide, describe_error, is_due
+from retrylib.retry_policy import (
+    RetryDecision,
+    RetryPolicy,
+    decide,
+    describe_error,
+    is_due,
+    tier_timestamp_ms,
+)
 from retrylib.staging import STAGED_SCHEMA
 from retrylib.vectorized import (
     as_output_table,
+    carries_reserved_headers,
     input_from_kafka,
     input_from_records,
     per_row_results,
 )
+
+log = logging.getLogger(__name__)
 
 _RANGE_COLUMNS = RANGE_SCHEMA.names
 _GC_FIRST_THRESHOLD = 50_000
@@ -83,6 +99,8 @@ class TaskPlan:
     max_attempts: int
     jitter: float
     non_retryable: tuple[str, ...]
+    max_retry_after_ms: int
+    signing_key: bytes  # signs every staged record; a retry record must carry its signature
     handler_kind: str = "record"
     bootstrap_servers: str = ""  # and client_options: how the task reads offset ranges
     client_options: Mapping[str, str] = field(default_factory=dict)
@@ -93,9 +111,26 @@ def _tier_index(retry_topics: Mapping[str, tuple[str, ...]]) -> dict[str, int]:
     return {topic: tier for topics in retry_topics.values() for tier, topic in enumerate(topics)}
 
 
+def _policy(plan: TaskPlan) -> RetryPolicy:
+    return _cached_policy(
+        plan.tier_delays_ms,
+        plan.max_attempts,
+        plan.jitter,
+        plan.non_retryable,
+        plan.max_retry_after_ms,
+    )
+
+
 @lru_cache(maxsize=8)
-def _policy(delays_ms: tuple[int, ...], attempts: int, jitter: float, names: tuple[str, ...]):
-    return RetryPolicy.from_names([d / 1000 for d in delays_ms], attempts, jitter, names)
+def _cached_policy(
+    delays_ms: tuple[int, ...],
+    attempts: int,
+    jitter: float,
+    names: tuple[str, ...],
+    max_retry_after_ms: int,
+) -> RetryPolicy:
+    # Importing the non-retryable classes costs more than a small task; workers are reused.
+    return RetryPolicy.from_names(delays_ms, attempts, jitter, names, max_retry_after_ms)
 
 
 @dataclass
@@ -129,9 +164,7 @@ class TaskRouter:
         self.invoke = bound_call(
             self.handler, TimedCall(plan.timeout_seconds), isolate=plan.isolate
         )
-        self.policy = _policy(
-            plan.tier_delays_ms, plan.max_attempts, plan.jitter, plan.non_retryable
-        )
+        self.policy = _policy(plan)
         self.tier_of = _tier_index(plan.retry_topics)
         self.columns = frozenset(plan.output_schema.names)
         self.results = ResultRows(plan.output_schema)
@@ -142,6 +175,7 @@ class TaskRouter:
         # has one, rows). Written together; a record whose rows do not fit fails alone.
         self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
         self.seen_retries: set[tuple[str, int]] = set()
+        self.job_header = plan.job.encode("utf-8")
         self._staged_rows: list[dict] = []
         self._dead_rows: list[dict] = []
 
@@ -182,7 +216,7 @@ class TaskRouter:
                         Record(
                             m.key(),
                             m.value(),
-                            m.headers() or [],
+                            self._main_headers(m.headers()),
                             topic,
                             partition,
                             m.offset(),
@@ -230,13 +264,24 @@ class TaskRouter:
             header_pairs = [(h["key"], h["value"]) for h in headers or ()]
             millis = -1 if micros is None else micros // 1000
             if topic not in self.tier_of:
-                main.append(Record(key, value, header_pairs, topic, partition, offset, millis))
+                headers = self._main_headers(header_pairs)
+                main.append(Record(key, value, headers, topic, partition, offset, millis))
                 continue
             delivery = self._retry(key, value, topic, partition, offset, millis, header_pairs)
             if delivery is not None:
                 retries.append(delivery)
         self.counters["records_main"] += len(main)
         return main, retries
+
+    def _main_headers(self, header_pairs: list | None) -> list:
+        """A main-topic record's headers without the reserved ones, which only retrylib may
+        set: kept, they would reach the handler and the dead letter as the record's own."""
+        if not header_pairs:
+            return []
+        headers, removed = without_reserved(header_pairs)
+        if removed:
+            self.counters["reserved_headers_removed"] += removed
+        return headers
 
     def _retries_of_messages(self, topic: str, partition: int, messages: list) -> list[Delivery]:
         deliveries = (
@@ -257,15 +302,39 @@ class TaskRouter:
         self, key, value, topic, partition, offset, timestamp_ms, header_pairs
     ) -> Delivery | None:
         """The Delivery of a record read from a retry tier, or None when it is not handled
-        now: corrupt retry headers (dead-lettered), a duplicate, or not due yet (re-queued)."""
+        now: another job's (skipped and counted), not signed by this job or with corrupt
+        retry headers (dead-lettered), a duplicate, or not due yet (re-queued)."""
         self.counters["records_retry"] += 1
         user_headers, own = split_headers(header_pairs)
+        writer = own.get(JOB)
+        if writer is not None and writer != self.job_header:
+            # A neighbour sharing the tier topic handles its own records.
+            self.counters["skipped_other_job"] += 1
+            log.warning(
+                "skipped %s[%d]@%d on a retry tier: written by job %r, not this job %r",
+                topic,
+                partition,
+                offset,
+                writer.decode("utf-8", errors="replace"),
+                self.plan.job,
+            )
+            return None
+        signed = is_signed_by(
+            header_pairs, signing_key=self.plan.signing_key, topic=topic, key=key, value=value
+        )
         try:
+            if not signed:
+                raise UnverifiedRetryRecord(
+                    "record on a retry topic is not signed by this job (retrylib.signature "
+                    "missing or wrong): written by someone else, changed after it was "
+                    "written, or written before the job's checkpoint was replaced"
+                )
             state = decode_retry_state(own)
-        except CorruptRetryHeaders as e:
+        except (UnverifiedRetryRecord, CorruptRetryHeaders) as e:
+            reason = "unverified_retry_record" if not signed else "corrupt_retry_headers"
             record = Record(key, value, user_headers, topic, partition, offset, timestamp_ms)
             delivery = Delivery(record, topic, self.plan.job)
-            self._dead_letter(delivery, e, "corrupt_retry_headers", 0, _now_ms())
+            self._dead_letter(delivery, e, reason, 0, _now_ms())
             return None
         if (state.id, state.attempt) in self.seen_retries:
             self.counters["duplicates_skipped"] += 1
@@ -283,10 +352,12 @@ class TaskRouter:
         )
         delivery = Delivery(record, topic, self.plan.job, state.id, state.first_failure_ms)
         if not is_due(state.not_before_ms, self.plan.now_ms):
-            # Only reachable when clocks disagree: never hand it over early, wait again.
+            # A wait longer than the tier holds in one pass, or clocks that disagree: never
+            # hand it over early, wait in the tier again.
             self.counters["requeued_not_due"] += 1
-            timestamp = state.not_before_ms - self.plan.tier_delays_ms[self.tier_of[topic]]
-            self._stage(topic, partition, timestamp, record, header_pairs)
+            delay_ms = self.plan.tier_delays_ms[self.tier_of[topic]]
+            timestamp = tier_timestamp_ms(state.not_before_ms, delay_ms, self.plan.now_ms)
+            self._stage(topic, partition, timestamp, record, header_pairs[:-1])
             return None
         return delivery
 
@@ -333,7 +404,8 @@ class TaskRouter:
         decoded one by one only when the batch holds retries or some rows failed.
         """
         topics = set(batch.column("topic").unique().to_pylist())
-        deliveries = None if topics.isdisjoint(self.tier_of) else self._deliveries(batch)
+        fast = topics.isdisjoint(self.tier_of) and not carries_reserved_headers(batch)
+        deliveries = None if fast else self._deliveries(batch)
         if deliveries == []:  # every retry row was a duplicate, not yet due or corrupt
             return
         if deliveries is None:
@@ -479,14 +551,17 @@ class TaskRouter:
         self.counters["dead_lettered"] += 1
 
     def _stage(self, topic, partition, timestamp_ms, record, headers) -> None:
+        """Stage `record` for `topic` with `headers` and the signature that covers them."""
+        key, value = record.key, record.value
+        signed = sign(headers, signing_key=self.plan.signing_key, topic=topic, key=key, value=value)
         self._staged_rows.append(
             {
                 "topic": topic,
                 "partition": partition % self.plan.partition_counts[topic],
                 "timestamp_ms": timestamp_ms,
-                "key": record.key,
-                "value": record.value,
-                "headers": [{"key": k, "value": v} for k, v in headers],
+                "key": key,
+                "value": value,
+                "headers": [{"key": k, "value": v} for k, v in signed],
             }
         )
 
@@ -511,6 +586,7 @@ def _state(
 ) -> RetryState:
     record = delivery.record
     return RetryState(
+        job=delivery.job,
         id=delivery.id,
         attempt=attempt,
         not_before_ms=not_before_ms,

@@ -28,7 +28,9 @@ from retrylib.importing import import_object
 from retrylib.schema import OutputSchema, parse_schema
 
 _DEFAULT_DELAYS = ("10s", "1m", "10m")
-_DEFAULT_TOPIC_TEMPLATE = "{topic}.retry.{delay}"
+_DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"
+_DEFAULT_DEAD_LETTER_TOPIC = "{topic}.{job}.dlt"
+_MIN_DEFAULT_MAX_RETRY_AFTER = 3600.0
 _ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_MARKERS = (
     "password",
@@ -137,6 +139,7 @@ class RetryConfig:
     jitter: float
     non_retryable: tuple[str, ...]
     tiers: tuple[RetryTier, ...]
+    max_retry_after_ms: int
 
     def tier_topics(self) -> tuple[str, ...]:
         """Every retry topic, tier by tier, in the order of the main topics."""
@@ -282,7 +285,7 @@ def _is_topic_template(value: object) -> bool:
     except ValueError:
         return False
     return all(
-        name is None or (name in ("topic", "delay") and not spec and conversion is None)
+        name is None or (name in ("topic", "job", "delay") and not spec and conversion is None)
         for _, name, spec, conversion in parts
     )
 
@@ -579,10 +582,12 @@ def _build(root: _Table, check_imports: bool, source_path: str) -> Config | None
     handler = _handler(tables["handler"], check_imports)
     output = _output(tables["output"], handler.output_schema if handler else None)
     main_topics = tables["kafka"].values["topics"]
-    retry = _retry(tables["retry"], main_topics)
+    job_name = tables["job"].values.get("name")
+    retry = _retry(tables["retry"], main_topics, job_name)
     dead_letter = _dead_letter(
         tables["dead_letter"],
         main_topics,
+        job_name,
         tables["retry"].values["tiers"],
         tables["output"].values["table"],
     )
@@ -741,7 +746,9 @@ def _check_table_name(t: _Table, key: str, table: str | None) -> None:
         t.problems.add(where, str(e).removeprefix(f"{where}: "))
 
 
-def _retry(t: _Table, main_topics: tuple[str, ...] | None) -> RetryConfig | None:
+def _retry(
+    t: _Table, main_topics: tuple[str, ...] | None, job_name: str | None
+) -> RetryConfig | None:
     texts = t.get("delays", _NON_EMPTY_LIST, 'delays = ["5s", "1m", "10m"]', [*_DEFAULT_DELAYS])
     delays = [
         t.problems.duration(f"{t.path('delays')}[{i}]", text, positive=True)
@@ -755,17 +762,27 @@ def _retry(t: _Table, main_topics: tuple[str, ...] | None) -> RetryConfig | None
     explicit = t.strings("topics", _TOPIC, 'topics = ["orders.retry.5s", "orders.retry.1m"]', None)
     template_example = f"topic_template = {json.dumps(_DEFAULT_TOPIC_TEMPLATE)}"
     template = t.get("topic_template", _TOPIC_TEMPLATE, template_example, _DEFAULT_TOPIC_TEMPLATE)
+    max_retry_after = t.duration("max_retry_after", 'max_retry_after = "6h"', None, positive=True)
     t.finish()
     tiers = None
-    if main_topics is not None and texts is not None and None not in delays:
+    if main_topics is not None and job_name and texts is not None and None not in delays:
         if explicit is not None:
             tiers = _explicit_tiers(t, delays, main_topics, explicit)
         elif template is not None and "topics" not in t.data:
-            tiers = _template_tiers(t, delays, main_topics, template)
+            tiers = _template_tiers(t, delays, main_topics, job_name, template)
     t.values["tiers"] = tiers
     if not t.ok or tiers is None:
         return None
-    return RetryConfig(tuple(delays), max_attempts, float(jitter[:-1]) / 100, non_retryable, tiers)
+    if max_retry_after is None:
+        max_retry_after = max(_MIN_DEFAULT_MAX_RETRY_AFTER, *delays)
+    return RetryConfig(
+        tuple(delays),
+        max_attempts,
+        float(jitter[:-1]) / 100,
+        non_retryable,
+        tiers,
+        round(max_retry_after * 1000),
+    )
 
 
 def _explicit_tiers(
@@ -802,12 +819,12 @@ def _explicit_tiers(
 
 
 def _template_tiers(
-    t: _Table, delays: list[float], main_topics: tuple[str, ...], template: str
+    t: _Table, delays: list[float], main_topics: tuple[str, ...], job_name: str, template: str
 ) -> tuple[RetryTier, ...]:
     """Tiers named by retry.topic_template for every main topic and delay."""
     key = t.path("topic_template")
     tiers = tuple(
-        RetryTier(i, delay, {m: _tier_topic(template, m, delay) for m in main_topics})
+        RetryTier(i, delay, {m: _tier_topic(template, m, job_name, delay) for m in main_topics})
         for i, delay in enumerate(delays)
     )
     invalid = [name for tier in tiers for name in tier.topics.values() if not _is_topic(name)]
@@ -828,8 +845,8 @@ def _template_tiers(
     return tiers
 
 
-def _tier_topic(template: str, main_topic: str, delay: float) -> str:
-    return template.format(topic=main_topic, delay=format_duration(delay))
+def _tier_topic(template: str, main_topic: str, job_name: str, delay: float) -> str:
+    return template.format(topic=main_topic, job=job_name, delay=format_duration(delay))
 
 
 def _check_distinct_topics(
@@ -851,13 +868,16 @@ def _check_distinct_topics(
 def _dead_letter(
     t: _Table,
     main_topics: tuple[str, ...] | None,
+    job_name: str | None,
     tiers: tuple[RetryTier, ...] | None,
     output_table: str | None,
 ) -> DeadLetterConfig | None:
-    """The dead-letter topic (default "<first main topic>.dlt") and table (default
+    """The dead-letter topic (default "<first main topic>.<job>.dlt") and table (default
     "<output.table>_dead_letter"), the topic distinct from every main and retry topic.
     """
-    default_topic = f"{main_topics[0]}.dlt" if main_topics else None
+    default_topic = None
+    if main_topics and job_name:
+        default_topic = _DEFAULT_DEAD_LETTER_TOPIC.format(topic=main_topics[0], job=job_name)
     topic = t.get("topic", _TOPIC, 'topic = "orders.dlt"', default_topic)
     default_table = f"{output_table.rstrip('/')}_dead_letter" if output_table else None
     table = t.get("table", _TEXT, 'table = "/tmp/retrylib/orders/dead_letter"', default_table)

@@ -48,7 +48,6 @@ max_attempts = 3
 jitter = "10%"
 
 [dead_letter]
-topic = "{topic}.dlt"
 table = "{workdir}/tables/orders_dead_letter"
 """
 

@@ -1,13 +1,19 @@
 """Retry and dead-letter headers on Kafka records.
 
-Every header retrylib writes is named `retrylib.*` and holds UTF-8 text: integers as decimal
-strings, times as epoch milliseconds. The handler never sees these headers; the record's own
-("user") headers travel unchanged, in order, ahead of them.
+Every header retrylib writes is one of the names in `HEADER_DOCS` and holds UTF-8 text:
+integers as decimal strings, times as epoch milliseconds. Only those exact names are reserved:
+the handler never sees them, and every other header (a user's own `retrylib.x` too) travels
+unchanged, in order, ahead of them.
+
+Every record retrylib stages is signed (`retrylib.signature`, an HMAC-SHA256 with the key kept
+in the job's checkpoint) over its topic, key, value and headers, so a task can tell the job's
+own retry records from records anyone else wrote to a retry topic.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -29,11 +35,14 @@ ERROR_MESSAGE = PREFIX + "error.message"
 ATTEMPTS = PREFIX + "attempts"
 DEAD_LETTER_REASON = PREFIX + "dead_letter.reason"
 ERROR_STACK_TRACE = PREFIX + "error.stack_trace"
+JOB = PREFIX + "job"
+SIGNATURE = PREFIX + "signature"
 
 MAX_ERROR_MESSAGE_BYTES = 2048
 MAX_STACK_TRACE_BYTES = 8192
 
 HEADER_DOCS: tuple[tuple[str, str], ...] = (
+    (JOB, "Name of the job that wrote the record; another job's records are skipped."),
     (ID, "Deterministic id of the original record (job, topic, partition, offset); dedup key."),
     (ATTEMPT, "Attempt number of the next handler call: 1 on the first retry."),
     (NOT_BEFORE, "Epoch ms before which the record must not be handled."),
@@ -54,7 +63,14 @@ HEADER_DOCS: tuple[tuple[str, str], ...] = (
         ERROR_STACK_TRACE,
         f"Dead letter only: traceback of the last error, at most {MAX_STACK_TRACE_BYTES} bytes.",
     ),
+    (
+        SIGNATURE,
+        "HMAC-SHA256 (hex) of topic, key, value and every header before it, keyed by the job.",
+    ),
 )
+
+RESERVED: frozenset[str] = frozenset(name for name, _ in HEADER_DOCS)
+"""The header names retrylib writes; only these are taken off records, any other is the user's."""
 
 _INTEGER = re.compile(r"-?[0-9]+")
 
@@ -65,6 +81,7 @@ Header = tuple[str, bytes | None]
 class RetryState:
     """What a record on a retry topic carries about its original and its failures."""
 
+    job: str
     id: str
     attempt: int
     not_before_ms: int
@@ -80,6 +97,10 @@ class RetryState:
 
 class CorruptRetryHeaders(ValueError):
     """Raised when a record on a retry topic has missing or unreadable retry headers."""
+
+
+class UnverifiedRetryRecord(ValueError):
+    """Raised when a record on a retry topic is not signed with the job's key."""
 
 
 def record_id(job_name: str, topic: str, partition: int, offset: int) -> str:
@@ -120,7 +141,7 @@ def split_headers(
 ) -> tuple[list[Header], dict[str, bytes | None]]:
     """Split Kafka headers into (user headers in order, retrylib headers by name).
 
-    `None` means no headers. User headers keep duplicates and `None` values. If a retrylib
+    `None` means no headers. User headers keep duplicates and `None` values. If a reserved
     header repeats, the last one wins, as with Kafka's `lastHeader`. Values that arrive as
     `bytearray` (as PySpark gives binary columns) are returned as `bytes`.
     """
@@ -128,7 +149,7 @@ def split_headers(
     ours: dict[str, bytes | None] = {}
     for name, value in headers or ():
         value = None if value is None else bytes(value)
-        if name.startswith(PREFIX):
+        if name in RESERVED:
             ours[name] = value
         else:
             user.append((name, value))
@@ -140,8 +161,8 @@ def encode_retry_headers(
 ) -> list[Header]:
     """Return `user_headers` unchanged, followed by the retrylib headers describing `state`.
 
-    Any `retrylib.*` header already in `user_headers` is dropped, so a record retried again
-    never carries two. The error message is bounded to `MAX_ERROR_MESSAGE_BYTES`.
+    Any reserved header already in `user_headers` is dropped, so a record retried again never
+    carries two. The error message is bounded to `MAX_ERROR_MESSAGE_BYTES`.
     """
     user, _ = split_headers(user_headers)
     return user + [(name, text.encode("utf-8")) for name, text in _state_fields(state)]
@@ -171,6 +192,7 @@ def encode_dead_letter_headers(
 
 def _state_fields(state: RetryState) -> tuple[tuple[str, str], ...]:
     return (
+        (JOB, state.job),
         (ID, state.id),
         (ATTEMPT, str(state.attempt)),
         (NOT_BEFORE, str(state.not_before_ms)),
@@ -194,6 +216,7 @@ def decode_retry_state(retrylib_headers: Mapping[str, bytes | None]) -> RetrySta
     """
     reader = _HeaderReader(retrylib_headers)
     return RetryState(
+        job=reader.text(JOB, allow_empty=False),
         id=reader.text(ID, allow_empty=False),
         attempt=reader.integer(ATTEMPT, minimum=1),
         not_before_ms=reader.integer(NOT_BEFORE),
@@ -206,6 +229,65 @@ def decode_retry_state(retrylib_headers: Mapping[str, bytes | None]) -> RetrySta
         error_class=reader.text(ERROR_CLASS),
         error_message=reader.text(ERROR_MESSAGE),
     )
+
+
+def without_reserved(headers: Sequence[tuple[str, bytes | None]]) -> tuple[list[Header], int]:
+    """`headers` without the reserved ones (in order, values untouched), and how many went."""
+    kept = [header for header in headers if header[0] not in RESERVED]
+    return kept, len(headers) - len(kept)
+
+
+def sign(
+    headers: Sequence[tuple[str, bytes | None]],
+    *,
+    signing_key: bytes,
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+) -> list[Header]:
+    """Return `headers` followed by `retrylib.signature`, the HMAC of the record as produced."""
+    digest = _signature(signing_key, topic, key, value, headers)
+    return [*headers, (SIGNATURE, digest.encode("ascii"))]
+
+
+def is_signed_by(
+    headers: Sequence[tuple[str, bytes | None]],
+    *,
+    signing_key: bytes,
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+) -> bool:
+    """True when the last header is a `retrylib.signature` that matches the rest of the record.
+
+    The comparison takes constant time. A record changed in any byte of its key, value or
+    headers, moved to another topic, or signed with another key is not signed by this key.
+    """
+    if not headers or headers[-1][0] != SIGNATURE or headers[-1][1] is None:
+        return False
+    expected = _signature(signing_key, topic, key, value, headers[:-1]).encode("ascii")
+    return hmac.compare_digest(expected, bytes(headers[-1][1]))
+
+
+def _signature(
+    signing_key: bytes,
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]],
+) -> str:
+    mac = hmac.new(signing_key, digestmod=hashlib.sha256)
+    fields: list[bytes | None] = [topic.encode("utf-8"), key, value]
+    for name, header_value in headers:
+        fields += (name.encode("utf-8"), header_value)
+    for field in fields:
+        # Tagged and length-prefixed, so no two different records feed the MAC the same bytes.
+        if field is None:
+            mac.update(b"\x00")
+        else:
+            mac.update(b"\x01" + len(field).to_bytes(8, "big"))
+            mac.update(field)
+    return mac.hexdigest()
 
 
 class _HeaderReader:

@@ -20,7 +20,7 @@ from retrylib.errors import TopicError
 from retrylib.kafka_client import TIER_CLIENT_OPTIONS, ensure_topics, make_admin, partition_counts
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder, spark_checkpoint
-from retrylib.router import BatchResult, BatchRouter, checkpoint_identity
+from retrylib.router import BatchResult, BatchRouter, checkpoint_identity, signing_key
 from retrylib.session import build_spark_session
 from retrylib.shipping import ship_handler
 from retrylib.staging import control_topic
@@ -115,7 +115,7 @@ def source_frame(spark: SparkSession, config: Config) -> DataFrame:
     return _read_kafka(spark, "retrylib_kafka", every_topic)
 
 
-def task_plan(config: Config, partitions: dict[str, int]) -> TaskPlan:
+def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) -> TaskPlan:
     """The per-batch plan with batch id and clock still unset (the router fills them in)."""
     retry = config.retry
     return TaskPlan(
@@ -132,6 +132,8 @@ def task_plan(config: Config, partitions: dict[str, int]) -> TaskPlan:
             for topic in config.kafka.topics
         },
         tier_delays_ms=tuple(round(d * 1000) for d in retry.delays_seconds),
+        max_retry_after_ms=retry.max_retry_after_ms,
+        signing_key=signing_key,
         partition_counts=partitions,
         max_attempts=retry.max_attempts,
         jitter=retry.jitter,
@@ -172,7 +174,7 @@ def start_query(
     metrics = MetricsRecorder(config, app_id, forward=on_result)
     metrics.prepare(spark)
     router = BatchRouter(
-        task_plan(config, partitions),
+        task_plan(config, partitions, signing_key(spark, state_dir)),
         state_dir=state_dir,
         app_id=app_id,
         kafka_options=dict(config.kafka.options),

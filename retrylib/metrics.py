@@ -7,9 +7,10 @@ one line on the `retrylib.metrics` logger whose message is a JSON object:
     {"job": "orders", "batch_id": 7, "replayed": false, "finished_at": "2026-...Z",
      "duration_ms": 812, "records_main": 100, "records_retry": 4, "succeeded": 97,
      "output_rows": 97, "retried": 5, "retried_by_tier": [4, 1], "dead_lettered": 2,
-     "duplicates_skipped": 0, "requeued_not_due": 0, "handler_ms": 40, "produced": 7,
+     "duplicates_skipped": 0, "requeued_not_due": 0, "skipped_other_job": 0,
+     "reserved_headers_removed": 0, "handler_ms": 40, "produced": 7,
      "input_lag": {"orders": {"lag": 0, "not_due": 0},
-                   "orders.retry.5s": {"lag": 0, "not_due": 3}}}
+                   "orders.orders.retry.5s": {"lag": 0, "not_due": 3}}}
 
 and, when `[metrics] table` is set, appends the same figures as one row to that Delta table
 (`METRICS_SCHEMA`; `input_lag` there is a list of (topic, lag, not_due) structs). The
@@ -60,6 +61,8 @@ _COUNTERS = (
     "dead_lettered",
     "duplicates_skipped",
     "requeued_not_due",
+    "skipped_other_job",
+    "reserved_headers_removed",
     "handler_ms",
     "produced",
 )

@@ -61,7 +61,7 @@ from delta.exceptions import (
 from retrylib.config import Config
 from retrylib.delta_tables import TableRef, read_table, table_exists, update_where
 from retrylib.errors import RetrylibError
-from retrylib.headers import PREFIX
+from retrylib.headers import without_reserved
 from retrylib.kafka_client import ensure_topics, make_admin, make_consumer, make_producer
 
 if TYPE_CHECKING:
@@ -357,9 +357,7 @@ class _Sender:
         if topic == row["origin_topic"] and partition is not None:
             if 0 <= partition < self._partitions[topic]:
                 kwargs["partition"] = partition
-        headers = [
-            (h["key"], h["value"]) for h in row["headers"] or () if not h["key"].startswith(PREFIX)
-        ]
+        headers, _ = without_reserved([(h["key"], h["value"]) for h in row["headers"] or ()])
         while True:
             try:
                 self._producer.produce(

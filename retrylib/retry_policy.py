@@ -24,14 +24,16 @@ class RetryPolicy:
 
     `delays_ms[i]` is the fixed delay of retry tier i; `max_attempts` counts every handler
     call, the first delivery included; `jitter` is the largest extra delay as a fraction of
-    the tier's delay; `non_retryable` are exception classes that go straight to the dead
-    letter. Raises `ValueError` naming the field when a value is out of range.
+    the tier's delay (at most 1); `non_retryable` are exception classes that go straight to
+    the dead letter; `max_retry_after_ms` is the longest wait a `RetryAfter` may ask for.
+    Raises `ValueError` naming the field when a value is out of range.
     """
 
     delays_ms: tuple[int, ...]
     max_attempts: int
     jitter: float
     non_retryable: tuple[type[BaseException], ...] = ()
+    max_retry_after_ms: int = 3_600_000
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -40,8 +42,10 @@ class RetryPolicy:
             raise ValueError("delays_ms must name at least one delay when max_attempts > 1")
         if any(delay < 0 for delay in self.delays_ms):
             raise ValueError(f"delays_ms must all be >= 0, got {self.delays_ms!r}")
-        if not (math.isfinite(self.jitter) and self.jitter >= 0):
-            raise ValueError(f"jitter must be a finite number >= 0, got {self.jitter!r}")
+        if not (math.isfinite(self.jitter) and 0 <= self.jitter <= 1):
+            raise ValueError(f"jitter must be a number from 0 to 1, got {self.jitter!r}")
+        if self.max_retry_after_ms < 0:
+            raise ValueError(f"max_retry_after_ms must be >= 0, got {self.max_retry_after_ms!r}")
         for cls in self.non_retryable:
             if not (isinstance(cls, type) and issubclass(cls, BaseException)):
                 raise ValueError(f"non_retryable must hold exception classes, got {cls!r}")
@@ -49,22 +53,24 @@ class RetryPolicy:
     @classmethod
     def from_names(
         cls,
-        delays_seconds: Sequence[float],
+        delays_ms: Sequence[int],
         max_attempts: int,
         jitter: float,
         non_retryable_names: Sequence[str],
+        max_retry_after_ms: int,
     ) -> RetryPolicy:
-        """Build a policy from config values: delays in seconds, exception classes by name.
+        """Build a policy from config values, exception classes by name.
 
         Names are builtins ("ValueError") or "module:Class". Raises `ValueError` naming the
         entry when it does not import or is not an exception class, and for the range errors
         listed on the class.
         """
         return cls(
-            delays_ms=tuple(round(seconds * 1000) for seconds in delays_seconds),
+            delays_ms=tuple(delays_ms),
             max_attempts=max_attempts,
             jitter=jitter,
             non_retryable=tuple(_exception_class(name) for name in non_retryable_names),
+            max_retry_after_ms=max_retry_after_ms,
         )
 
 
@@ -82,8 +88,9 @@ def _exception_class(name: str) -> type[BaseException]:
 class RetryDecision:
     """Send the record to retry tier `tier` (0-based), produced with `kafka_timestamp_ms`.
 
-    The tier's reader releases a record once its Kafka timestamp <= now - tier delay, that
-    is once now >= `not_before_ms`, so the record is never handled early.
+    The tier's reader releases a record once its Kafka timestamp <= now - tier delay. The
+    timestamp is never later than `not_before_ms` - tier delay, so the record is never handled
+    early (one released before `not_before_ms` goes back to its tier: `tier_timestamp_ms`).
     """
 
     tier: int
@@ -93,7 +100,8 @@ class RetryDecision:
 
 @dataclass(frozen=True)
 class DeadLetterDecision:
-    """Send the record to the dead letter; `reason` is "non_retryable" or "attempts_exhausted"."""
+    """Send the record to the dead letter; `reason` is "non_retryable", "attempts_exhausted"
+    or "retry_after_too_long"."""
 
     reason: str
 
@@ -107,7 +115,9 @@ def decide(
     `policy.non_retryable`) dead-letter at once; otherwise, once `attempt + 1` calls reach
     `policy.max_attempts`, the record dead-letters as exhausted. A `RetryAfter` is honoured
     without jitter even if its class is listed as non-retryable, as the handler asked for it
-    explicitly. Any other `BaseException` is an ordinary retryable failure. Raises
+    explicitly; one asking for more than `policy.max_retry_after_ms` (infinity too) dead-letters
+    as "retry_after_too_long", and one whose seconds are not a number >= 0 is an ordinary
+    retryable failure. Any other `BaseException` is an ordinary retryable failure. Raises
     `ValueError` if `attempt` is negative.
     """
     if attempt < 0:
@@ -116,9 +126,23 @@ def decide(
         return DeadLetterDecision("non_retryable")
     if attempt + 1 >= policy.max_attempts:
         return DeadLetterDecision("attempts_exhausted")
-    if isinstance(error, RetryAfter) and math.isfinite(error.seconds):
-        return _retry_after(policy, requested_ms=math.ceil(error.seconds * 1000), now_ms=now_ms)
+    requested_ms = _requested_ms(error)
+    if requested_ms is not None:
+        if requested_ms > policy.max_retry_after_ms:
+            return DeadLetterDecision("retry_after_too_long")
+        return _retry_after(policy, requested_ms=requested_ms, now_ms=now_ms)
     return _scheduled(policy, next_attempt=attempt + 1, record_id=record_id, now_ms=now_ms)
+
+
+def _requested_ms(error: BaseException) -> float | None:
+    """The wait a `RetryAfter` asks for, in ms (infinity stays infinite); None when `error`
+    is not one or its seconds are not a number >= 0 (a subclass may set anything)."""
+    if not isinstance(error, RetryAfter):
+        return None
+    seconds = getattr(error, "seconds", None)
+    if not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds < 0:
+        return None
+    return math.inf if math.isinf(seconds) else math.ceil(seconds * 1000)
 
 
 def _is_non_retryable(policy: RetryPolicy, error: BaseException) -> bool:
@@ -133,21 +157,35 @@ def _scheduled(
     tier = min(next_attempt, len(policy.delays_ms)) - 1
     base = policy.delays_ms[tier]
     delay = base + _jitter_ms(base, policy.jitter, record_id, next_attempt)
-    return _decision(policy, tier, not_before_ms=now_ms + delay)
+    return _decision(policy, tier, not_before_ms=now_ms + delay, now_ms=now_ms)
 
 
 def _retry_after(policy: RetryPolicy, *, requested_ms: int, now_ms: int) -> RetryDecision:
     fitting = [i for i, delay in enumerate(policy.delays_ms) if delay <= requested_ms]
     tier = max(fitting, key=lambda i: policy.delays_ms[i], default=0)
-    return _decision(policy, tier, not_before_ms=now_ms + requested_ms)
+    return _decision(policy, tier, not_before_ms=now_ms + requested_ms, now_ms=now_ms)
 
 
-def _decision(policy: RetryPolicy, tier: int, *, not_before_ms: int) -> RetryDecision:
+def _decision(policy: RetryPolicy, tier: int, *, not_before_ms: int, now_ms: int) -> RetryDecision:
+    delay_ms = policy.delays_ms[tier]
     return RetryDecision(
         tier=tier,
         not_before_ms=not_before_ms,
-        kafka_timestamp_ms=not_before_ms - policy.delays_ms[tier],
+        kafka_timestamp_ms=tier_timestamp_ms(not_before_ms, delay_ms, now_ms),
     )
+
+
+def tier_timestamp_ms(not_before_ms: int, delay_ms: int, now_ms: int) -> int:
+    """The Kafka timestamp of a record produced at `now_ms` to a tier of delay `delay_ms`.
+
+    The tier releases a record at its timestamp + `delay_ms`, so `not_before_ms` - `delay_ms`
+    makes it due exactly on time. The timestamp is capped at `now_ms` + `delay_ms`: a tier
+    releases records in offset order, so a record with a later timestamp holds back every
+    record behind it, and the cap bounds that hold-up by one delay of the tier. A record
+    released before its `not_before_ms` (a `RetryAfter` longer than twice the tier's delay)
+    is produced to its tier again with this timestamp, hop by hop, until it is due.
+    """
+    return min(not_before_ms - delay_ms, now_ms + delay_ms)
 
 
 def _jitter_ms(base_ms: int, jitter: float, record_id: str, attempt: int) -> int:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -243,6 +244,21 @@ def checkpoint_identity(spark: SparkSession, state_dir: str, job_name: str) -> s
     if identity is None:  # two instances starting at once agree on the first one's id
         identity = claim_json(spark, uri, {"app_id": f"{job_name}-{uuid.uuid4().hex[:12]}"})
     return identity["app_id"]
+
+
+def signing_key(spark: SparkSession, state_dir: str) -> bytes:
+    """The key that signs the job's retry and dead-letter records (`headers.sign`).
+
+    Created at random with the checkpoint and kept in it, so only this job can write records
+    its tasks accept as retries. A new checkpoint makes a new key: retry records still waiting
+    from before then go to the dead letter as `unverified_retry_record` (redrive brings them
+    back).
+    """
+    uri = join(state_dir, "signing_key.json")
+    stored = read_json(spark, uri)
+    if stored is None:  # two instances starting at once agree on the first one's key
+        stored = claim_json(spark, uri, {"key": secrets.token_hex(32)})
+    return bytes.fromhex(stored["key"])
 
 
 def _run_tasks(df: DataFrame, plan: TaskPlan, staging: str) -> None:

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from retrylib.dead_letter import HEADERS_TYPE
 from retrylib.handler import BadHandlerResult
+from retrylib.headers import RESERVED
 from retrylib.record import Record
 
 INPUT_SCHEMA = pa.schema(
@@ -54,6 +55,15 @@ def input_from_kafka(batch: pa.RecordBatch) -> pa.RecordBatch:
         ],
         schema=INPUT_SCHEMA,
     )
+
+
+def carries_reserved_headers(batch: pa.RecordBatch) -> bool:
+    """True when a record of `batch` (Kafka records) has a header only retrylib may set."""
+    names = pc.list_flatten(batch.column("headers")).field("key")
+    return bool(len(names)) and pc.any(pc.is_in(names, value_set=_RESERVED_NAMES)).as_py()
+
+
+_RESERVED_NAMES = pa.array(sorted(RESERVED), pa.string())
 
 
 def input_from_records(records: Sequence[Record]) -> pa.RecordBatch:

@@ -451,6 +451,8 @@ def test_ranges_read_in_the_task_give_the_handler_what_records_mode_gives(
         max_attempts=2,
         jitter=0.0,
         non_retryable=(),
+        max_retry_after_ms=3_600_000,
+        signing_key=b"k" * 32,
         bootstrap_servers=bootstrap_servers,
     )
     ranges = pa.RecordBatch.from_pylist(

@@ -79,7 +79,7 @@ def test_metrics_lines_and_table_match_the_run(
     assert sum(line["retried_by_tier"][0] for line in lines) == 3
     assert all(line["duration_ms"] > 0 and line["replayed"] is False for line in lines)
     assert all(line["input_lag"][topic]["lag"] == 0 for line in lines)
-    assert set(lines[-1]["input_lag"]) == {topic, f"{topic}.retry.1s"}
+    assert set(lines[-1]["input_lag"]) == {topic, *config.retry.tier_topics()}
 
     table = read_table(config.metrics.table)
     assert table.schema.names == METRICS_SCHEMA.names

@@ -13,7 +13,14 @@ import pyarrow as pa
 import pytest
 
 from retrylib.batch_task import TaskPlan, run_task
-from retrylib.headers import RetryState, decode_retry_state, encode_retry_headers, split_headers
+from retrylib.headers import (
+    RetryState,
+    decode_retry_state,
+    encode_retry_headers,
+    is_signed_by,
+    sign,
+    split_headers,
+)
 from retrylib.kafka_source import KAFKA_ARROW_SCHEMA
 from retrylib.results import result_schema
 
@@ -40,6 +47,8 @@ def plan(tmp_path: Path) -> TaskPlan:
         max_attempts=3,
         jitter=0.0,
         non_retryable=("ValueError",),
+        max_retry_after_ms=3_600_000,
+        signing_key=b"s" * 32,
     )
 
 
@@ -74,9 +83,43 @@ def route(plan: TaskPlan, rows: list[dict]) -> tuple[dict, dict[str, list[dict]]
     return counters, written
 
 
-def retry_headers(attempt: int, not_before_ms: int, record_id: str = "r1") -> list:
-    state = RetryState(record_id, attempt, not_before_ms, "orders", 2, 17, 1000, 1, 2, "E", "m")
-    return encode_retry_headers([("trace", b"t1")], state)
+def retry_row(
+    plan: TaskPlan,
+    key: bytes,
+    offset: int,
+    attempt: int = 1,
+    not_before_ms: int = 0,
+    *,
+    record_id: str = "r1",
+    job: str = "job",
+    signing_key: bytes | None = None,
+) -> dict:
+    """A record on tier TIER as the job writes it (signed with the plan's key unless given)."""
+    state = RetryState(
+        job, record_id, attempt, not_before_ms, "orders", 2, 17, 1000, 1, 2, "E", "m"
+    )
+    headers = sign(
+        encode_retry_headers([("trace", b"t1")], state),
+        signing_key=plan.signing_key if signing_key is None else signing_key,
+        topic=TIER,
+        key=key,
+        value=b"v",
+    )
+    return {"key": key, "topic": TIER, "offset": offset, "headers": headers}
+
+
+def staged_headers(staged: dict) -> list[tuple[str, bytes | None]]:
+    return [(h["key"], h["value"]) for h in staged["headers"]]
+
+
+def is_signed(plan: TaskPlan, staged: dict) -> bool:
+    return is_signed_by(
+        staged_headers(staged),
+        signing_key=plan.signing_key,
+        topic=staged["topic"],
+        key=staged["key"],
+        value=staged["value"],
+    )
 
 
 def test_success_writes_output_rows(plan):
@@ -116,14 +159,14 @@ def test_non_retryable_goes_to_dead_letter(plan):
 
 
 def test_retry_record_is_handed_over_as_the_original(plan):
-    rows = [{"key": b"ok-2", "topic": TIER, "offset": 40, "headers": retry_headers(1, 0)}]
+    rows = [retry_row(plan, b"ok-2", 40)]
     counters, written = route(plan, rows)
     assert written["output"] == [{"key": "ok-2", "topic": "orders", "offset": 17, "attempt": 1}]
     assert counters["records_retry"] == 1
 
 
 def test_last_attempt_failure_is_dead_lettered_as_exhausted(plan):
-    rows = [{"key": b"fail-2", "topic": TIER, "offset": 41, "headers": retry_headers(2, 0)}]
+    rows = [retry_row(plan, b"fail-2", 41, attempt=2)]
     _, written = route(plan, rows)
     [dead] = written["dead_letter"]
     assert (dead["reason"], dead["attempts"], dead["origin_offset"]) == (
@@ -135,7 +178,10 @@ def test_last_attempt_failure_is_dead_lettered_as_exhausted(plan):
 
 
 def test_corrupt_retry_headers_are_dead_lettered(plan):
-    rows = [{"key": b"ok-3", "topic": TIER, "offset": 42, "headers": [("retrylib.id", b"x")]}]
+    headers = sign(
+        [("retrylib.id", b"x")], signing_key=plan.signing_key, topic=TIER, key=b"ok-3", value=b"v"
+    )
+    rows = [{"key": b"ok-3", "topic": TIER, "offset": 42, "headers": headers}]
     _, written = route(plan, rows)
     [dead] = written["dead_letter"]
     assert (dead["reason"], dead["attempts"], dead["source_topic"]) == (
@@ -146,21 +192,20 @@ def test_corrupt_retry_headers_are_dead_lettered(plan):
 
 
 def test_duplicate_retry_in_one_task_is_skipped(plan):
-    rows = [
-        {"key": b"ok-4", "topic": TIER, "offset": o, "headers": retry_headers(1, 0)}
-        for o in (50, 51)
-    ]
+    rows = [retry_row(plan, b"ok-4", o) for o in (50, 51)]
     counters, written = route(plan, rows)
     assert len(written["output"]) == 1 and counters["duplicates_skipped"] == 1
 
 
 def test_retry_not_yet_due_is_requeued_not_handled(plan):
     not_before = plan.now_ms + 60_000
-    rows = [{"key": b"ok-5", "topic": TIER, "offset": 60, "headers": retry_headers(1, not_before)}]
+    rows = [retry_row(plan, b"ok-5", 60, not_before_ms=not_before)]
     counters, written = route(plan, rows)
     assert written["output"] == [] and counters["requeued_not_due"] == 1
     [staged] = written["staged"]
-    assert (staged["topic"], staged["timestamp_ms"]) == (TIER, not_before - 5000)
+    # At most one delay ahead of now: a later timestamp would hold back the tier behind it.
+    assert (staged["topic"], staged["timestamp_ms"]) == (TIER, plan.now_ms + 5000)
+    assert staged_headers(staged) == rows[0]["headers"] and is_signed(plan, staged)
 
 
 def test_rows_that_do_not_fit_the_schema_fail_only_their_record(plan):
@@ -202,16 +247,13 @@ def test_vectorised_call_that_raises_fails_every_row(plan):
 
 
 def test_vectorised_batch_with_retries_passes_the_original(plan):
-    rows = [{"key": b"ok-7", "topic": TIER, "offset": 40, "headers": retry_headers(1, 0)}]
+    rows = [retry_row(plan, b"ok-7", 40)]
     _, written = route(vectorised(plan, "arrow_table"), rows)
     assert written["output"] == [{"key": "ok-7", "topic": "orders", "offset": 17, "attempt": 1}]
 
 
 def test_vectorised_batch_of_only_duplicate_retries_is_counted_once(plan):
-    rows = [
-        {"key": b"ok-8", "topic": TIER, "offset": o, "headers": retry_headers(1, 0)}
-        for o in (70, 71)
-    ]
+    rows = [retry_row(plan, b"ok-8", o) for o in (70, 71)]
     counters, written = route(vectorised(plan, "arrow_rows"), rows)
     assert len(written["output"]) == 1
     assert (counters["records_retry"], counters["duplicates_skipped"]) == (2, 1)
@@ -219,7 +261,7 @@ def test_vectorised_batch_of_only_duplicate_retries_is_counted_once(plan):
 
 def test_vectorised_batch_with_nothing_due_calls_no_handler(plan):
     not_before = plan.now_ms + 60_000
-    rows = [{"key": b"ok-9", "topic": TIER, "offset": 80, "headers": retry_headers(1, not_before)}]
+    rows = [retry_row(plan, b"ok-9", 80, not_before_ms=not_before)]
     counters, written = route(vectorised(plan, "arrow_raises"), rows)
     assert written["output"] == [] and counters["requeued_not_due"] == 1
     assert counters["records_retry"] == 1 and "retried_tier_0" not in counters
@@ -229,3 +271,113 @@ def test_the_collector_thresholds_come_back_after_a_task(plan):
     before = gc.get_threshold()
     route(plan, [{"key": b"ok-1", "offset": 1}])
     assert gc.get_threshold() == before
+
+
+# --- records the job did not write ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["record", "arrow"])
+def test_a_forged_retry_never_shadows_the_genuine_one(plan, kind):
+    forged = retry_row(plan, b"ok-forged", 90, signing_key=b"x" * 32)
+    unsigned = {
+        **retry_row(plan, b"ok-plain", 91),
+        "headers": retry_row(plan, b"ok", 0)["headers"][:-1],
+    }
+    genuine = retry_row(plan, b"ok-genuine", 92)  # same id and attempt as both forgeries
+    handler = "by_key" if kind == "record" else "arrow_table"
+    counters, written = route(vectorised(plan, handler, kind), [forged, unsigned, genuine])
+    assert [r["key"] for r in written["output"]] == ["ok-genuine"]
+    assert "duplicates_skipped" not in counters
+    dead = written["dead_letter"]
+    assert [(d["origin_offset"], d["reason"]) for d in dead] == [
+        (90, "unverified_retry_record"),
+        (91, "unverified_retry_record"),
+    ]
+    assert all(d["error_class"] == "retrylib.headers.UnverifiedRetryRecord" for d in dead)
+    assert [d["key"] for d in dead] == [b"ok-forged", b"ok-plain"]
+    assert all(s["topic"] == "orders.dlt" and is_signed(plan, s) for s in written["staged"])
+
+
+def test_a_record_moved_to_another_tier_is_not_verified(plan):
+    row = {**retry_row(plan, b"ok-moved", 93), "topic": "orders.retry.1m"}
+    counters, written = route(plan, [row])
+    assert written["output"] == []
+    assert [d["reason"] for d in written["dead_letter"]] == ["unverified_retry_record"]
+
+
+def test_another_jobs_retry_is_skipped_and_counted(plan):
+    row = retry_row(plan, b"ok-theirs", 94, job="neighbour", signing_key=b"n" * 32)
+    counters, written = route(plan, [row])
+    assert written == {"output": [], "dead_letter": [], "staged": []}
+    assert counters["skipped_other_job"] == 1 and counters["records_retry"] == 1
+
+
+def test_retries_and_dead_letters_are_signed_for_their_topic(plan):
+    _, written = route(plan, [{"key": b"fail-1", "offset": 9}, {"key": b"stop-1", "offset": 10}])
+    assert sorted(s["topic"] for s in written["staged"]) == ["orders.dlt", TIER]
+    assert all(is_signed(plan, s) for s in written["staged"])
+    assert all(
+        split_headers(staged_headers(s))[1]["retrylib.job"] == b"job" for s in written["staged"]
+    )
+
+
+# --- reserved headers on main topics ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["record", "arrow"])
+def test_reserved_headers_on_a_main_record_are_taken_off_and_others_kept(plan, kind):
+    headers = [
+        ("retrylib.id", b"forged"),
+        ("retrylib.x", b"mine"),
+        ("h", None),
+        ("retrylib.attempt", b"9"),
+    ]
+    handler = "by_key" if kind == "record" else "arrow_rows"
+    counters, written = route(
+        vectorised(plan, handler, kind), [{"key": b"fail-h", "offset": 7, "headers": headers}]
+    )
+    assert counters["reserved_headers_removed"] == 2
+    [staged] = written["staged"]
+    user, own = split_headers(staged_headers(staged))
+    assert user == [("retrylib.x", b"mine"), ("h", None)]
+    state = decode_retry_state(own)
+    assert (state.attempt, state.origin_offset) == (1, 7)
+    assert state.id != "forged"
+
+
+def test_the_handler_never_sees_reserved_headers(plan):
+    headers = [("retrylib.signature", b"00"), ("retrylib.xy", b"1")]
+    _, written = route(plan, [{"key": b"headers", "offset": 8, "headers": headers}])
+    [staged] = written["staged"]
+    state = decode_retry_state(split_headers(staged_headers(staged))[1])
+    assert state.error_message == repr([("retrylib.xy", b"1")])
+
+
+# --- what a handler may ask for --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seconds", ["1e17", "inf", "3601"])
+def test_a_retry_after_beyond_the_maximum_is_dead_lettered_not_a_crash(plan, seconds):
+    counters, written = route(plan, [{"key": f"after-{seconds}".encode(), "offset": 11}])
+    [dead] = written["dead_letter"]
+    assert (dead["reason"], dead["error_class"]) == (
+        "retry_after_too_long",
+        "retrylib.errors.RetryAfter",
+    )
+    assert counters["dead_lettered"] == 1
+
+
+def test_a_retry_after_nan_is_an_ordinary_retry(plan):
+    counters, written = route(plan, [{"key": b"after-nan", "offset": 12}])
+    assert counters["retried_tier_0"] == 1
+
+
+def test_a_long_retry_after_waits_in_hops_never_holding_the_tier(plan):
+    before = int(time.time() * 1000)
+    _, written = route(plan, [{"key": b"after-3000", "offset": 13}])
+    [staged] = written["staged"]
+    state = decode_retry_state(split_headers(staged_headers(staged))[1])
+    assert staged["topic"] == "orders.retry.1m"
+    assert state.not_before_ms >= before + 3_000_000
+    after = int(time.time() * 1000)
+    assert staged["timestamp_ms"] <= after + 60_000

@@ -95,8 +95,13 @@ def test_minimal_config_fills_defaults(tmp_path: Path) -> None:
     assert config.retry.max_attempts == 4
     assert config.retry.jitter == 0.0
     assert config.retry.non_retryable == ()
-    assert config.retry.tier_topics() == ("orders.retry.10s", "orders.retry.1m", "orders.retry.10m")
-    assert config.dead_letter.topic == "orders.dlt"
+    assert config.retry.tier_topics() == (
+        "orders.orders.retry.10s",
+        "orders.orders.retry.1m",
+        "orders.orders.retry.10m",
+    )
+    assert config.retry.max_retry_after_ms == 3_600_000
+    assert config.dead_letter.topic == "orders.orders.dlt"
     assert config.dead_letter.table == f"{tmp_path}/out_dead_letter"
     assert config.metrics.table is None
     assert config.source_path == str(tmp_path / "job.toml")
@@ -110,7 +115,7 @@ def test_example_conf_orders_loads() -> None:
     )
     assert config.retry.delays_seconds == (5.0, 60.0, 600.0)
     assert config.retry.jitter == pytest.approx(0.1)
-    assert config.dead_letter.topic == "orders.dlt"
+    assert config.dead_letter.topic == "orders.orders.dlt"
 
 
 def test_full_config(tmp_path: Path) -> None:
@@ -374,16 +379,17 @@ PROBLEMS = [
     ),
     (
         {"retry.delays": '["1m", "60s"]'},
-        r'retry\.topic_template \(for "orders" at retry\.delays\[1\]\): "orders\.retry\.1m" is '
-        r"already used by .*retry\.delays\[0\].*distinct delays",
+        r'retry\.topic_template \(for "orders" at retry\.delays\[1\]\): '
+        r'"orders\.orders\.retry\.1m" '
+        r"is already used by .*retry\.delays\[0\].*distinct delays",
     ),
     (
         {"dead_letter.topic": '"orders"'},
         r'dead_letter\.topic: "orders" is already used by kafka\.topics\[0\]',
     ),
     (
-        {"dead_letter.topic": '"orders.retry.1m"'},
-        r'dead_letter\.topic: "orders\.retry\.1m" is already used by retry tier 1',
+        {"dead_letter.topic": '"orders.orders.retry.1m"'},
+        r'dead_letter\.topic: "orders\.orders\.retry\.1m" is already used by retry tier 1',
     ),
     (
         {"dead_letter.table": '"{tmp}/out"'},
@@ -572,7 +578,7 @@ def test_redacted_hides_secret_options_and_env_values(
     assert redacted["retry"]["tiers"][0] == {
         "index": 0,
         "delay_seconds": 10.0,
-        "topics": {"orders": "orders.retry.10s"},
+        "topics": {"orders": "orders.orders.retry.10s"},
     }
     text = json.dumps(redacted)
     assert "hunter2" not in text and "internal-broker" not in text and "u:p" not in text
@@ -598,7 +604,7 @@ def test_overrides_apply_before_validation(tmp_path: Path) -> None:
     assert config.kafka.bootstrap_servers == "127.0.0.1:5555"
     assert dict(config.kafka.options) == {"sasl.mechanism": "PLAIN"}
     assert config.job.checkpoint == str(tmp_path / "cp2")
-    assert config.retry.tier_topics() == ("orders.retry.1s",)
+    assert config.retry.tier_topics() == ("orders.orders.retry.1s",)
     assert config.metrics.table == str(tmp_path / "metrics")
 
 

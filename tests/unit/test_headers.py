@@ -21,6 +21,7 @@ from retrylib.headers import (
 )
 
 STATE = RetryState(
+    job="orders-job",
     id="0123456789abcdef0123456789abcdef",
     attempt=2,
     not_before_ms=1_700_000_060_000,
@@ -37,6 +38,7 @@ STATE = RetryState(
 USER = [("trace", b"abc"), ("empty", None), ("trace", b"def"), ("bin", b"\xff\x00")]
 
 RETRY_HEADER_NAMES = [
+    "retrylib.job",
     "retrylib.id",
     "retrylib.attempt",
     "retrylib.not_before",
@@ -109,6 +111,18 @@ def test_split_headers_converts_bytearray_values_to_bytes() -> None:
     user, ours = split_headers([("a", bytearray(b"1")), ("retrylib.id", bytearray(b"x"))])
     assert user == [("a", b"1")] and type(user[0][1]) is bytes
     assert ours == {"retrylib.id": b"x"} and type(ours["retrylib.id"]) is bytes
+
+
+def test_split_headers_leaves_a_users_own_retrylib_named_header_to_the_user() -> None:
+    user, ours = split_headers([("retrylib.x", b"1"), ("retrylib.id", b"x"), ("retrylib", b"2")])
+    assert user == [("retrylib.x", b"1"), ("retrylib", b"2")]
+    assert ours == {"retrylib.id": b"x"}
+
+
+def test_without_reserved_takes_off_exactly_the_reserved_names() -> None:
+    mixed = [("retrylib.id", b"forged"), *USER, ("retrylib.x", b"mine"), ("retrylib.job", None)]
+    assert h.without_reserved(mixed) == ([*USER, ("retrylib.x", b"mine")], 2)
+    assert h.without_reserved(USER) == (USER, 0)
 
 
 def test_split_headers_last_duplicate_retrylib_header_wins() -> None:
@@ -281,10 +295,67 @@ def test_bound_text_limit_below_marker_raises() -> None:
 
 def test_header_docs_cover_every_header_once() -> None:
     names = [name for name, _ in HEADER_DOCS]
-    assert names == RETRY_HEADER_NAMES + DEAD_LETTER_HEADER_NAMES
+    assert names == [*RETRY_HEADER_NAMES, *DEAD_LETTER_HEADER_NAMES, "retrylib.signature"]
     assert all(name.startswith(PREFIX) and meaning for name, meaning in HEADER_DOCS)
+    assert frozenset(names) == h.RESERVED
 
 
 def test_header_constants_match_docs() -> None:
     assert h.ID == "retrylib.id"
     assert h.ERROR_STACK_TRACE == "retrylib.error.stack_trace"
+
+
+# --- signatures ----------------------------------------------------------------------------
+
+SIGNED = {"signing_key": b"k" * 32, "topic": "orders.job.retry.10s", "key": b"k1", "value": b"v"}
+
+
+def _signed() -> list[tuple[str, bytes | None]]:
+    return h.sign(encode_retry_headers(USER, STATE), **SIGNED)
+
+
+def test_a_signed_record_verifies_and_keeps_its_headers_ahead_of_the_signature() -> None:
+    signed = _signed()
+    assert signed[:-1] == encode_retry_headers(USER, STATE)
+    assert signed[-1][0] == "retrylib.signature" and len(signed[-1][1] or b"") == 64
+    assert h.is_signed_by(signed, **SIGNED)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"signing_key": b"j" * 32},
+        {"topic": "orders.other.retry.10s"},
+        {"key": None},
+        {"key": b"k2"},
+        {"value": b""},
+        {"value": None},
+        {"value": b"v2"},
+    ],
+)
+def test_a_signature_fails_for_another_key_topic_or_content(change: dict) -> None:
+    assert not h.is_signed_by(_signed(), **{**SIGNED, **change})
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda hs: [(n, b"3" if n == "retrylib.attempt" else v) for n, v in hs],
+        lambda hs: [("trace", b"abd") if (n, v) == ("trace", b"abc") else (n, v) for n, v in hs],
+        lambda hs: [("x", b"")] + hs,
+        lambda hs: hs[1:],
+        lambda hs: hs[:-1],
+        lambda hs: hs[-1:] + hs[:-1],
+        lambda hs: hs[:-1] + [("retrylib.signature", None)],
+        lambda hs: [],
+    ],
+    ids=["field", "user-header", "added", "removed", "unsigned", "moved", "empty", "none"],
+)
+def test_a_signature_fails_when_any_header_changes(tamper) -> None:
+    assert not h.is_signed_by(tamper(_signed()), **SIGNED)
+
+
+def test_header_boundaries_are_part_of_what_is_signed() -> None:
+    # Same bytes, split differently between name and value, must not share a signature.
+    one = h.sign([("ab", b"c")], **SIGNED)
+    assert not h.is_signed_by([("a", b"bc"), one[-1]], **SIGNED)

@@ -47,12 +47,12 @@ def test_batch_offsets_merges_every_source(tmp_path):
     offsets.mkdir(parents=True)
     (offsets / "7").write_text(
         'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1234,"conf":{}}\n'
-        '{"orders":{"0":10,"1":12}}\n{"orders.retry.10s":{"0":3}}\n-\n'
+        '{"orders":{"0":10,"1":12}}\n{"orders.m.retry.10s":{"0":3}}\n-\n'
     )
 
     end, triggered = batch_offsets(None, cfg, 7)  # a local path needs no Spark session
 
-    assert end == {("orders", 0): 10, ("orders", 1): 12, ("orders.retry.10s", 0): 3}
+    assert end == {("orders", 0): 10, ("orders", 1): 12, ("orders.m.retry.10s", 0): 3}
     assert triggered == 1234
 
 
@@ -60,7 +60,7 @@ class FakeKafka:
     """Offsets of one main partition and one tier partition (records 0..9, 6.. not due)."""
 
     def partitions(self, topics):
-        return {t: [0] for t in topics if t in ("orders", "orders.retry.10s")}
+        return {t: [0] for t in topics if t in ("orders", "orders.m.retry.10s")}
 
     def latest(self, keys):
         return {k: 10 for k in keys}
@@ -75,14 +75,14 @@ class FakeKafka:
 def test_lag_splits_retry_topics_into_due_and_not_due(tmp_path):
     lag = input_lag(
         metrics_job_config(tmp_path),
-        {("orders", 0): 7, ("orders.retry.10s", 0): 2},
+        {("orders", 0): 7, ("orders.m.retry.10s", 0): 2},
         FakeKafka(),
         10**12,
     )
 
     assert lag == {
         "orders": {"lag": 3, "not_due": 0},
-        "orders.retry.10s": {"lag": 4, "not_due": 4},
+        "orders.m.retry.10s": {"lag": 4, "not_due": 4},
     }
 
 

@@ -14,6 +14,7 @@ from retrylib.retry_policy import (
     decide,
     describe_error,
     is_due,
+    tier_timestamp_ms,
 )
 
 NOW = 1_700_000_000_000
@@ -155,8 +156,8 @@ def test_retry_after_picks_largest_tier_not_longer_than_requested(
     assert isinstance(d, RetryDecision)
     assert d.tier == tier
     assert d.not_before_ms == NOW + round(seconds * 1000)
-    assert d.kafka_timestamp_ms == d.not_before_ms - DELAYS[tier]
-    assert _readable_at(d) == d.not_before_ms
+    assert d.kafka_timestamp_ms == min(d.not_before_ms - DELAYS[tier], NOW + DELAYS[tier])
+    assert _readable_at(d) <= d.not_before_ms
 
 
 def test_retry_after_rounds_up_to_the_millisecond() -> None:
@@ -168,8 +169,36 @@ def test_retry_after_still_counts_attempts() -> None:
     assert run(policy(max_attempts=2), 1, RetryAfter(5)) == DeadLetterDecision("attempts_exhausted")
 
 
-def test_retry_after_with_infinite_delay_follows_the_schedule() -> None:
-    assert run(policy(), 1, RetryAfter(float("inf"))) == RetryDecision(1, NOW + 10_000, NOW)
+@pytest.mark.parametrize("seconds", [3600.001, 1e17, float("inf")])
+def test_retry_after_beyond_the_maximum_dead_letters(seconds: float) -> None:
+    d = run(policy(), 1, RetryAfter(seconds))
+    assert d == DeadLetterDecision("retry_after_too_long")
+
+
+def test_retry_after_up_to_the_maximum_is_honoured() -> None:
+    d = run(policy(), 1, RetryAfter(3600))
+    assert isinstance(d, RetryDecision) and d.not_before_ms == NOW + 3_600_000
+
+
+def test_retry_after_that_is_not_a_number_follows_the_schedule() -> None:
+    assert run(policy(), 1, RetryAfter(float("nan"))) == RetryDecision(1, NOW + 10_000, NOW)
+
+
+def test_retry_after_subclass_with_odd_seconds_follows_the_schedule() -> None:
+    class Odd(RetryAfter):
+        def __init__(self) -> None:
+            super().__init__(1)
+            self.seconds = "soon"  # type: ignore[assignment]
+
+    assert run(policy(), 1, Odd()) == RetryDecision(1, NOW + 10_000, NOW)
+
+
+@pytest.mark.parametrize("not_before", [NOW - 5_000, NOW, NOW + 9_000, NOW + 20_000, 2**62])
+def test_tier_timestamp_is_never_early_nor_more_than_a_delay_ahead(not_before: int) -> None:
+    stamp = tier_timestamp_ms(not_before, 10_000, NOW)
+    assert stamp + 10_000 <= not_before  # released no sooner than due
+    assert stamp <= NOW + 10_000  # holds back the records behind it at most one delay
+    assert stamp == not_before - 10_000 or stamp == NOW + 10_000
 
 
 def test_retry_after_beats_a_broad_non_retryable_class() -> None:
@@ -214,7 +243,11 @@ def test_configured_non_retryable_class_matches_subclasses() -> None:
 
 def test_from_names_resolves_builtins_and_module_paths() -> None:
     p = RetryPolicy.from_names(
-        [1, 2.5, 60], 4, 0.1, ["ValueError", "json:JSONDecodeError", "KeyboardInterrupt"]
+        [1_000, 2_500, 60_000],
+        4,
+        0.1,
+        ["ValueError", "json:JSONDecodeError", "KeyboardInterrupt"],
+        3_600_000,
     )
     assert p == RetryPolicy(
         delays_ms=(1_000, 2_500, 60_000),
@@ -225,7 +258,7 @@ def test_from_names_resolves_builtins_and_module_paths() -> None:
 
 
 def test_from_names_resolves_a_class_in_a_test_module() -> None:
-    p = RetryPolicy.from_names([1], 2, 0, [f"{__name__}:BadOrder"])
+    p = RetryPolicy.from_names([1_000], 2, 0, [f"{__name__}:BadOrder"], 3_600_000)
     assert p.non_retryable == (BadOrder,)
     assert run(p, 0, BadOrder()) == DeadLetterDecision("non_retryable")
 
@@ -243,7 +276,7 @@ def test_from_names_resolves_a_class_in_a_test_module() -> None:
 )
 def test_from_names_rejects_bad_entries_naming_them(name: str, why: str) -> None:
     with pytest.raises(ValueError, match=f"non_retryable entry '{name}' {why}"):
-        RetryPolicy.from_names([1], 2, 0, [name])
+        RetryPolicy.from_names([1_000], 2, 0, [name], 3_600_000)
 
 
 @pytest.mark.parametrize(
@@ -252,8 +285,9 @@ def test_from_names_rejects_bad_entries_naming_them(name: str, why: str) -> None
         ({"max_attempts": 0}, "max_attempts must be >= 1"),
         ({"delays": (), "max_attempts": 2}, "delays_ms must name at least one delay"),
         ({"delays": (1_000, -1)}, "delays_ms must all be >= 0"),
-        ({"jitter": -0.1}, "jitter must be a finite number >= 0"),
-        ({"jitter": float("nan")}, "jitter must be a finite number >= 0"),
+        ({"jitter": -0.1}, "jitter must be a number from 0 to 1"),
+        ({"jitter": 1.5}, "jitter must be a number from 0 to 1"),
+        ({"jitter": float("nan")}, "jitter must be a number from 0 to 1"),
         ({"non_retryable": (int,)}, "non_retryable must hold exception classes"),
     ],
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retrylib import NonRetryable, Record
+from retrylib import NonRetryable, Record, RetryAfter
 
 
 def by_key(record: Record) -> dict | None:
@@ -15,6 +15,10 @@ def by_key(record: Record) -> dict | None:
         return {"key": key, "attempt": "not a number"}
     if key.startswith("none"):
         return None
+    if key.startswith("after-"):  # "after-<seconds>": ask to be retried that much later
+        raise RetryAfter(float(key.removeprefix("after-")))
+    if key.startswith("headers"):  # fails once, with the headers it was given as the message
+        raise RuntimeError(repr(record.headers))
     return {"key": key, "topic": record.topic, "offset": record.offset, "attempt": record.attempt}
 
 

@@ -8,6 +8,8 @@ always-*    always fails with RuntimeError (dead-lettered once out of attempts)
 bad-*       raises ValueError (configured non-retryable: dead-lettered at once)
 stop-*      raises NonRetryable
 after-*     raises RetryAfter(1.5) on attempt 0, then succeeds
+afterlong-* raises RetryAfter(6) on attempt 0, then succeeds
+afterhuge-* raises RetryAfter(1e17) on every attempt
 exit-*      raises SystemExit on attempt 0, then succeeds
 hang-*      sleeps far past the timeout on attempt 0, then succeeds
 schema-*    returns a row that does not fit the schema on attempt 0, then succeeds
@@ -59,6 +61,10 @@ def by_key(record: Record) -> dict | None:
         raise NonRetryable("gave up")
     if prefix == "after" and first:
         raise RetryAfter(1.5)
+    if prefix == "afterlong" and first:
+        raise RetryAfter(6)
+    if prefix == "afterhuge":
+        raise RetryAfter(1e17)
     if prefix == "exit" and first:
         raise SystemExit(3)
     if prefix == "hang" and first:
