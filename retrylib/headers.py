@@ -57,7 +57,7 @@ HEADER_DOCS: tuple[tuple[str, str], ...] = (
     (ATTEMPTS, "Dead letter only: handler calls made in all."),
     (
         DEAD_LETTER_REASON,
-        "Dead letter only: why, e.g. non_retryable, attempts_exhausted, corrupt_retry_headers.",
+        "Dead letter only: why, e.g. non_retryable, attempts_exhausted, unverified_retry_record.",
     ),
     (
         ERROR_STACK_TRACE,

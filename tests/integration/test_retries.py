@@ -165,7 +165,7 @@ def test_main_records_flow_while_retries_wait(spark, bootstrap_servers, make_top
     assert sum(r.counters.get("records_retry", 0) for r in results) == 0
 
 
-def test_retry_after_and_corrupt_retry_headers(spark, bootstrap_servers, make_topic, write_config):
+def test_retry_after_and_unsigned_retry_records(spark, bootstrap_servers, make_topic, write_config):
     topic = make_topic("orders", partitions=1)
     config = write_config([topic], retry='delays = ["1s"]\nmax_attempts = 3')
     tier_topic = config.retry.tiers[0].topics[topic]
@@ -189,8 +189,8 @@ def test_retry_after_and_corrupt_retry_headers(spark, bootstrap_servers, make_to
     [dead] = table_rows(config.dead_letter.table)
     assert (dead["key"], dead["reason"], dead["attempts"]) == (
         b"garbage-0",
-        "corrupt_retry_headers",
+        "unverified_retry_record",
         0,
     )
-    assert "retrylib.attempt" in dead["error_message"]
+    assert "not signed by this job" in dead["error_message"]
     assert dead["source_topic"] == tier_topic
