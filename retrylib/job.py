@@ -41,6 +41,17 @@ def builtin_kafka_available(spark: SparkSession) -> bool:
         return False
 
 
+TIER_CLOCK_ALLOWANCE_MS = 300_000
+"""How far past one tier delay a tier record's timestamp may lie ahead of the broker's clock.
+
+The job writes a tier record with a timestamp at most one delay after it writes it
+(`retry_policy.tier_timestamp_ms`); a tier releases records in offset order, so a record
+with a later timestamp holds back every record behind it. A tier topic the job creates has
+`message.timestamp.after.max.ms` = delay + this allowance (for clocks that disagree), so
+the broker refuses anyone's record that would hold a tier partition up for longer.
+"""
+
+
 def prepare_topics(config: Config) -> dict[str, int]:
     """Check the main topics; create missing retry, dead-letter and control topics if allowed.
 
@@ -60,7 +71,11 @@ def prepare_topics(config: Config) -> dict[str, int]:
     }
     wanted[config.dead_letter.topic] = max(main.values())
     wanted[control_topic(config.job.name)] = 1
-    ensure_topics(admin, wanted, create=kafka.create_topics)
+    tier_configs = {
+        topic: {"message.timestamp.after.max.ms": str(delay_ms + TIER_CLOCK_ALLOWANCE_MS)}
+        for topic, delay_ms in config.retry.tier_delays_ms().items()
+    }
+    ensure_topics(admin, wanted, create=kafka.create_topics, configs=tier_configs)
     return partition_counts(admin, wanted)
 
 

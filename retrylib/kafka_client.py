@@ -95,12 +95,15 @@ def ensure_topics(
     wanted: Mapping[str, int],
     *,
     create: bool,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
     timeout: float = 30.0,
 ) -> None:
     """Make sure every topic in `wanted` (topic -> partition count) exists.
 
-    Missing topics are created when `create` is true; otherwise `TopicError` names them.
-    A topic created concurrently by someone else counts as existing.
+    Missing topics are created when `create` is true, with their `configs` (topic -> topic
+    configs) where given; otherwise `TopicError` names them. A broker that does not know a
+    config gets the topic without it, with a warning. A topic created concurrently by
+    someone else counts as existing.
     """
     missing = sorted(set(wanted) - set(partition_counts(admin, wanted)))
     if not missing:
@@ -109,14 +112,30 @@ def ensure_topics(
         raise TopicError(
             f"missing topic(s) {missing}: create them, or set [kafka] create_topics = true"
         )
-    futures = admin.create_topics(
-        [NewTopic(topic, num_partitions=wanted[topic], replication_factor=-1) for topic in missing],
-        operation_timeout=timeout,
-    )
-    for topic, future in futures.items():
+    configs = configs or {}
+    for topic in missing:
         try:
-            future.result(timeout)
-            log.info("created topic %s with %d partitions", topic, wanted[topic])
-        except Exception as e:  # KafkaException carries TOPIC_ALREADY_EXISTS on a race
-            if "TOPIC_ALREADY_EXISTS" not in str(e):
+            _create_topic(admin, topic, wanted[topic], configs.get(topic, {}), timeout)
+        except Exception as e:
+            if not (configs.get(topic) and "INVALID_CONFIG" in str(e)):
                 raise TopicError(f"could not create topic {topic!r}: {e}") from e
+            log.warning(
+                "the brokers refused topic configs %s for %s (%s); creating it without them",
+                dict(configs[topic]),
+                topic,
+                e,
+            )
+            _create_topic(admin, topic, wanted[topic], {}, timeout)
+
+
+def _create_topic(
+    admin: AdminClient, topic: str, partitions: int, config: Mapping[str, str], timeout: float
+) -> None:
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=-1, config=dict(config))
+    [future] = admin.create_topics([new], operation_timeout=timeout).values()
+    try:
+        future.result(timeout)
+        log.info("created topic %s with %d partitions", topic, partitions)
+    except Exception as e:  # KafkaException carries TOPIC_ALREADY_EXISTS on a race
+        if "TOPIC_ALREADY_EXISTS" not in str(e):
+            raise

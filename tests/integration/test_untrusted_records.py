@@ -173,3 +173,28 @@ def test_jobs_on_one_topic_keep_their_retries_apart(
         skipped[config.job.name] = sum(r.counters.get("skipped_other_job", 0) for r in results)
     # "fourth" shares its tier with "third", whose 20 retries are still in it.
     assert skipped == {"first": 0, "second": 0, "third": 0, "fourth": len(keys)}
+
+
+def test_the_broker_refuses_a_tier_record_that_would_hold_the_tier_up(
+    bootstrap_servers, make_topic, write_config
+):
+    topic = make_topic("orders", partitions=1)
+    config = write_config([topic], retry='delays = ["2s"]\nmax_attempts = 3')
+    prepare_topics(config)
+    [tier] = config.retry.tier_topics()
+    errors: dict[bytes, object] = {}
+    producer = make_producer(bootstrap_servers, {})
+    now = int(time.time() * 1000)
+    # Half an hour ahead: within the broker's own default limit, past the tier's.
+    for key, timestamp in ((b"far", now + 1_800_000), (b"near", now + 2000 + 60_000)):
+        producer.produce(
+            tier,
+            key=key,
+            value=b"x",
+            partition=0,
+            timestamp=timestamp,
+            on_delivery=lambda error, message: errors.setdefault(message.key(), error),
+        )
+        producer.flush(30)  # one record per request: the broker refuses a request whole
+    assert errors[b"near"] is None
+    assert errors[b"far"] is not None and errors[b"far"].name() == "INVALID_TIMESTAMP"
