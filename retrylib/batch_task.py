@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -47,6 +48,7 @@ from retrylib.kafka_source import (
     read_range,
 )
 from retrylib.record import Record
+from retrylib.record_size import fit, wire_size
 from retrylib.results import ResultRows
 from retrylib.retry_policy import RetryDecision, RetryPolicy, decide, describe_error, is_due
 from retrylib.staging import STAGED_SCHEMA
@@ -56,6 +58,8 @@ from retrylib.vectorized import (
     input_from_records,
     per_row_results,
 )
+
+log = logging.getLogger(__name__)
 
 _RANGE_COLUMNS = RANGE_SCHEMA.names
 _GC_FIRST_THRESHOLD = 50_000
@@ -87,6 +91,9 @@ class TaskPlan:
     bootstrap_servers: str = ""  # and client_options: how the task reads offset ranges
     client_options: Mapping[str, str] = field(default_factory=dict)
     isolate: bool = False  # each handler call in its own process (after a worker died)
+    # Retry and dead-letter topic -> the largest record it accepts (`record_size`); a topic
+    # missing here is not checked.
+    max_record_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 def _tier_index(retry_topics: Mapping[str, tuple[str, ...]]) -> dict[str, int]:
@@ -439,6 +446,9 @@ class TaskRouter:
         state = _state(delivery, attempts, decision.not_before_ms, failed_at, error_class, message)
         topic = tier_topics[decision.tier]
         headers = encode_retry_headers(record.headers, state)
+        if self._too_large(topic, record, headers):
+            self._dead_letter(delivery, error, "record_too_large", attempts, failed_at)
+            return
         self._stage(topic, record.partition, decision.kafka_timestamp_ms, record, headers)
         self.counters[f"retried_tier_{decision.tier}"] += 1
 
@@ -478,14 +488,55 @@ class TaskRouter:
         self._stage(self.plan.dead_letter_topic, record.partition, failed_at, record, headers)
         self.counters["dead_lettered"] += 1
 
+    def _too_large(self, topic: str, record: Record, headers: list) -> bool:
+        """True (logged and counted) when the retry copy is more than `topic` accepts.
+
+        Producing it would fail the batch on every replay; it goes to the dead letter.
+        """
+        limit = self.plan.max_record_bytes.get(topic)
+        size = wire_size(record.key, record.value, headers)
+        if limit is None or size <= limit:
+            return False
+        log.warning(
+            "%s[%d]@%d: retry copy of %d bytes is over the %d bytes %s accepts; "
+            "dead-lettered as record_too_large",
+            record.topic,
+            record.partition,
+            record.offset,
+            size,
+            limit,
+            topic,
+        )
+        self.counters["dead_lettered_too_large"] += 1
+        return True
+
     def _stage(self, topic, partition, timestamp_ms, record, headers) -> None:
+        key, value = record.key, record.value
+        limit = self.plan.max_record_bytes.get(topic)
+        if topic == self.plan.dead_letter_topic and limit is not None:
+            # Cut to fit: the dead-letter table keeps the record in full.
+            fitted = fit(key, value, headers, limit)
+            key, value, headers = fitted.key, fitted.value, fitted.headers
+            if fitted.cut:
+                log.warning(
+                    "%s[%d]@%d: dead-letter record of %d bytes is over the %d bytes %s "
+                    "accepts; produced cut to %d bytes (in full in the dead-letter table)",
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    fitted.original_bytes,
+                    limit,
+                    topic,
+                    fitted.bytes,
+                )
+                self.counters["dead_letter_truncated"] += 1
         self._staged_rows.append(
             {
                 "topic": topic,
                 "partition": partition % self.plan.partition_counts[topic],
                 "timestamp_ms": timestamp_ms,
-                "key": record.key,
-                "value": record.value,
+                "key": key,
+                "value": value,
                 "headers": [{"key": k, "value": v} for k, v in headers],
             }
         )

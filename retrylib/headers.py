@@ -29,6 +29,9 @@ ERROR_MESSAGE = PREFIX + "error.message"
 ATTEMPTS = PREFIX + "attempts"
 DEAD_LETTER_REASON = PREFIX + "dead_letter.reason"
 ERROR_STACK_TRACE = PREFIX + "error.stack_trace"
+VALUE_TRUNCATED = PREFIX + "value_truncated"
+HEADERS_DROPPED = PREFIX + "headers_dropped"
+KEY_TRUNCATED = PREFIX + "key_truncated"
 
 MAX_ERROR_MESSAGE_BYTES = 2048
 MAX_STACK_TRACE_BYTES = 8192
@@ -48,11 +51,27 @@ HEADER_DOCS: tuple[tuple[str, str], ...] = (
     (ATTEMPTS, "Dead letter only: handler calls made in all."),
     (
         DEAD_LETTER_REASON,
-        "Dead letter only: why, e.g. non_retryable, attempts_exhausted, corrupt_retry_headers.",
+        "Dead letter only: why, e.g. non_retryable, attempts_exhausted, corrupt_retry_headers, "
+        "record_too_large.",
     ),
     (
         ERROR_STACK_TRACE,
         f"Dead letter only: traceback of the last error, at most {MAX_STACK_TRACE_BYTES} bytes.",
+    ),
+    (
+        VALUE_TRUNCATED,
+        "Dead letter only, when the record was too large for the dead-letter topic: the "
+        "original value length in bytes; the value was cut to fit (in full in the table).",
+    ),
+    (
+        HEADERS_DROPPED,
+        "Dead letter only, when the value alone could not make room: how many of the record's "
+        "own headers were left off, the last ones first (all are in the table).",
+    ),
+    (
+        KEY_TRUNCATED,
+        "Dead letter only, when value and headers could not make room: the original key "
+        "length in bytes; the key was cut to fit (in full in the table).",
     ),
 )
 
