@@ -94,7 +94,11 @@ class BatchRouter:
         self._record_limits = record_limits
         self.app_id = app_id
         self._producer = StagedProducer(
-            plan_template.job, self.app_id, bootstrap_servers, kafka_options
+            plan_template.job,
+            self.app_id,
+            bootstrap_servers,
+            kafka_options,
+            topic_max_bytes=lambda: record_limits.topic_max,
         )
         self._on_result = on_result
         self._checked_tables = False
