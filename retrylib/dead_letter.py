@@ -39,7 +39,8 @@ DEAD_LETTER_SCHEMA = pa.schema(
 """Columns of the dead-letter Delta table. Times are UTC; `headers` are the record's own
 headers without retrylib's; `attempts` counts handler calls made (0 when never handled,
 e.g. corrupt retry headers); `reason` is non_retryable, attempts_exhausted,
-corrupt_retry_headers, unknown_origin_topic or record_too_large; `source_topic` is the topic the failing copy was read from.
+corrupt_retry_headers, unknown_origin_topic or record_too_large; `source_topic` is the
+topic the failing copy was read from.
 
 The last three are null until `retrylib redrive` sends the record back: `redrive_id` and
 `redrive_topic` are set when a redrive claims the row, `redriven_at` once the record is
