@@ -53,6 +53,7 @@ from retrylib.kafka_source import (
     read_range,
 )
 from retrylib.record import Record
+from retrylib.record_size import SIGNATURE_BYTES, fit, wire_size
 from retrylib.results import ResultRows
 from retrylib.retry_policy import (
     RetryDecision,
@@ -105,6 +106,9 @@ class TaskPlan:
     bootstrap_servers: str = ""  # and client_options: how the task reads offset ranges
     client_options: Mapping[str, str] = field(default_factory=dict)
     isolate: bool = False  # each handler call in its own process (after a worker died)
+    # Retry and dead-letter topic -> the largest record it accepts (`record_size`); a topic
+    # missing here is not checked.
+    max_record_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 def _tier_index(retry_topics: Mapping[str, tuple[str, ...]]) -> dict[str, int]:
@@ -511,6 +515,9 @@ class TaskRouter:
         state = _state(delivery, attempts, decision.not_before_ms, failed_at, error_class, message)
         topic = tier_topics[decision.tier]
         headers = encode_retry_headers(record.headers, state)
+        if self._too_large(topic, record, headers):
+            self._dead_letter(delivery, error, "record_too_large", attempts, failed_at)
+            return
         self._stage(topic, record.partition, decision.kafka_timestamp_ms, record, headers)
         self.counters[f"retried_tier_{decision.tier}"] += 1
 
@@ -550,9 +557,49 @@ class TaskRouter:
         self._stage(self.plan.dead_letter_topic, record.partition, failed_at, record, headers)
         self.counters["dead_lettered"] += 1
 
+    def _too_large(self, topic: str, record: Record, headers: list) -> bool:
+        """True (logged and counted) when the retry copy is more than `topic` accepts.
+
+        Producing it would fail the batch on every replay; it goes to the dead letter.
+        """
+        limit = self.plan.max_record_bytes.get(topic)
+        size = wire_size(record.key, record.value, headers) + SIGNATURE_BYTES
+        if limit is None or size <= limit:
+            return False
+        log.warning(
+            "%s[%d]@%d: retry copy of %d bytes is over the %d bytes %s accepts; "
+            "dead-lettered as record_too_large",
+            record.topic,
+            record.partition,
+            record.offset,
+            size,
+            limit,
+            topic,
+        )
+        self.counters["dead_lettered_too_large"] += 1
+        return True
+
     def _stage(self, topic, partition, timestamp_ms, record, headers) -> None:
-        """Stage `record` for `topic` with `headers` and the signature that covers them."""
+        """Stage `record` for `topic` with `headers` and the signature that covers them; a
+        dead-letter record is first cut to fit its topic (the table keeps it in full)."""
         key, value = record.key, record.value
+        limit = self.plan.max_record_bytes.get(topic)
+        if topic == self.plan.dead_letter_topic and limit is not None:
+            fitted = fit(key, value, headers, limit - SIGNATURE_BYTES)
+            key, value, headers = fitted.key, fitted.value, fitted.headers
+            if fitted.cut:
+                log.warning(
+                    "%s[%d]@%d: dead-letter record of %d bytes is over the %d bytes %s "
+                    "accepts; produced cut to %d bytes (in full in the dead-letter table)",
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    fitted.original_bytes + SIGNATURE_BYTES,
+                    limit,
+                    topic,
+                    fitted.bytes + SIGNATURE_BYTES,
+                )
+                self.counters["dead_letter_truncated"] += 1
         signed = sign(headers, signing_key=self.plan.signing_key, topic=topic, key=key, value=value)
         self._staged_rows.append(
             {

@@ -12,7 +12,8 @@ class ConfigError(RetrylibError):
 
 
 class TopicError(RetrylibError):
-    """Raised when a topic the job needs is missing and the job may not create it."""
+    """Raised when a topic the job needs is missing and the job may not create it, or its
+    settings cannot be read or leave no room for retrylib's records."""
 
 
 class NonRetryable(Exception):

@@ -37,6 +37,9 @@ DEAD_LETTER_REASON = PREFIX + "dead_letter.reason"
 ERROR_STACK_TRACE = PREFIX + "error.stack_trace"
 JOB = PREFIX + "job"
 SIGNATURE = PREFIX + "signature"
+VALUE_TRUNCATED = PREFIX + "value_truncated"
+HEADERS_DROPPED = PREFIX + "headers_dropped"
+KEY_TRUNCATED = PREFIX + "key_truncated"
 
 MAX_ERROR_MESSAGE_BYTES = 2048
 MAX_STACK_TRACE_BYTES = 8192
@@ -57,11 +60,27 @@ HEADER_DOCS: tuple[tuple[str, str], ...] = (
     (ATTEMPTS, "Dead letter only: handler calls made in all."),
     (
         DEAD_LETTER_REASON,
-        "Dead letter only: why, e.g. non_retryable, attempts_exhausted, unverified_retry_record.",
+        "Dead letter only: why, e.g. non_retryable, attempts_exhausted, unverified_retry_record, "
+        "record_too_large.",
     ),
     (
         ERROR_STACK_TRACE,
         f"Dead letter only: traceback of the last error, at most {MAX_STACK_TRACE_BYTES} bytes.",
+    ),
+    (
+        VALUE_TRUNCATED,
+        "Dead letter only, when the record was too large for the dead-letter topic: the "
+        "original value length in bytes; the value was cut to fit (in full in the table).",
+    ),
+    (
+        HEADERS_DROPPED,
+        "Dead letter only, when the value alone could not make room: how many of the record's "
+        "own headers were left off, the last ones first (all are in the table).",
+    ),
+    (
+        KEY_TRUNCATED,
+        "Dead letter only, when value and headers could not make room: the original key "
+        "length in bytes; the key was cut to fit (in full in the table).",
     ),
     (
         SIGNATURE,
@@ -267,6 +286,11 @@ def is_signed_by(
         return False
     expected = _signature(signing_key, topic, key, value, headers[:-1]).encode("ascii")
     return hmac.compare_digest(expected, bytes(headers[-1][1]))
+
+
+def signature_length() -> int:
+    """Bytes in a `retrylib.signature` value (hex of a SHA-256)."""
+    return 2 * hashlib.sha256().digest_size
 
 
 def _signature(

@@ -17,9 +17,16 @@ from retrylib.config import Config
 from retrylib.dead_letter import dead_letter_struct
 from retrylib.delta_tables import ensure_table
 from retrylib.errors import TopicError
-from retrylib.kafka_client import TIER_CLIENT_OPTIONS, ensure_topics, make_admin, partition_counts
+from retrylib.kafka_client import (
+    TIER_CLIENT_OPTIONS,
+    RecordLimits,
+    ensure_topics,
+    make_admin,
+    partition_counts,
+)
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder, spark_checkpoint
+from retrylib.record_size import producer_batch_bytes
 from retrylib.router import BatchResult, BatchRouter, checkpoint_identity, signing_key
 from retrylib.session import build_spark_session
 from retrylib.shipping import ship_handler
@@ -159,6 +166,32 @@ def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) ->
     )
 
 
+def record_limits(
+    config: Config, partitions: dict[str, int]
+) -> tuple[RecordLimits, dict[str, str]]:
+    """The size limits of the topics retrylib produces to (looked up once now, so a topic
+    that is too small stops the job before it starts), and the Kafka options of its
+    producer: the job's, with a `batch.size` no topic's limit is below.
+
+    Raises `TopicError` as `RecordLimits.current`, `ConfigError` for a Kafka option that
+    is not a number.
+    """
+    kafka = config.kafka
+    control = control_topic(config.job.name)
+    limits = RecordLimits(
+        kafka.bootstrap_servers, kafka.options, [t for t in partitions if t != control]
+    )
+    limits.current()
+    options = dict(kafka.options)
+    batch_bytes = producer_batch_bytes(options, limits.topic_max)
+    if batch_bytes is not None:
+        log.info(
+            "retry and dead-letter records produced in batches of at most %d bytes", batch_bytes
+        )
+        options["batch.size"] = str(batch_bytes)
+    return limits, options
+
+
 def start_query(
     spark: SparkSession,
     config: Config,
@@ -188,15 +221,17 @@ def start_query(
     app_id = checkpoint_identity(spark, state_dir, config.job.name)
     metrics = MetricsRecorder(config, app_id, forward=on_result)
     metrics.prepare(spark)
+    limits, producer_options = record_limits(config, partitions)
     router = BatchRouter(
         task_plan(config, partitions, signing_key(spark, state_dir)),
         state_dir=state_dir,
         app_id=app_id,
-        kafka_options=dict(config.kafka.options),
+        kafka_options=producer_options,
         bootstrap_servers=config.kafka.bootstrap_servers,
         output_table=output,
         evolve_output=config.output.schema_evolution,
         dead_letter_table=dead_letter,
+        record_limits=limits,
         on_result=metrics.on_result,
     )
     writer = (

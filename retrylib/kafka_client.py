@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from retrylib.errors import TopicError
 from retrylib.logs import KAFKA_CLIENT_LOGGER
+from retrylib.record_size import MIN_RECORD_LIMIT_BYTES, largest_record, producer_limit
 
 log = logging.getLogger(__name__)
 
@@ -139,3 +140,70 @@ def _create_topic(
     except Exception as e:  # KafkaException carries TOPIC_ALREADY_EXISTS on a race
         if "TOPIC_ALREADY_EXISTS" not in str(e):
             raise
+
+
+def topic_max_message_bytes(
+    admin: AdminClient, topics: Iterable[str], timeout: float = 15.0
+) -> dict[str, int]:
+    """Each topic's `max.message.bytes`: its own setting, else the broker's default.
+
+    Raises `KafkaException` when the broker does not answer within `timeout` or a topic
+    does not exist.
+    """
+    futures = admin.describe_configs(
+        [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in topics],
+        request_timeout=timeout,
+    )
+    return {
+        resource.name: int(future.result(timeout)["max.message.bytes"].value)
+        for resource, future in futures.items()
+    }
+
+
+class RecordLimits:
+    """The largest record each topic retrylib produces to (retry tiers, dead-letter topic)
+    accepts: the smaller of its `max.message.bytes` and retrylib's producer's
+    `message.max.bytes` (`record_size.producer_limit` of the job's Kafka options).
+
+    `current()` looks the topics up again, so a changed topic setting applies from the next
+    batch; when the broker does not answer it keeps the last known limits, which the first
+    call must have found. The set of topics is fixed, so the cache does not grow.
+    """
+
+    def __init__(
+        self, bootstrap_servers: str, options: Mapping[str, str], topics: Iterable[str]
+    ) -> None:
+        """Raises `ConfigError` naming the option when `message.max.bytes` is not a number."""
+        self._admin = make_admin(bootstrap_servers, options)
+        self._producer_max = producer_limit(options)
+        self._topics = tuple(sorted(set(topics)))
+        self.topic_max: dict[str, int] = {}
+        """Each topic's own `max.message.bytes` at the last successful look-up."""
+
+    def current(self) -> dict[str, int]:
+        """Topic -> the largest record (as `record_size.wire_size` counts) it accepts.
+
+        Raises `TopicError` when the broker does not answer and no earlier look-up did, and
+        when a topic takes less than `MIN_RECORD_LIMIT_BYTES`, naming the topic and the fix.
+        """
+        try:
+            found = topic_max_message_bytes(self._admin, self._topics)
+        except KafkaException as e:
+            if not self.topic_max:
+                raise TopicError(
+                    f"could not read max.message.bytes of topic(s) {list(self._topics)}: {e}"
+                ) from e
+            log.warning("max.message.bytes look-up failed (%s); using the last known values", e)
+            found = self.topic_max
+        limits = {topic: largest_record(self._producer_max, found[topic]) for topic in found}
+        for topic, limit in limits.items():
+            if limit < MIN_RECORD_LIMIT_BYTES:
+                raise TopicError(
+                    f"topic {topic!r} takes records of at most {limit} bytes (its "
+                    f"max.message.bytes is {found[topic]}, message.max.bytes in "
+                    f"kafka.options {self._producer_max}): retrylib needs at least "
+                    f"{MIN_RECORD_LIMIT_BYTES} for its retry and dead-letter headers; "
+                    "raise the smaller of the two"
+                )
+        self.topic_max = dict(found)
+        return limits

@@ -7,15 +7,21 @@ one line on the `retrylib.metrics` logger whose message is a JSON object:
     {"job": "orders", "batch_id": 7, "replayed": false, "finished_at": "2026-...Z",
      "duration_ms": 812, "records_main": 100, "records_retry": 4, "succeeded": 97,
      "output_rows": 97, "retried": 5, "retried_by_tier": [4, 1], "dead_lettered": 2,
-     "duplicates_skipped": 0, "requeued_not_due": 0, "skipped_other_job": 0,
-     "reserved_headers_removed": 0, "handler_ms": 40, "produced": 7,
+     "dead_lettered_too_large": 0, "dead_letter_truncated": 0, "duplicates_skipped": 0,
+     "requeued_not_due": 0, "skipped_other_job": 0, "reserved_headers_removed": 0,
+     "handler_ms": 40, "produced": 7,
      "input_lag": {"orders": {"lag": 0, "not_due": 0},
                    "orders.orders.retry.5s": {"lag": 0, "not_due": 3}}}
 
 and, when `[metrics] table` is set, appends the same figures as one row to that Delta table
 (`METRICS_SCHEMA`; `input_lag` there is a list of (topic, lag, not_due) structs). The
 append carries the app transaction (`<app id>:metrics`, batch id), so a replayed batch
-never adds a second row.
+never adds a second row. A metrics table made before a column was added to
+`METRICS_SCHEMA` gains it on the next append.
+
+`dead_lettered_too_large` counts the records dead-lettered because their retry copy is
+over what its tier topic accepts (included in `dead_lettered`); `dead_letter_truncated`
+the records produced to the dead-letter topic cut to fit it (`record_size.fit`).
 
 Input lag is measured right after the batch: for a main topic, records in Kafka past the
 batch's end offsets (read from the Spark checkpoint's offset log); for a retry tier topic,
@@ -59,6 +65,8 @@ _COUNTERS = (
     "output_rows",
     "retried",
     "dead_lettered",
+    "dead_lettered_too_large",
+    "dead_letter_truncated",
     "duplicates_skipped",
     "requeued_not_due",
     "skipped_other_job",
@@ -275,7 +283,7 @@ class MetricsRecorder:
     def prepare(self, spark) -> None:
         self._spark = spark
         if self._table is not None:
-            ensure_table(spark, self._table, metrics_struct(), what="metrics")
+            ensure_table(spark, self._table, metrics_struct(), what="metrics", evolve=True)
 
     def on_result(self, result: BatchResult) -> None:
         try:
@@ -299,7 +307,9 @@ class MetricsRecorder:
         if self._table is not None and self._spark is not None:
             try:
                 frame = self._spark.createDataFrame([table_row(row)], metrics_struct())
-                append_once(frame, self._table, app_id=self.app_id, batch_id=row["batch_id"])
+                append_once(
+                    frame, self._table, app_id=self.app_id, batch_id=row["batch_id"], evolve=True
+                )
             except Exception as e:
                 log.warning(
                     "metrics row of batch %d not written to %s: %s",

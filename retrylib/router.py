@@ -46,6 +46,7 @@ from retrylib.batch_task import TaskPlan, run_task
 from retrylib.delta_tables import TableRef, append_once, committed_version
 from retrylib.errors import RetrylibError
 from retrylib.faults import crash_point
+from retrylib.kafka_client import RecordLimits
 from retrylib.results import result_struct
 from retrylib.staging import StagedProducer
 from retrylib.storage import claim_json, delete_tree, join, list_names, read_json
@@ -82,6 +83,7 @@ class BatchRouter:
         *,
         output_table: TableRef,
         dead_letter_table: TableRef,
+        record_limits: RecordLimits,
         evolve_output: bool = False,
         on_result=None,
     ) -> None:
@@ -90,9 +92,14 @@ class BatchRouter:
         self._output_table = output_table
         self._evolve_output = evolve_output
         self._dead_letter_table = dead_letter_table
+        self._record_limits = record_limits
         self.app_id = app_id
         self._producer = StagedProducer(
-            plan_template.job, self.app_id, bootstrap_servers, kafka_options
+            plan_template.job,
+            self.app_id,
+            bootstrap_servers,
+            kafka_options,
+            topic_max_bytes=lambda: record_limits.topic_max,
         )
         self._on_result = on_result
         self._checked_tables = False
@@ -126,7 +133,12 @@ class BatchRouter:
 
     def _route(self, df: DataFrame, batch_id: int) -> dict[str, Any]:
         """Route the batch and stage its decisions; returns the manifest to claim."""
-        plan = replace(self._template, batch_id=batch_id, now_ms=int(time.time() * 1000))
+        plan = replace(
+            self._template,
+            batch_id=batch_id,
+            now_ms=int(time.time() * 1000),
+            max_record_bytes=self._record_limits.current(),
+        )
         staging = self._staging_dir(batch_id)
         _run_tasks(df, plan, staging)
         crash_point("after_handler", batch_id)

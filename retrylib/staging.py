@@ -47,6 +47,7 @@ from retrylib.dead_letter import HEADERS_TYPE
 from retrylib.errors import RetrylibError
 from retrylib.faults import crash_point
 from retrylib.kafka_client import make_consumer, make_producer
+from retrylib.record_size import producer_limit, wire_size
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,10 @@ class ProduceError(RetrylibError):
     """Raised when a batch's staged records could not be produced (after retrying)."""
 
 
+class RecordTooLargeError(ProduceError):
+    """Raised when Kafka refuses a staged record as too large; retrying cannot help."""
+
+
 class MarkerReadError(RetrylibError):
     """Raised when the control topic could not be read to the end in time."""
 
@@ -107,7 +112,9 @@ class StagedProducer:
         options: Mapping[str, str],
         *,
         retry_seconds: float = PRODUCE_RETRY_SECONDS,
+        topic_max_bytes: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
+        """`topic_max_bytes` gives the topics' known `max.message.bytes`, for messages."""
         self._job = job_name
         self._app_id = app_id
         self._key = app_id.encode()
@@ -116,6 +123,7 @@ class StagedProducer:
         self._topic = control_topic(job_name)
         self._transactional_id = f"retrylib-{app_id}"
         self._retry_seconds = retry_seconds
+        self._topic_max_bytes = topic_max_bytes
         self._producer: Producer | None = None
         # The last produced batch as known to the current producer: read once after it is
         # created, then set by each commit. While that producer is not fenced, no one else
@@ -205,11 +213,12 @@ class StagedProducer:
         Returns the number of records produced (0 when the marker shows they were). Kafka
         errors are retried for `retry_seconds`, each time on a fresh producer; then
         `ProduceError` is raised (the batch fails and is replayed on restart). Being fenced
-        raises `ProduceError` at once. Raises `RetrylibError` when the marker of a later
-        batch is found (the query's checkpoint is behind what this job name already
-        produced, see `BatchRouter`) or a RecordBatch lacks a column; an exception from
-        `records` itself is raised as it is. Nothing of an attempt that failed is visible
-        to read_committed readers.
+        raises `ProduceError` at once, a record refused as too large `RecordTooLargeError`
+        (naming topic, size, limit and the setting to change). Raises `RetrylibError` when
+        the marker of a later batch is found (the query's checkpoint is behind what this job
+        name already produced, see `BatchRouter`) or a RecordBatch lacks a column; an
+        exception from `records` itself is raised as it is. Nothing of an attempt that
+        failed is visible to read_committed readers.
         """
         deadline = time.monotonic() + self._retry_seconds
         failures = 0
@@ -282,7 +291,8 @@ class StagedProducer:
                 value=str(batch_id).encode(),
                 headers=None,
             )
-            deliveries.check(_serve(producer.flush, _COMMIT_TIMEOUT_S))
+            left = _serve(producer.flush, _COMMIT_TIMEOUT_S)
+            deliveries.check(left, self._topic_max_bytes())
             crash_point("in_produce", batch_id)
             producer.commit_transaction(_COMMIT_TIMEOUT_S)
         except BaseException as error:
@@ -312,16 +322,27 @@ class StagedProducer:
                 )
             columns = [batch.column(name).to_pylist() for name in STAGED_SCHEMA.names]
             for topic, partition, timestamp_ms, key, value, headers in zip(*columns, strict=True):
-                _produce(
-                    producer,
-                    deliveries,
-                    topic=topic,
-                    partition=partition,
-                    timestamp_ms=timestamp_ms,
-                    key=key,
-                    value=value,
-                    headers=headers,
-                )
+                try:
+                    _produce(
+                        producer,
+                        deliveries,
+                        topic=topic,
+                        partition=partition,
+                        timestamp_ms=timestamp_ms,
+                        key=key,
+                        value=value,
+                        headers=headers,
+                    )
+                except KafkaException as e:
+                    if not _too_large(e):
+                        raise
+                    pairs = [(h["key"], h["value"]) for h in headers or ()]
+                    raise RecordTooLargeError(
+                        f"batch {batch_id}: a record of {wire_size(key, value, pairs)} bytes "
+                        f"for {topic}[{partition}] is over the {producer_limit(self._options)} "
+                        "bytes retrylib's producer accepts: set [kafka] options "
+                        '"message.max.bytes" higher (at most the topic\'s max.message.bytes)'
+                    ) from e
             count += batch.num_rows
         return count
 
@@ -364,6 +385,8 @@ _FENCED_CODES = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 )
 
+_TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
+
 
 def _fenced(error: BaseException) -> bool:
     """True when `error` says the producer's epoch is over: a newer producer with our
@@ -375,6 +398,11 @@ def _fenced(error: BaseException) -> bool:
         return False
     kafka_error = error.args[0]
     return isinstance(kafka_error, KafkaError) and kafka_error.code() in _FENCED_CODES
+
+
+def _too_large(error: KafkaException) -> bool:
+    kafka_error = error.args[0] if error.args else None
+    return isinstance(kafka_error, KafkaError) and kafka_error.code() == _TOO_LARGE
 
 
 def _clear_frames(error: BaseException) -> None:
@@ -399,13 +427,31 @@ class _Deliveries:
 
     def __init__(self) -> None:
         self.error: KafkaError | None = None
+        # The first record the broker refused as too large: (topic, partition, size).
+        self.too_large: tuple[str, int, int] | None = None
 
     def __call__(self, error: KafkaError | None, message) -> None:
-        if error is not None and self.error is None:
+        if error is None:
+            return
+        if self.error is None:
             self.error = error
+        if error.code() == _TOO_LARGE and self.too_large is None:
+            size = wire_size(message.key(), message.value(), message.headers() or [])
+            self.too_large = (message.topic(), message.partition(), size)
 
-    def check(self, left: int) -> None:
-        """Raise `KafkaException` unless every record was delivered (`left` still queued)."""
+    def check(self, left: int, topic_max_bytes: Mapping[str, int]) -> None:
+        """Raise `KafkaException` unless every record was delivered (`left` still queued),
+        `RecordTooLargeError` when the broker refused one as too large (`topic_max_bytes`:
+        the topics' `max.message.bytes` as last looked up, for the message)."""
+        if self.too_large is not None:
+            topic, partition, size = self.too_large
+            limit = topic_max_bytes.get(topic, "unknown")
+            raise RecordTooLargeError(
+                f"the broker refused a record of {size} bytes for {topic}[{partition}], or the "
+                f"batch holding it, as over the topic's max.message.bytes ({limit}): raise "
+                f'max.message.bytes of {topic}, or set [kafka] options "batch.size" lower '
+                "if the record alone is under it"
+            ) from KafkaException(self.error)
         if self.error is not None:
             raise KafkaException(self.error)
         if left:

@@ -56,6 +56,11 @@ DEAD_LETTER_HEADER_NAMES = [
     "retrylib.dead_letter.reason",
     "retrylib.error.stack_trace",
 ]
+TRUNCATION_HEADER_NAMES = [
+    "retrylib.value_truncated",
+    "retrylib.headers_dropped",
+    "retrylib.key_truncated",
+]
 
 
 def _ours(encoded: list[tuple[str, bytes | None]]) -> dict[str, bytes | None]:
@@ -295,7 +300,12 @@ def test_bound_text_limit_below_marker_raises() -> None:
 
 def test_header_docs_cover_every_header_once() -> None:
     names = [name for name, _ in HEADER_DOCS]
-    assert names == [*RETRY_HEADER_NAMES, *DEAD_LETTER_HEADER_NAMES, "retrylib.signature"]
+    assert names == [
+        *RETRY_HEADER_NAMES,
+        *DEAD_LETTER_HEADER_NAMES,
+        *TRUNCATION_HEADER_NAMES,
+        "retrylib.signature",
+    ]
     assert all(name.startswith(PREFIX) and meaning for name, meaning in HEADER_DOCS)
     assert frozenset(names) == h.RESERVED
 

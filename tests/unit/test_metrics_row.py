@@ -41,6 +41,16 @@ def test_row_holds_every_figure():
     assert pa.Table.from_pylist([table_row(row)], schema=METRICS_SCHEMA).num_rows == 1
 
 
+def test_row_counts_records_too_large_for_their_topic():
+    counters = {"dead_lettered": 3, "dead_lettered_too_large": 1, "dead_letter_truncated": 2}
+    row = metrics_row(result(**counters), job="orders", tiers=1, finished_ms=0, lag=None)
+
+    assert (row["dead_lettered"], row["dead_lettered_too_large"]) == (3, 1)
+    assert row["dead_letter_truncated"] == 2
+    table = pa.Table.from_pylist([table_row(row)], schema=METRICS_SCHEMA)
+    assert table.column("dead_lettered_too_large").to_pylist() == [1]
+
+
 def test_batch_offsets_merges_every_source(tmp_path):
     cfg = metrics_job_config(tmp_path)
     offsets = tmp_path / "cp" / "spark" / "offsets"
