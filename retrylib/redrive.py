@@ -224,6 +224,7 @@ def redrive(
     targets = [to] if to is not None else dead.origin_topics(predicate)
     if not targets:
         return report
+    _refuse_retry_tiers(config, targets)
     sender.check_topics(targets)  # before claiming, so no row is claimed for a missing topic
     report.redrive_id = uuid.uuid4().hex
     dead.update(
@@ -295,6 +296,22 @@ def committed_redrives(config: Config) -> dict[str, int]:
         raise
     finally:
         consumer.close()
+
+
+def _refuse_retry_tiers(config: Config, targets: Iterable[str]) -> None:
+    """Raises `RedriveError` when a target is one of the job's retry tiers.
+
+    The job dead-letters a record on a tier that it cannot verify (`unverified_retry_record`,
+    origin: the tier); sent back there unsigned it would only be dead-lettered again, and a
+    main topic handles it as a new record.
+    """
+    tiers = set(config.retry.tier_topics())
+    for topic in sorted(set(targets) & tiers):
+        raise RedriveError(
+            f"{topic!r} is a retry tier of job {config.job.name!r}: records sent there are "
+            "not signed by the job and would be dead-lettered again; select rows with another "
+            "origin, or pass --to <main topic> to have them handled as new records"
+        )
 
 
 class _Sender:

@@ -12,6 +12,7 @@ from test_retries import run_until, settled_count
 from retrylib.headers import RetryState, encode_retry_headers, record_id
 from retrylib.job import prepare_topics
 from retrylib.kafka_client import make_producer
+from retrylib.redrive import RedriveError, Selection, redrive
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +77,10 @@ def test_a_forged_retry_does_not_make_the_genuine_record_vanish(
     assert {row["reason"] for row in dead.values()} == {"unverified_retry_record"}
     assert all(row["origin_topic"] == tier for row in dead.values())
     assert not any(r.counters.get("duplicates_skipped") for r in results)
+    # Sent back to the tier they came from they would be dead-lettered again: refused.
+    with pytest.raises(RedriveError, match="is a retry tier of job"):
+        redrive(config, Selection(), spark=spark)
+    assert read_table(config.dead_letter.table).column("redrive_id").null_count == 2
 
 
 def test_main_records_lose_reserved_headers_only(
