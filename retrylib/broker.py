@@ -127,8 +127,9 @@ class EmbeddedBroker:
         if (self.data_dir / "data" / "meta.properties").exists():
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        # "--cluster-id=" keeps an id that starts with "-" (1 in 64) from reading as an option.
         command = self._java_command(
-            "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)
+            "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config)
         )
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
