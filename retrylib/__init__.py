@@ -3,7 +3,7 @@ as a PySpark Structured Streaming job.
 
 A handler is a function `handler(record: Record)` returning a dict, a list of dicts or None;
 raising fails the record (retried later), `NonRetryable` sends it to the dead letter at
-once, `RetryAfter(seconds)` asks for a specific delay.
+once, `RetryAfter(seconds)` asks for a specific delay, `Skip` drops it (counted, logged).
 
 The names below are imported on first use: every Spark Python worker and streaming source
 process imports this package, and most of them need none of the job's modules.
@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from retrylib.config import load_config
-    from retrylib.errors import ConfigError, NonRetryable, RetryAfter, RetrylibError, TopicError
+    from retrylib.errors import (
+        ConfigError,
+        NonRetryable,
+        RetryAfter,
+        RetrylibError,
+        Skip,
+        TopicError,
+    )
     from retrylib.job import run
     from retrylib.record import Record
 
@@ -26,6 +33,7 @@ _HOMES = {
     "Record": "retrylib.record",
     "RetryAfter": "retrylib.errors",
     "RetrylibError": "retrylib.errors",
+    "Skip": "retrylib.errors",
     "TopicError": "retrylib.errors",
     "load_config": "retrylib.config",
     "run": "retrylib.job",
@@ -37,6 +45,7 @@ __all__ = [
     "Record",
     "RetryAfter",
     "RetrylibError",
+    "Skip",
     "TopicError",
     "load_config",
     "run",

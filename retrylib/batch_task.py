@@ -22,6 +22,7 @@ from typing import TypeVar
 import pyarrow as pa
 
 from retrylib.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
+from retrylib.errors import Skip
 from retrylib.handler import (
     BadHandlerResult,
     Handler,
@@ -109,6 +110,8 @@ class TaskPlan:
     # Retry and dead-letter topic -> the largest record it accepts (`record_size`); a topic
     # missing here is not checked.
     max_record_bytes: Mapping[str, int] = field(default_factory=dict)
+    retry_timeout_ms: int | None = None
+    dead_letter_routes: tuple[tuple[str, str], ...] = ()  # (exception class name, topic)
 
 
 def _tier_index(retry_topics: Mapping[str, tuple[str, ...]]) -> dict[str, int]:
@@ -122,6 +125,8 @@ def _policy(plan: TaskPlan) -> RetryPolicy:
         plan.jitter,
         plan.non_retryable,
         plan.max_retry_after_ms,
+        plan.retry_timeout_ms,
+        plan.dead_letter_routes,
     )
 
 
@@ -132,9 +137,13 @@ def _cached_policy(
     jitter: float,
     names: tuple[str, ...],
     max_retry_after_ms: int,
+    timeout_ms: int | None,
+    routes: tuple[tuple[str, str], ...],
 ) -> RetryPolicy:
-    # Importing the non-retryable classes costs more than a small task; workers are reused.
-    return RetryPolicy.from_names(delays_ms, attempts, jitter, names, max_retry_after_ms)
+    # Importing the exception classes costs more than a small task; workers are reused.
+    return RetryPolicy.from_names(
+        delays_ms, attempts, jitter, names, max_retry_after_ms, timeout_ms, routes
+    )
 
 
 @dataclass
@@ -180,6 +189,7 @@ class TaskRouter:
         self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
         self.seen_retries: set[tuple[str, int]] = set()
         self.job_header = plan.job.encode("utf-8")
+        self.dead_letter_topics = {plan.dead_letter_topic, *(t for _, t in plan.dead_letter_routes)}
         self._staged_rows: list[dict] = []
         self._dead_rows: list[dict] = []
 
@@ -495,6 +505,16 @@ class TaskRouter:
         its tier's delay; the decision is fixed once the batch's manifest is written.
         """
         record = delivery.record
+        if isinstance(error, Skip):
+            self.counters["skipped_by_handler"] += 1
+            log.info(
+                "%s[%d]@%d skipped at the handler's request: %s",
+                record.topic,
+                record.partition,
+                record.offset,
+                describe_error(error, with_trace=False)[1],
+            )
+            return
         failed_at = _now_ms()
         decision = decide(
             self.policy,
@@ -502,6 +522,7 @@ class TaskRouter:
             attempt=record.attempt,
             record_id=delivery.id,
             now_ms=failed_at,
+            first_failure_ms=delivery.first_failure_ms,
         )
         tier_topics = self.plan.retry_topics.get(record.topic)
         attempts = record.attempt + 1
@@ -554,7 +575,8 @@ class TaskRouter:
         headers = encode_dead_letter_headers(
             record.headers, state, attempts=attempts, reason=reason, stack_trace=trace
         )
-        self._stage(self.plan.dead_letter_topic, record.partition, failed_at, record, headers)
+        topic = self.policy.dead_letter_topic(error, self.plan.dead_letter_topic)
+        self._stage(topic, record.partition, failed_at, record, headers)
         self.counters["dead_lettered"] += 1
 
     def _too_large(self, topic: str, record: Record, headers: list) -> bool:
@@ -584,7 +606,7 @@ class TaskRouter:
         dead-letter record is first cut to fit its topic (the table keeps it in full)."""
         key, value = record.key, record.value
         limit = self.plan.max_record_bytes.get(topic)
-        if topic == self.plan.dead_letter_topic and limit is not None:
+        if topic in self.dead_letter_topics and limit is not None:
             fitted = fit(key, value, headers, limit - SIGNATURE_BYTES)
             key, value, headers = fitted.key, fitted.value, fitted.headers
             if fitted.cut:

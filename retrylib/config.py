@@ -140,6 +140,7 @@ class RetryConfig:
     non_retryable: tuple[str, ...]
     tiers: tuple[RetryTier, ...]
     max_retry_after_ms: int
+    timeout_ms: int | None = None  # total retry time from the first failure; None: no limit
 
     def tier_topics(self) -> tuple[str, ...]:
         """Every retry topic, tier by tier, in the order of the main topics."""
@@ -156,10 +157,19 @@ class RetryConfig:
 
 @dataclass(frozen=True)
 class DeadLetterConfig:
-    """[dead_letter]: where records go when they are out of attempts or non-retryable."""
+    """[dead_letter]: where records go when they are out of attempts or non-retryable.
+
+    `routes` send a record whose last error is an instance of a class (by name, in order:
+    the first match wins) to a topic of its own instead of `topic`.
+    """
 
     topic: str
     table: str
+    routes: tuple[tuple[str, str], ...] = ()
+
+    def topics(self) -> tuple[str, ...]:
+        """Every dead-letter topic: the default one, then each route's."""
+        return tuple(dict.fromkeys([self.topic, *(topic for _, topic in self.routes)]))
 
     def table_ref(self) -> TableRef:
         return TableRef.parse(self.table, "dead_letter.table")  # checked when the config loaded
@@ -596,7 +606,14 @@ def _build(root: _Table, check_imports: bool, source_path: str) -> Config | None
     non_retryable = tables["retry"].values["non_retryable"]
     handler_paths = tables["handler"].values["paths"]
     if check_imports and non_retryable and handler_paths:
-        _check_non_retryable(root.problems, non_retryable, handler_paths)
+        _check_exception_classes(root.problems, "retry.non_retryable", non_retryable, handler_paths)
+    if check_imports and dead_letter and dead_letter.routes and handler_paths:
+        _check_exception_classes(
+            root.problems,
+            "dead_letter.routes",
+            tuple(reference for reference, _ in dead_letter.routes),
+            handler_paths,
+        )
     if not (job and kafka and handler and output and retry and dead_letter and metrics):
         return None
     return Config(
@@ -763,6 +780,7 @@ def _retry(
     template_example = f"topic_template = {json.dumps(_DEFAULT_TOPIC_TEMPLATE)}"
     template = t.get("topic_template", _TOPIC_TEMPLATE, template_example, _DEFAULT_TOPIC_TEMPLATE)
     max_retry_after = t.duration("max_retry_after", 'max_retry_after = "6h"', None, positive=True)
+    timeout = t.duration("timeout", 'timeout = "1h"', None, positive=True)
     t.finish()
     tiers = None
     if main_topics is not None and job_name and texts is not None and None not in delays:
@@ -782,6 +800,7 @@ def _retry(
         non_retryable,
         tiers,
         round(max_retry_after * 1000),
+        None if timeout is None else round(timeout * 1000),
     )
 
 
@@ -884,15 +903,41 @@ def _dead_letter(
     t.values["table"] = table  # the default too, for _check_locations
     if "table" in t.data:  # a default made from a bad output.table is reported there
         _check_table_name(t, "table", table)
+    routes_example = '[dead_letter.routes] "ValueError" = "orders.invalid.dlt"'
+    routes = _dead_letter_routes(t.table("routes", routes_example, required=False))
     t.finish()
     if topic and main_topics:
         owners = {name: f"kafka.topics[{i}]" for i, name in enumerate(main_topics)}
         for tier in tiers or ():
             owners.update({name: f"retry tier {tier.index}" for name in tier.topics.values()})
-        t.problems.claim(owners, t.path("topic"), topic, "give the dead letter a topic of its own")
+        hint = "give the dead letter a topic of its own"
+        for reference, route_topic in routes:  # routes may share a topic with each other
+            key = f"dead_letter.routes.{reference}"
+            t.problems.claim(dict(owners), key, route_topic, hint)
+        t.problems.claim(owners, t.path("topic"), topic, hint)
     if not t.ok or topic is None or table is None:
         return None
-    return DeadLetterConfig(topic, table)
+    return DeadLetterConfig(topic, table, routes)
+
+
+def _dead_letter_routes(t: _Table) -> tuple[tuple[str, str], ...]:
+    """[dead_letter.routes]: exception class name -> dead-letter topic, in the file's order.
+
+    Several classes may share a topic; `_check_dead_letter_routes` checks the names import.
+    """
+    routes = []
+    for reference in t.data:
+        if not _EXCEPTION_REF.accepts(reference):
+            t.problems.add(
+                t.path(reference),
+                f"expected {_EXCEPTION_REF.noun} as the name, got {json.dumps(reference)}; "
+                'write it like "ValueError" = "orders.invalid.dlt"',
+            )
+            continue
+        topic = t.get(reference, _TOPIC, '"ValueError" = "orders.invalid.dlt"')
+        if topic is not None:
+            routes.append((reference, topic))
+    return tuple(routes)
 
 
 def _metrics(t: _Table) -> MetricsConfig | None:
@@ -923,17 +968,18 @@ def _location_id(location: str) -> str:
     return os.path.normpath(os.path.abspath(location))
 
 
-def _check_non_retryable(
-    problems: _Problems, references: tuple[str, ...], paths: tuple[str, ...]
+def _check_exception_classes(
+    problems: _Problems, key: str, references: tuple[str, ...], paths: tuple[str, ...]
 ) -> None:
-    """Each of retry.non_retryable must import, with the handler's paths, as an exception class."""
+    """Each of `references` (the list or table at `key`) must import, with the handler's
+    paths, as an exception class."""
 
     def is_exception_class(target: object) -> bool:
         return isinstance(target, type) and issubclass(target, BaseException)
 
     for i, reference in enumerate(references):
-        key = f"retry.non_retryable[{i}]"
-        _check_import(problems, key, reference, paths, is_exception_class, "an exception class")
+        where = f"{key}[{i}]" if key == "retry.non_retryable" else f"{key}.{reference}"
+        _check_import(problems, where, reference, paths, is_exception_class, "an exception class")
 
 
 def _is_hidden(key: str, from_env: Collection[str]) -> bool:

@@ -20,6 +20,13 @@ class NonRetryable(Exception):
     """Raised by a handler to send the record straight to the dead letter, skipping retries."""
 
 
+class Skip(Exception):
+    """Raised by a handler to drop the record: no output, no retry, no dead letter.
+
+    The record is counted (`skipped_by_handler`) and logged with the message, never silent.
+    """
+
+
 class RetryAfter(Exception):
     """Raised by a handler to ask for the record to be retried no sooner than `seconds` from now.
 

@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from retrylib.errors import RetrylibError
+
 PREFIX = "retrylib."
 
 ID = PREFIX + "id"
@@ -118,7 +120,7 @@ class CorruptRetryHeaders(ValueError):
     """Raised when a record on a retry topic has missing or unreadable retry headers."""
 
 
-class UnverifiedRetryRecord(ValueError):
+class UnverifiedRetryRecord(RetrylibError):
     """Raised when a record on a retry topic is not signed with the job's key."""
 
 

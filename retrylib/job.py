@@ -76,7 +76,7 @@ def prepare_topics(config: Config) -> dict[str, int]:
     wanted = {
         tier.topics[topic]: count for tier in config.retry.tiers for topic, count in main.items()
     }
-    wanted[config.dead_letter.topic] = max(main.values())
+    wanted.update({topic: max(main.values()) for topic in config.dead_letter.topics()})
     wanted[control_topic(config.job.name)] = 1
     tier_configs = {
         topic: {"message.timestamp.after.max.ms": str(delay_ms + TIER_CLOCK_ALLOWANCE_MS)}
@@ -155,6 +155,8 @@ def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) ->
         },
         tier_delays_ms=tuple(round(d * 1000) for d in retry.delays_seconds),
         max_retry_after_ms=retry.max_retry_after_ms,
+        retry_timeout_ms=retry.timeout_ms,
+        dead_letter_routes=config.dead_letter.routes,
         signing_key=signing_key,
         partition_counts=partitions,
         max_attempts=retry.max_attempts,

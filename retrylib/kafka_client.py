@@ -7,6 +7,7 @@ Every client the job creates goes through here, so the user's pass-through optio
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaException, Producer
@@ -127,6 +128,23 @@ def ensure_topics(
                 e,
             )
             _create_topic(admin, topic, wanted[topic], {}, timeout)
+    _await_topics(admin, missing, timeout)
+
+
+def _await_topics(admin: AdminClient, topics: list[str], timeout: float) -> None:
+    """Wait until the brokers' metadata lists every one of `topics`.
+
+    A created topic reaches the metadata a moment after its creation is acknowledged; a
+    look-up in between finds it missing (seen: a task then had no partition count for it).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        absent = set(topics) - set(partition_counts(admin, topics))
+        if not absent:
+            return
+        if time.monotonic() > deadline:
+            raise TopicError(f"created topic(s) {sorted(absent)} are not in the metadata yet")
+        time.sleep(0.1)
 
 
 def _create_topic(

@@ -70,6 +70,7 @@ _COUNTERS = (
     "duplicates_skipped",
     "requeued_not_due",
     "skipped_other_job",
+    "skipped_by_handler",
     "reserved_headers_removed",
     "handler_ms",
     "produced",

@@ -25,8 +25,10 @@ class RetryPolicy:
     `delays_ms[i]` is the fixed delay of retry tier i; `max_attempts` counts every handler
     call, the first delivery included; `jitter` is the largest extra delay as a fraction of
     the tier's delay (at most 1); `non_retryable` are exception classes that go straight to
-    the dead letter; `max_retry_after_ms` is the longest wait a `RetryAfter` may ask for.
-    Raises `ValueError` naming the field when a value is out of range.
+    the dead letter; `max_retry_after_ms` is the longest wait a `RetryAfter` may ask for;
+    `timeout_ms`, when set, is the longest a record keeps retrying after its first failure;
+    `dead_letter_routes` are (exception class, topic) pairs, the first match naming the
+    dead-letter topic. Raises `ValueError` naming the field when a value is out of range.
     """
 
     delays_ms: tuple[int, ...]
@@ -34,6 +36,8 @@ class RetryPolicy:
     jitter: float
     non_retryable: tuple[type[BaseException], ...] = ()
     max_retry_after_ms: int = 3_600_000
+    timeout_ms: int | None = None
+    dead_letter_routes: tuple[tuple[type[BaseException], str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -46,6 +50,8 @@ class RetryPolicy:
             raise ValueError(f"jitter must be a number from 0 to 1, got {self.jitter!r}")
         if self.max_retry_after_ms < 0:
             raise ValueError(f"max_retry_after_ms must be >= 0, got {self.max_retry_after_ms!r}")
+        if self.timeout_ms is not None and self.timeout_ms <= 0:
+            raise ValueError(f"timeout_ms must be > 0, got {self.timeout_ms!r}")
         for cls in self.non_retryable:
             if not (isinstance(cls, type) and issubclass(cls, BaseException)):
                 raise ValueError(f"non_retryable must hold exception classes, got {cls!r}")
@@ -58,6 +64,8 @@ class RetryPolicy:
         jitter: float,
         non_retryable_names: Sequence[str],
         max_retry_after_ms: int,
+        timeout_ms: int | None = None,
+        dead_letter_routes: Sequence[tuple[str, str]] = (),
     ) -> RetryPolicy:
         """Build a policy from config values, exception classes by name.
 
@@ -71,16 +79,28 @@ class RetryPolicy:
             jitter=jitter,
             non_retryable=tuple(_exception_class(name) for name in non_retryable_names),
             max_retry_after_ms=max_retry_after_ms,
+            timeout_ms=timeout_ms,
+            dead_letter_routes=tuple(
+                (_exception_class(name), topic) for name, topic in dead_letter_routes
+            ),
         )
+
+    def dead_letter_topic(self, error: BaseException, default: str) -> str:
+        """The dead-letter topic of a record whose last error is `error`: the first route
+        whose class `error` is an instance of, else `default`."""
+        for cls, topic in self.dead_letter_routes:
+            if isinstance(error, cls):
+                return topic
+        return default
 
 
 def _exception_class(name: str) -> type[BaseException]:
     try:
         obj = import_object(name)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"non_retryable entry {name!r} does not resolve: {e}") from e
+        raise ValueError(f"exception class {name!r} does not resolve: {e}") from e
     if not (isinstance(obj, type) and issubclass(obj, BaseException)):
-        raise ValueError(f"non_retryable entry {name!r} is not an exception class, got {obj!r}")
+        raise ValueError(f"exception class {name!r} is not an exception class, got {obj!r}")
     return obj
 
 
@@ -100,20 +120,28 @@ class RetryDecision:
 
 @dataclass(frozen=True)
 class DeadLetterDecision:
-    """Send the record to the dead letter; `reason` is "non_retryable", "attempts_exhausted"
-    or "retry_after_too_long"."""
+    """Send the record to the dead letter; `reason` is "non_retryable", "attempts_exhausted",
+    "retry_timeout" or "retry_after_too_long"."""
 
     reason: str
 
 
 def decide(
-    policy: RetryPolicy, *, error: BaseException, attempt: int, record_id: str, now_ms: int
+    policy: RetryPolicy,
+    *,
+    error: BaseException,
+    attempt: int,
+    record_id: str,
+    now_ms: int,
+    first_failure_ms: int | None = None,
 ) -> RetryDecision | DeadLetterDecision:
     """Decide what happens to a record whose handler call number `attempt` just failed.
 
     `attempt` is 0 for the first delivery. Non-retryable errors (`NonRetryable` or a class in
     `policy.non_retryable`) dead-letter at once; otherwise, once `attempt + 1` calls reach
-    `policy.max_attempts`, the record dead-letters as exhausted. A `RetryAfter` is honoured
+    `policy.max_attempts`, the record dead-letters as exhausted, and once `policy.timeout_ms`
+    has passed since `first_failure_ms` (this failure's `now_ms` when None) as
+    "retry_timeout", whatever attempts remain. A `RetryAfter` is honoured
     without jitter even if its class is listed as non-retryable, as the handler asked for it
     explicitly; one asking for more than `policy.max_retry_after_ms` (infinity too) dead-letters
     as "retry_after_too_long", and one whose seconds are not a number >= 0 is an ordinary
@@ -126,6 +154,9 @@ def decide(
         return DeadLetterDecision("non_retryable")
     if attempt + 1 >= policy.max_attempts:
         return DeadLetterDecision("attempts_exhausted")
+    first = now_ms if first_failure_ms is None else first_failure_ms
+    if policy.timeout_ms is not None and now_ms - first >= policy.timeout_ms:
+        return DeadLetterDecision("retry_timeout")
     requested_ms = _requested_ms(error)
     if requested_ms is not None:
         if requested_ms > policy.max_retry_after_ms:

@@ -549,7 +549,7 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
     internal = control_topic(config.job.name)
     try:
         found = lookups.partitions(
-            [*kafka.topics, *tier_topics, config.dead_letter.topic, internal]
+            [*kafka.topics, *tier_topics, *config.dead_letter.topics(), internal]
         )
     except KafkaException as e:
         reason = errors[0] if errors else _kafka_text(e)
@@ -576,7 +576,7 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
             )
             for topic, (tier, main) in tier_topics.items()
         ),
-        (config.dead_letter.topic, f"dead-letter topic {config.dead_letter.topic!r}"),
+        *((topic, f"dead-letter topic {topic!r}") for topic in config.dead_letter.topics()),
         (internal, f"control topic {internal!r}"),
     ]
     for topic, label in others:

@@ -381,3 +381,32 @@ def test_a_long_retry_after_waits_in_hops_never_holding_the_tier(plan):
     assert state.not_before_ms >= before + 3_000_000
     after = int(time.time() * 1000)
     assert staged["timestamp_ms"] <= after + 60_000
+
+
+# --- skip, routes, timeout -----------------------------------------------------------------
+
+
+def test_skip_drops_the_record_with_a_count(plan):
+    counters, written = route(plan, [{"key": b"skip-1", "offset": 14}])
+    assert written == {"output": [], "dead_letter": [], "staged": []}
+    assert counters["skipped_by_handler"] == 1
+
+
+def test_dead_letters_go_to_the_topic_routed_for_their_error(plan):
+    routed = dataclasses.replace(
+        plan,
+        dead_letter_routes=(("retrylib.errors:NonRetryable", "orders.stopped.dlt"),),
+        partition_counts={**plan.partition_counts, "orders.stopped.dlt": 1},
+    )
+    rows = [{"key": b"stop-1", "offset": 15}, retry_row(plan, b"fail-3", 16, attempt=2)]
+    _, written = route(routed, rows)
+    assert sorted(s["topic"] for s in written["staged"]) == ["orders.dlt", "orders.stopped.dlt"]
+    assert all(is_signed(plan, s) for s in written["staged"])
+    assert len(written["dead_letter"]) == 2
+
+
+def test_a_retry_past_the_timeout_is_dead_lettered(plan):
+    timed = dataclasses.replace(plan, max_attempts=10, retry_timeout_ms=1)
+    _, written = route(timed, [retry_row(plan, b"fail-4", 17, attempt=1)])
+    [dead] = written["dead_letter"]
+    assert (dead["reason"], dead["attempts"]) == ("retry_timeout", 2)

@@ -688,3 +688,48 @@ def test_partition_column_must_be_an_output_column(tmp_path: Path) -> None:
     problem = problem_for(tmp_path, {"output.partition_by": '["day"]'})
     assert problem.startswith("output.partition_by[0]: 'day' is not a column")
     assert "['order_id', 'total']" in problem
+
+
+# Routing rules: dead-letter topics per exception class, a total retry timeout
+
+
+def test_dead_letter_routes_and_retry_timeout(tmp_path: Path) -> None:
+    extra = (
+        '\n[dead_letter.routes]\n"KeyError" = "orders.missing.dlt"\n'
+        '"ValueError" = "orders.invalid.dlt"\n"LookupError" = "orders.missing.dlt"\n'
+    )
+    config = load_config(write_config(tmp_path, {"retry.timeout": '"90s"'}, extra))
+    assert config.dead_letter.routes == (
+        ("KeyError", "orders.missing.dlt"),
+        ("ValueError", "orders.invalid.dlt"),
+        ("LookupError", "orders.missing.dlt"),
+    )
+    assert config.dead_letter.topics() == (
+        "orders.orders.dlt",
+        "orders.missing.dlt",
+        "orders.invalid.dlt",
+    )
+    assert config.retry.timeout_ms == 90_000
+    assert load_config(write_config(tmp_path)).retry.timeout_ms is None
+
+
+@pytest.mark.parametrize(
+    ("route", "pattern"),
+    [
+        ('"ValueError" = "bad topic"', r"dead_letter\.routes\.ValueError: expected a Kafka topic"),
+        ('"no such" = "x.dlt"', r"dead_letter\.routes\.no such: expected a builtin exception name"),
+        ('"NoSuchError" = "x.dlt"', r"dead_letter\.routes\.NoSuchError: .*NoSuchError"),
+        ('"json:dumps" = "x.dlt"', r"dead_letter\.routes\.json:dumps: .*an exception class"),
+        (
+            '"KeyError" = "orders"',
+            r'dead_letter\.routes\.KeyError: "orders" is already used by kafka',
+        ),
+    ],
+)
+def test_bad_dead_letter_routes_name_the_route(tmp_path: Path, route: str, pattern: str) -> None:
+    assert re.search(pattern, problem_for(tmp_path, {}, f"\n[dead_letter.routes]\n{route}\n"))
+
+
+def test_bad_retry_timeout_names_the_key(tmp_path: Path) -> None:
+    problem = problem_for(tmp_path, {"retry.timeout": '"0s"'})
+    assert problem.startswith("retry.timeout: expected a duration above zero")

@@ -275,7 +275,7 @@ def test_from_names_resolves_a_class_in_a_test_module() -> None:
     ],
 )
 def test_from_names_rejects_bad_entries_naming_them(name: str, why: str) -> None:
-    with pytest.raises(ValueError, match=f"non_retryable entry '{name}' {why}"):
+    with pytest.raises(ValueError, match=f"exception class '{name}' {why}"):
         RetryPolicy.from_names([1_000], 2, 0, [name], 3_600_000)
 
 
@@ -340,3 +340,41 @@ def test_describe_error_survives_an_unprintable_error() -> None:
     assert cls.endswith("Unprintable")
     assert message.startswith("<unprintable ") and message.endswith(".Unprintable>")
     assert trace
+
+
+# --- retry.timeout and dead-letter routes ----------------------------------------------------
+
+
+def test_a_failure_after_the_timeout_dead_letters_whatever_attempts_remain() -> None:
+    p = RetryPolicy(delays_ms=DELAYS, max_attempts=10, jitter=0.0, timeout_ms=30_000)
+    first = NOW - 30_000
+    timed_out = decide(
+        p, error=RuntimeError(), attempt=3, record_id="r", now_ms=NOW, first_failure_ms=first
+    )
+    assert timed_out == DeadLetterDecision("retry_timeout")
+    within = decide(
+        p, error=RuntimeError(), attempt=3, record_id="r", now_ms=NOW, first_failure_ms=first + 1
+    )
+    assert isinstance(within, RetryDecision)
+    assert isinstance(
+        decide(p, error=RuntimeError(), attempt=0, record_id="r", now_ms=NOW), RetryDecision
+    )
+
+
+def test_dead_letter_routes_pick_the_first_matching_class() -> None:
+    p = RetryPolicy.from_names(
+        [1_000],
+        2,
+        0,
+        [],
+        3_600_000,
+        dead_letter_routes=[
+            ("KeyError", "missing"),
+            ("LookupError", "lookup"),
+            ("ValueError", "bad"),
+        ],
+    )
+    assert p.dead_letter_topic(KeyError(), "dlt") == "missing"
+    assert p.dead_letter_topic(IndexError(), "dlt") == "lookup"
+    assert p.dead_letter_topic(json.JSONDecodeError("m", "d", 0), "dlt") == "bad"
+    assert p.dead_letter_topic(RuntimeError(), "dlt") == "dlt"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retrylib import NonRetryable, Record, RetryAfter
+from retrylib import NonRetryable, Record, RetryAfter, Skip
 
 
 def by_key(record: Record) -> dict | None:
@@ -15,6 +15,8 @@ def by_key(record: Record) -> dict | None:
         return {"key": key, "attempt": "not a number"}
     if key.startswith("none"):
         return None
+    if key.startswith("skip"):
+        raise Skip("not ours")
     if key.startswith("after-"):  # "after-<seconds>": ask to be retried that much later
         raise RetryAfter(float(key.removeprefix("after-")))
     if key.startswith("headers"):  # fails once, with the headers it was given as the message

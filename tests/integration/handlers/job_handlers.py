@@ -7,6 +7,7 @@ flaky<N>-*  fails with TransientError until attempt N, then succeeds
 always-*    always fails with RuntimeError (dead-lettered once out of attempts)
 bad-*       raises ValueError (configured non-retryable: dead-lettered at once)
 stop-*      raises NonRetryable
+skip-*      raises Skip
 after-*     raises RetryAfter(1.5) on attempt 0, then succeeds
 afterlong-* raises RetryAfter(6) on attempt 0, then succeeds
 afterhuge-* raises RetryAfter(1e17) on every attempt
@@ -27,7 +28,7 @@ from __future__ import annotations
 import os
 import time
 
-from retrylib import NonRetryable, Record, RetryAfter
+from retrylib import NonRetryable, Record, RetryAfter, Skip
 
 
 class TransientError(Exception):
@@ -59,6 +60,8 @@ def by_key(record: Record) -> dict | None:
         raise ValueError("bad order")
     if prefix == "stop":
         raise NonRetryable("gave up")
+    if prefix == "skip":
+        raise Skip("not for us")
     if prefix == "after" and first:
         raise RetryAfter(1.5)
     if prefix == "afterlong" and first:
