@@ -4,7 +4,9 @@ never written.
 Lines go to stderr as text (`time level logger: message`) or, with RETRYLIB_LOG_FORMAT=json,
 as one JSON object per line. Every line passes a `RedactingFilter` that replaces the secret
 values of the loaded config (see `config_secrets`) with "***", tracebacks included; the CLI
-runs what it prints through `redact` too.
+runs what it prints through `redact` too. Processes where nothing sets logging up (Spark's
+Python workers) mask as well: the same filter sits on librdkafka's logger and on Python's
+last-resort handler, and `retrylib.kafka_client` registers each client's secret options.
 """
 
 from __future__ import annotations
@@ -71,8 +73,9 @@ class RedactingFilter(logging.Filter):
 
     def add(self, values: Iterable[str]) -> None:
         """Add secret values; longer ones are matched first so none is left half-masked."""
-        self._secrets |= {v for v in values if v}
-        if self._secrets:
+        new = {v for v in values if v} - self._secrets
+        if new:
+            self._secrets |= new
             alternatives = [
                 re.escape(s) if len(s) >= _ANYWHERE else rf"(?<!\w){re.escape(s)}(?!\w)"
                 for s in sorted(self._secrets, key=len, reverse=True)
@@ -97,6 +100,11 @@ class RedactingFilter(logging.Filter):
 
 
 _REDACTOR = RedactingFilter()
+# Worker processes never call `configure_logging`: librdkafka's lines, and any other line
+# that falls through to Python's last-resort handler (stderr), are masked there too.
+logging.getLogger(KAFKA_CLIENT_LOGGER).addFilter(_REDACTOR)
+if logging.lastResort is not None:
+    logging.lastResort.addFilter(_REDACTOR)
 
 
 class JsonFormatter(logging.Formatter):

@@ -136,3 +136,28 @@ def test_tables_flag_reports_the_table_findings(tmp_path, capsys, monkeypatch):
     assert code == EXIT_FAILED
     assert sessions == ["retrylib-check-checked"]
     assert "error: output.table: differs (read with retrylib-check-checked)" in err
+
+
+def test_an_unknown_kafka_option_is_a_config_error_naming_it(tmp_path, capsys):
+    path = write(tmp_path, VALID + '[kafka.options]\n"sasl.mechansim" = "PLAIN"\n')
+
+    code = main(["check", str(path), "--timeout", "1"])
+
+    err = capsys.readouterr().err
+    assert code == EXIT_CONFIG
+    assert (
+        'error: kafka.options.sasl.mechansim: No such configuration property: "sasl.mechansim"'
+        in err
+    )
+    assert "is the broker up?" not in err
+
+
+def test_bootstrap_servers_in_kafka_options_is_a_config_error(tmp_path, capsys):
+    path = write(tmp_path, VALID + '[kafka.options]\n"bootstrap.servers" = "other:9092"\n')
+
+    code = main(["check", str(path), "--timeout", "1"])
+
+    assert code == EXIT_CONFIG
+    assert (
+        "error: kafka.options.bootstrap.servers: set by the job itself" in capsys.readouterr().err
+    )
