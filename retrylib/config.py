@@ -192,6 +192,16 @@ class Config:
             if f.name != "from_env"
         }
 
+    def secret_options(self) -> tuple[str, ...]:
+        """Names of the Kafka options whose values `redacted()` hides: what a process that
+        only has the options (a Spark worker) must mask.
+        """
+        return tuple(
+            name
+            for name in self.kafka.options
+            if _is_hidden(f"{_OPTIONS_KEY}.{name}", self.from_env)
+        )
+
 
 def load_config(
     path: str | Path,
@@ -937,7 +947,8 @@ def _check_control_topic(problems: _Problems, tables: Mapping[str, _Table]) -> N
         longest = _MAX_TOPIC_LENGTH - len(internal) + len(name)
         problems.add(
             "job.name",
-            f"makes the job's control topic {json.dumps(internal)}, {len(internal)} characters "
+            f"makes the job's control topic {problems.show('job.name', internal)}, "
+            f"{len(internal)} characters "
             f"long, and Kafka allows {_MAX_TOPIC_LENGTH}; use a name of at most {longest} "
             "characters",
         )
@@ -954,7 +965,7 @@ def _check_control_topic(problems: _Problems, tables: Mapping[str, _Table]) -> N
         if topic == internal:
             problems.add(
                 key,
-                f"{json.dumps(topic)} is the job's control topic (where it records which "
+                f"{problems.show(key, topic)} is the job's control topic (where it records which "
                 "batches it produced); choose another topic",
             )
 

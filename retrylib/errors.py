@@ -15,6 +15,10 @@ class TopicError(RetrylibError):
     """Raised when a topic the job needs is missing and the job may not create it."""
 
 
+class TableWriteError(RetrylibError):
+    """Raised when Spark cannot append a batch to one of the job's Delta tables."""
+
+
 class NonRetryable(Exception):
     """Raised by a handler to send the record straight to the dead letter, skipping retries."""
 
