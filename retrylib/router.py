@@ -208,14 +208,7 @@ class BatchRouter:
         try:
             return append_once(frame, table, app_id=self.app_id, batch_id=batch_id, evolve=evolve)
         except Exception as e:  # Spark's and the storage's errors: many classes, all fatal here
-            where = f"at {table.resolved()}" if table.is_path else f"catalog table {table}"
-            raise TableWriteError(
-                f"cannot append batch {batch_id} to the table of {key} ({where}): "
-                f"{spark_error_reason(e)}. Check that the job may write there: the table's "
-                "files and its _delta_log (permissions, a read-only or full file system, "
-                "storage credentials, catalog grants). Nothing is lost: once it is fixed, "
-                "restart the job and the batch is written, once"
-            ) from e
+            raise table_write_error(batch_id, key, table, spark_error_reason(e)) from e
 
     def _check_tables_not_ahead(self, spark: SparkSession, batch_id: int) -> None:
         """Raise `RetrylibError` when a table already holds a later batch of this checkpoint.
@@ -299,6 +292,32 @@ def _run_tasks(df: DataFrame, plan: TaskPlan, staging: str) -> None:
         plan.batch_id,
     )
     _run_tasks(df, replace(plan, isolate=True), staging)
+
+
+def table_write_error(batch_id: int, key: str, table: TableRef, reason: str) -> TableWriteError:
+    """The error for batch `batch_id` failing to append to the table of config key `key`
+    because of `reason` (`spark_error_reason`): where the table is, what to check, and that
+    a restart after the fix writes the batch once.
+    """
+    where = f"at {table.resolved()}" if table.is_path else f"catalog table {table}"
+    if any(marker in reason for marker in _STORAGE_ERROR_MARKERS):
+        check = (
+            "Check that the job may write there: the table's files and its _delta_log "
+            "(permissions, a read-only or full file system, storage credentials, catalog grants)"
+        )
+    else:
+        check = (
+            "Check the table: `retrylib check --tables` compares its columns with what the job "
+            "writes"
+        )
+    return TableWriteError(
+        f"cannot append batch {batch_id} to the table of {key} ({where}): {reason}. {check}. "
+        "Nothing is lost: once it is fixed, restart the job and the batch is written, once"
+    )
+
+
+_STORAGE_ERROR_MARKERS = ("java.io.", "java.nio.", "AccessDenied", "Permission", "not permitted")
+"""Parts of a root cause that say the storage refused (rather than Delta or the schema)."""
 
 
 def spark_error_reason(error: BaseException) -> str:

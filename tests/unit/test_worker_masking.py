@@ -1,4 +1,5 @@
-"""Masking where nothing set logging up (Spark's Python workers), and clear table errors."""
+"""Secrets masked where nothing set logging up (Spark's Python workers); py4j quiet about
+errors the job reports itself."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from retrylib.errors import TableWriteError
 from retrylib.kafka_client import make_consumer
 from retrylib.kafka_source import parse_source_options
 from retrylib.logs import configure_logging
-from retrylib.router import spark_error_reason
 
 WORKER = """
 import logging, sys
@@ -91,32 +91,6 @@ def test_the_source_carries_the_secret_option_names():
 
     assert options.secret_options == ("client.id",)
     assert options.client_options == {"client.id": "x"}
-
-
-class _Throwable:
-    """Stands for a py4j Java exception: a cause chain with toString()."""
-
-    def __init__(self, text: str, cause: _Throwable | None = None) -> None:
-        self.text, self.cause = text, cause
-
-    def getCause(self) -> _Throwable | None:  # noqa: N802 - Java's name
-        return self.cause
-
-    def toString(self) -> str:  # noqa: N802 - Java's name
-        return self.text
-
-
-def test_the_reason_of_a_spark_failure_is_its_root_cause():
-    error = Exception("An error occurred while calling o176.save.\n: long trace")
-    error.java_exception = _Throwable(  # type: ignore[attr-defined]
-        "org.apache.spark.SparkException: job aborted",
-        _Throwable("java.io.FileNotFoundException: /t/_delta_log/x.tmp (Permission denied)"),
-    )
-
-    assert spark_error_reason(error) == (
-        "java.io.FileNotFoundException: /t/_delta_log/x.tmp (Permission denied)"
-    )
-    assert spark_error_reason(ValueError("\n  first line\nsecond")) == "first line"
 
 
 def test_py4j_does_not_repeat_an_error_the_job_reports_itself():
