@@ -106,6 +106,7 @@ class TaskPlan:
     handler_kind: str = "record"
     bootstrap_servers: str = ""  # and client_options: how the task reads offset ranges
     client_options: Mapping[str, str] = field(default_factory=dict)
+    secret_options: tuple[str, ...] = ()  # names among client_options, masked in logs
     isolate: bool = False  # each handler call in its own process (after a worker died)
     # Retry and dead-letter topic -> the largest record it accepts (`record_size`); a topic
     # missing here is not checked.
@@ -213,7 +214,13 @@ class TaskRouter:
         if topic in self.tier_of:
             options.update(TIER_CLIENT_OPTIONS)
         part = KafkaInputPartition(
-            topic, partition, start, end, self.plan.bootstrap_servers, options
+            topic,
+            partition,
+            start,
+            end,
+            self.plan.bootstrap_servers,
+            options,
+            self.plan.secret_options,
         )
         if self.plan.handler_kind != "record":
             for batch in self._timed_read(read_range(part)):

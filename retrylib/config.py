@@ -25,24 +25,17 @@ from retrylib.delta_tables import TableRef
 from retrylib.durations import format_duration, parse_duration
 from retrylib.errors import ConfigError
 from retrylib.importing import import_object
+from retrylib.kafka_client import JOB_OWNED_OPTIONS, is_secret_key, option_problem
 from retrylib.schema import OutputSchema, parse_schema
+from retrylib.staging import control_topic
 
 _DEFAULT_DELAYS = ("10s", "1m", "10m")
 _DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"
 _DEFAULT_DEAD_LETTER_TOPIC = "{topic}.{job}.dlt"
 _MIN_DEFAULT_MAX_RETRY_AFTER = 3600.0
 _ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
-_SECRET_MARKERS = (
-    "password",
-    "passwd",
-    "secret",
-    "token",
-    "key",
-    "credential",
-    "jaas",
-    "user.info",
-    "oauthbearer.config",
-)
+_REFERENCE_START = "${"
+_MAX_TOPIC_LENGTH = 249
 _OPTIONS_KEY = "kafka.options"
 _REQUIRED_SECTIONS = ("job", "kafka", "handler", "output")
 _LOCATIONS = (
@@ -212,14 +205,15 @@ class Config:
             if f.name != "from_env"
         }
 
-
-def is_secret_key(name: str) -> bool:
-    """True when a Kafka option called `name` may hold a secret ("sasl.password",
-    "sasl.jaas.config", "basic.auth.user.info", ...). It errs towards hiding: "key.serializer"
-    counts as secret too.
-    """
-    lowered = name.lower()
-    return any(marker in lowered for marker in _SECRET_MARKERS)
+    def secret_options(self) -> tuple[str, ...]:
+        """Names of the Kafka options whose values `redacted()` hides: what a process that
+        only has the options (a Spark worker) must mask.
+        """
+        return tuple(
+            name
+            for name in self.kafka.options
+            if _is_hidden(f"{_OPTIONS_KEY}.{name}", self.from_env)
+        )
 
 
 def load_config(
@@ -557,15 +551,24 @@ def _apply_overrides(
 
 def _interpolate(node: Any, key: str, problems: _Problems) -> Any:
     """`node` with ${env:NAME} replaced in every string, noting each such key in
-    `problems.from_env`. A reference to an unset variable is reported and left as written.
+    `problems.from_env`. A reference to an unset variable, or a "${" that does not start a
+    well-formed reference, is reported and the value left as written.
     """
     if isinstance(node, dict):
         return {k: _interpolate(v, f"{key}.{k}" if key else k, problems) for k, v in node.items()}
     if isinstance(node, list | tuple):
         return [_interpolate(v, f"{key}[{i}]", problems) for i, v in enumerate(node)]
-    if not isinstance(node, str) or not _ENV_REFERENCE.search(node):
+    if not isinstance(node, str) or _REFERENCE_START not in node:
         return node
     problems.from_env.add(key)
+    malformed = _malformed_references(node)
+    for reference in malformed:
+        problems.add(
+            key,
+            f"{reference} is not a reference to an environment variable; write ${{env:NAME}} "
+            "with NAME made of letters, digits and '_', not starting with a digit (a value "
+            'that must hold "${" itself can come whole from such a variable)',
+        )
     unset = [name for name in _ENV_REFERENCE.findall(node) if name not in os.environ]
     if unset:
         names = " and ".join(unset)
@@ -575,9 +578,24 @@ def _interpolate(node: Any, key: str, problems: _Problems) -> Any:
             f"environment {what} not set (the value is {json.dumps(node)}); "
             f"export {names} before starting the job",
         )
-        # Added after the report above, so only later problems about this value are muted.
+    if malformed or unset:
+        # Added after the reports above, so only later problems about this value are muted.
         problems.unresolved.add(key)
     return _ENV_REFERENCE.sub(lambda m: os.environ.get(m[1], m[0]), node)
+
+
+def _malformed_references(text: str) -> list[str]:
+    """Each "${...}" in `text` that is not a well-formed ${env:NAME}, as written; one with no
+    closing "}" is shown as its start only, since the rest of the value may be a secret.
+    """
+    found = []
+    start = text.find(_REFERENCE_START)
+    while start >= 0:
+        if not _ENV_REFERENCE.match(text, start):
+            end = text.find("}", start)
+            found.append(json.dumps(text[start : end + 1] if end >= 0 else _REFERENCE_START))
+        start = text.find(_REFERENCE_START, start + len(_REFERENCE_START))
+    return found
 
 
 def _build(root: _Table, check_imports: bool, source_path: str) -> Config | None:
@@ -602,6 +620,7 @@ def _build(root: _Table, check_imports: bool, source_path: str) -> Config | None
         tables["output"].values["table"],
     )
     metrics = _metrics(tables["metrics"])
+    _check_control_topic(root.problems, tables)
     _check_locations(root.problems, tables)
     non_retryable = tables["retry"].values["non_retryable"]
     handler_paths = tables["handler"].values["paths"]
@@ -648,7 +667,9 @@ def _kafka(t: _Table) -> KafkaConfig | None:
     )
     source = t.get("source", _SOURCE, 'source = "auto"', "auto")
     create_topics = t.get("create_topics", _BOOL, "create_topics = true", True)
-    options = _options(t.table("options", '[kafka.options] "client.id" = "x"', required=False))
+    options = _kafka_options(
+        t.table("options", '[kafka.options] "client.id" = "x"', required=False)
+    )
     t.finish()
     if starting not in (None, "earliest", "latest") and topics:
         unknown = sorted(set(json.loads(starting)) - set(topics))
@@ -672,6 +693,38 @@ def _options(t: _Table) -> dict[str, str]:
         name: str(value).lower() if isinstance(value, bool) else str(value)
         for name, value in t.data.items()
     }
+
+
+def _kafka_options(t: _Table) -> dict[str, str]:
+    """Kafka client options (`_options`), each checked the way librdkafka will take it, so
+    that a bad one fails here rather than at the first client: not one the job sets itself
+    (`JOB_OWNED_OPTIONS`), a property librdkafka knows, a value it accepts.
+    """
+    options = _options(t)
+    for name, value in options.items():
+        key = t.path(name)
+        if key in t.problems.unresolved or not _SCALAR.accepts(t.data[name]):
+            continue  # reported already
+        if name in JOB_OWNED_OPTIONS:
+            t.problems.add(key, f"set by the job itself: {JOB_OWNED_OPTIONS[name]}")
+            continue
+        reason = option_problem(name, value)
+        if reason is None:
+            continue
+        if _is_hidden(key, t.problems.from_env) and value:
+            reason = reason.replace(value, "***")
+        if reason.startswith(("Invalid value", "Unsupported value")):
+            fix = "give a value librdkafka accepts"
+        elif name.startswith("kafka."):
+            fix = f'drop the "kafka." prefix Spark uses: "{name.removeprefix("kafka.")}"'
+        else:
+            fix = (
+                "the job's own Kafka clients are librdkafka's (Spark's connector gets the same "
+                "options): use librdkafka's properties (for SASL: sasl.mechanism, "
+                "sasl.username, sasl.password), or remove it"
+            )
+        t.problems.add(key, f"{reason.rstrip('.')}; {fix}")
+    return options
 
 
 def _handler(t: _Table, check_imports: bool) -> HandlerConfig | None:
@@ -947,18 +1000,64 @@ def _metrics(t: _Table) -> MetricsConfig | None:
     return MetricsConfig(table) if t.ok else None
 
 
+def _check_control_topic(problems: _Problems, tables: Mapping[str, _Table]) -> None:
+    """The job's control topic (`control_topic`, named after job.name) must be a valid topic
+    name, and no main, retry or dead-letter topic may be that topic.
+    """
+    name = tables["job"].values.get("name")
+    if name is None:
+        return
+    internal = control_topic(name)
+    if len(internal) > _MAX_TOPIC_LENGTH:
+        longest = _MAX_TOPIC_LENGTH - len(internal) + len(name)
+        problems.add(
+            "job.name",
+            f"makes the job's control topic {problems.show('job.name', internal)}, "
+            f"{len(internal)} characters "
+            f"long, and Kafka allows {_MAX_TOPIC_LENGTH}; use a name of at most {longest} "
+            "characters",
+        )
+    topics = [
+        (f"kafka.topics[{i}]", t) for i, t in enumerate(tables["kafka"].values["topics"] or ())
+    ]
+    for tier in tables["retry"].values.get("tiers") or ():
+        topics += [
+            (f"retry tier {tier.index} (retry.delays[{tier.index}])", t)
+            for t in tier.topics.values()
+        ]
+    topics.append(("dead_letter.topic", tables["dead_letter"].values.get("topic")))
+    for key, topic in topics:
+        if topic == internal:
+            problems.add(
+                key,
+                f"{problems.show(key, topic)} is the job's control topic (where it records which "
+                "batches it produced); choose another topic",
+            )
+
+
 def _check_locations(problems: _Problems, tables: Mapping[str, _Table]) -> None:
-    """The checkpoint and each Delta table need a location of their own."""
+    """The checkpoint and each Delta table need a location of their own, none inside
+    another (a table inside the checkpoint, a table inside a table's folder).
+    """
     owners: dict[str, str] = {}
+    paths: list[tuple[str, str]] = []  # (key, location id) of each path, not catalog names
     for section, key in _LOCATIONS:
         location = tables[section].values.get(key)
-        if location is not None:
-            problems.claim(
-                owners,
-                f"{section}.{key}",
-                _location_id(location),
-                "the checkpoint and each table need their own",
-            )
+        if location is None:
+            continue
+        dotted = f"{section}.{key}"
+        where = _location_id(location)
+        problems.claim(owners, dotted, where, "the checkpoint and each table need their own")
+        if section == "job" or _is_path(location):
+            paths.append((dotted, where))
+    for key, where in paths:
+        for outer_key, outer in paths:
+            if where.startswith(outer.rstrip("/") + "/"):
+                problems.add(
+                    key,
+                    f"{json.dumps(where)} is inside {outer_key} {json.dumps(outer)}; give each "
+                    "table and the checkpoint a location of its own, none inside another",
+                )
 
 
 def _location_id(location: str) -> str:
@@ -966,6 +1065,14 @@ def _location_id(location: str) -> str:
     if "://" in location:
         return location.rstrip("/")
     return os.path.normpath(os.path.abspath(location))
+
+
+def _is_path(table: str) -> bool:
+    """True when the table setting `table` names a path or URI (not a catalog table)."""
+    try:
+        return TableRef.parse(table, "table").is_path
+    except ConfigError:
+        return False  # reported where the setting was read
 
 
 def _check_exception_classes(

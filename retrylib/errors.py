@@ -16,6 +16,10 @@ class TopicError(RetrylibError):
     settings cannot be read or leave no room for retrylib's records."""
 
 
+class TableWriteError(RetrylibError):
+    """Raised when Spark cannot append a batch to one of the job's Delta tables."""
+
+
 class NonRetryable(Exception):
     """Raised by a handler to send the record straight to the dead letter, skipping retries."""
 

@@ -120,6 +120,7 @@ def source_frame(spark: SparkSession, config: Config) -> DataFrame:
         **{f"kafka.{key}": value for key, value in TIER_CLIENT_OPTIONS.items()},
         "subscribe": ",".join(sorted(delays)),
         "retrylib.topicDelaysMs": json.dumps(delays),
+        "retrylib.secretOptions": json.dumps(config.secret_options()),
     }
     if kafka.source == "builtin" or (kafka.source == "auto" and builtin_kafka_available(spark)):
         log.info("main topics read with Spark's built-in kafka source")
@@ -165,6 +166,7 @@ def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) ->
         handler_kind=config.handler.kind,
         bootstrap_servers=config.kafka.bootstrap_servers,
         client_options=dict(config.kafka.options),
+        secret_options=config.secret_options(),
     )
 
 
@@ -274,7 +276,9 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
     """Run the job until it finishes (available-now), fails, or gets SIGTERM/SIGINT.
 
     Returns the process exit code: 0 when it finished or was stopped, 1 when the query
-    failed (the error is logged).
+    failed (the error is logged). Raises the `RetrylibError` that failed a batch when
+    retrylib detected it itself (`TableWriteError`, ...), and Spark's error when the query
+    failed otherwise.
     """
     redact_secrets(config_secrets(config))
     spark = build_spark_session(
@@ -290,8 +294,14 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     query, router = start_query(spark, config, available_now=available_now)
     try:
-        while query.isActive and not stop_requested.is_set():
-            query.awaitTermination(0.5)
+        try:
+            while query.isActive and not stop_requested.is_set():
+                query.awaitTermination(0.5)
+        except Exception:  # the query failed: Spark's wrapping of what failed the batch
+            if router.failure is None:
+                raise
+        if router.failure is not None:
+            raise router.failure
         if stop_requested.is_set():
             stop_gracefully(query, router)
         error = query.exception()

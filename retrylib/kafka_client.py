@@ -1,21 +1,65 @@
 """Kafka clients (consumer, producer, admin) built from one place, and topic administration.
 
 Every client the job creates goes through here, so the user's pass-through options
-(`security.protocol`, `sasl.*`, `ssl.*`, ...) reach all of them.
+(`security.protocol`, `sasl.*`, `ssl.*`, ...) reach all of them, and so does the masking of
+their secret values: in whichever process a client is made (driver, Python data source
+worker, executor), librdkafka's log lines and the errors raised here show them as "***".
+`JOB_OWNED_OPTIONS` and `option_problem` say which options a user may not or cannot set.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from retrylib.errors import TopicError
-from retrylib.logs import KAFKA_CLIENT_LOGGER
+from retrylib.logs import KAFKA_CLIENT_LOGGER, redact, redact_secrets
 from retrylib.record_size import MIN_RECORD_LIMIT_BYTES, largest_record, producer_limit
+
+_SECRET_MARKERS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "key",
+    "credential",
+    "jaas",
+    "user.info",
+    "oauthbearer.config",
+)
+_USE_TOPICS = "the job subscribes to kafka.topics and its retry tiers; list topics there"
+_SERIALIZED = "records are read and written as bytes; decode and encode them in the handler"
+JOB_OWNED_OPTIONS = {
+    "bootstrap.servers": "the brokers come from kafka.bootstrap_servers; set them there",
+    "metadata.broker.list": "the brokers come from kafka.bootstrap_servers; set them there",
+    "group.id": "retrylib names its own consumers' groups: it reads partitions by assignment "
+    "and keeps its offsets in the checkpoint, never in a consumer group",
+    "enable.auto.commit": "offsets are kept in the checkpoint and never committed to Kafka",
+    "auto.offset.reset": "where a new job starts is kafka.starting_offsets; set it there",
+    "enable.partition.eof": "retrylib turns it on and off per read",
+    "transactional.id": "retrylib's producers use transactional ids of their own, derived "
+    "from the checkpoint, for their exactly-once produce",
+    "enable.idempotence": "retrylib's producers are always idempotent (no duplicates from "
+    "their own retries)",
+    "key.serializer": _SERIALIZED,
+    "value.serializer": _SERIALIZED,
+    "key.deserializer": _SERIALIZED,
+    "value.deserializer": _SERIALIZED,
+    "subscribe": _USE_TOPICS,
+    "subscribePattern": _USE_TOPICS,
+    "assign": _USE_TOPICS,
+    "startingOffsets": "where a new job starts is kafka.starting_offsets; set it there",
+    "maxOffsetsPerTrigger": "the cap per batch is kafka.max_offsets_per_trigger; set it there",
+    "includeHeaders": "the job always reads record headers",
+    "logger": "retrylib sends librdkafka's log lines through its own logging, which masks secrets",
+}
+"""Options the job sets on its clients (or on Spark's Kafka source) itself, each with what
+to do instead: a user's value would silently replace the job's, or be ignored."""
+_PROBE = "retrylib.probe"
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +84,49 @@ _PRODUCER_DEFAULTS = {
 }
 
 
-def client_config(bootstrap_servers: str, options: Mapping[str, str]) -> dict[str, object]:
+def is_secret_key(name: str) -> bool:
+    """True when a Kafka option called `name` may hold a secret ("sasl.password",
+    "sasl.jaas.config", "basic.auth.user.info", ...). It errs towards hiding: "key.serializer"
+    counts as secret too.
+    """
+    lowered = name.lower()
+    return any(marker in lowered for marker in _SECRET_MARKERS)
+
+
+def option_problem(name: str, value: str) -> str | None:
+    """Why librdkafka refuses the client property `name` = `value` (an unknown name, a
+    value it cannot parse), in its own words; None when it accepts it.
+
+    Asks librdkafka itself, without creating a client or reaching a broker: the property
+    is set on a configuration that ends with a name librdkafka does not know, so building
+    the client always stops at that name, unless `name` or `value` failed before it.
+    """
+    try:
+        Producer({name: value, _PROBE: ""})
+    except KafkaException as e:
+        reason = e.args[0].str()
+        return None if _PROBE in reason else reason
+    except (TypeError, ValueError) as e:  # confluent-kafka's own properties (callbacks)
+        return str(e)
+    return None
+
+
+def client_config(
+    bootstrap_servers: str, options: Mapping[str, str], secret_options: Collection[str] = ()
+) -> dict[str, object]:
     """The settings shared by every client: the brokers, the user's pass-through options, and
-    a logger so that librdkafka's own lines go through logging (and its redaction) instead of
-    straight to stderr."""
+    a logger so that librdkafka's own lines go through logging and its masking instead of
+    straight to stderr.
+
+    The values of options named in `secret_options` or looking secret (`is_secret_key`) are
+    masked from then on in this process's log lines (see `retrylib.logs`), in whatever
+    process this runs: the driver knows the config's secrets, a worker knows only these.
+    """
+    redact_secrets(
+        str(value)
+        for name, value in options.items()
+        if name in secret_options or is_secret_key(name)
+    )
     return {
         "bootstrap.servers": bootstrap_servers,
         "logger": logging.getLogger(KAFKA_CLIENT_LOGGER),
@@ -51,22 +134,51 @@ def client_config(bootstrap_servers: str, options: Mapping[str, str]) -> dict[st
     }
 
 
+def _create(kind: type, config: Mapping[str, object]):
+    """`kind(config)`, raising `KafkaException` with secrets masked when librdkafka refuses
+    the configuration: the error would otherwise carry a value to an executor's log.
+    """
+    try:
+        return kind(dict(config))
+    except KafkaException as e:
+        error = e.args[0]
+        # Not chained: the original message is what must not be shown.
+        raise KafkaException(KafkaError(error.code(), redact(error.str()))) from None
+
+
 def make_consumer(
-    bootstrap_servers: str, options: Mapping[str, str], group_id: str = "retrylib-reader"
+    bootstrap_servers: str,
+    options: Mapping[str, str],
+    group_id: str = "retrylib-reader",
+    *,
+    secret_options: Collection[str] = (),
 ) -> Consumer:
-    """A consumer for explicit `assign()` reads; it never commits offsets to Kafka."""
+    """A consumer for explicit `assign()` reads; it never commits offsets to Kafka.
+
+    `secret_options` names options whose values are masked (see `client_config`). Raises
+    `KafkaException` when librdkafka refuses the configuration.
+    """
     config = {**_CONSUMER_DEFAULTS, "group.id": group_id}
-    config.update(client_config(bootstrap_servers, options))
-    return Consumer(config)
+    config.update(client_config(bootstrap_servers, options, secret_options))
+    return _create(Consumer, config)
 
 
-def make_producer(bootstrap_servers: str, options: Mapping[str, str]) -> Producer:
-    """An idempotent producer (no duplicates from the producer's own retries)."""
-    return Producer({**_PRODUCER_DEFAULTS, **client_config(bootstrap_servers, options)})
+def make_producer(
+    bootstrap_servers: str, options: Mapping[str, str], *, secret_options: Collection[str] = ()
+) -> Producer:
+    """An idempotent producer (no duplicates from the producer's own retries).
+
+    `secret_options` as for `make_consumer`; raises `KafkaException` as it does.
+    """
+    return _create(
+        Producer,
+        {**_PRODUCER_DEFAULTS, **client_config(bootstrap_servers, options, secret_options)},
+    )
 
 
 def make_admin(bootstrap_servers: str, options: Mapping[str, str]) -> AdminClient:
-    return AdminClient(client_config(bootstrap_servers, options))
+    """An admin client; raises `KafkaException` when librdkafka refuses the configuration."""
+    return _create(AdminClient, client_config(bootstrap_servers, options))
 
 
 def topic_partitions(

@@ -58,6 +58,7 @@ from pyspark.sql.types import (
 
 from retrylib.errors import RetrylibError, TopicError
 from retrylib.kafka_client import make_consumer
+from retrylib.logs import redact
 from retrylib.offsets import (
     EARLIEST,
     LATEST,
@@ -135,6 +136,10 @@ OPTION_TOPIC_DELAYS_MS = "retrylib.topicDelaysMs"
 OPTION_MAX_RECORDS_PER_TASK = "retrylib.maxRecordsPerTask"
 OPTION_EMIT = "retrylib.emit"
 OPTION_RANGE_GROUPS = "retrylib.rangeGroups"
+OPTION_SECRET_OPTIONS = "retrylib.secretOptions"
+"""JSON list of the `kafka.*` options (names without the prefix) whose values are secret:
+masked in this source's log lines and errors, in every process that reads (see
+`retrylib.kafka_client.client_config`)."""
 _EMIT_VALUES = ("records", "ranges")
 _KNOWN_OPTIONS = {
     name.lower(): name
@@ -147,6 +152,7 @@ _KNOWN_OPTIONS = {
         OPTION_MAX_RECORDS_PER_TASK,
         OPTION_EMIT,
         OPTION_RANGE_GROUPS,
+        OPTION_SECRET_OPTIONS,
     )
 }
 # Consumer settings the source relies on; a user value would break offset-exact reads.
@@ -185,6 +191,7 @@ class SourceOptions:
     delays_ms: dict[str, int] = field(default_factory=dict)  # retry tier topic -> its delay
     max_records_per_task: int = DEFAULT_MAX_RECORDS_PER_TASK
     client_options: dict[str, str] = field(default_factory=dict)
+    secret_options: tuple[str, ...] = ()  # names among client_options
     emit_ranges: bool = False
     range_groups: int | None = None  # with emit_ranges: at most this many input partitions
 
@@ -231,9 +238,23 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         max_records_per_task=_int_option(lowered, OPTION_MAX_RECORDS_PER_TASK, 1)
         or DEFAULT_MAX_RECORDS_PER_TASK,
         client_options=client_options,
+        secret_options=_secret_options(lowered.get(OPTION_SECRET_OPTIONS.lower())),
         emit_ranges=emit == "ranges",
         range_groups=_int_option(lowered, OPTION_RANGE_GROUPS, 1),
     )
+
+
+def _secret_options(raw: str | None) -> tuple[str, ...]:
+    """The names in option `retrylib.secretOptions` (a JSON list of strings; none if unset)."""
+    if raw is None:
+        return ()
+    try:
+        names = json.loads(raw)
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"option {OPTION_SECRET_OPTIONS} must be a JSON list of option names")
+    return tuple(names)
 
 
 def _topic_delays(raw: str | None, topics: list[str]) -> dict[str, int]:
@@ -314,6 +335,7 @@ class KafkaInputPartition(InputPartition):
     end: int
     bootstrap_servers: str
     client_options: dict[str, str]
+    secret_options: tuple[str, ...] = ()  # names among client_options
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -418,6 +440,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 r.end,
                 self._options.bootstrap_servers,
                 self._options.client_options,
+                self._options.secret_options,
             )
             for r in ranges
         ]
@@ -475,7 +498,11 @@ class _Metadata:
 
     def __init__(self, options: SourceOptions) -> None:
         self._topics = options.topics
-        self._consumer = make_consumer(options.bootstrap_servers, options.client_options)
+        self._consumer = make_consumer(
+            options.bootstrap_servers,
+            options.client_options,
+            secret_options=options.secret_options,
+        )
 
     def partitions(self) -> list[PartitionKey]:
         """Every partition of the subscribed topics, from fresh metadata.
@@ -510,7 +537,10 @@ class _Metadata:
         for answer in answers:
             if answer.error is not None:
                 raise KafkaSourceError(
-                    f"listing offsets of {answer.topic}[{answer.partition}] failed: {answer.error}"
+                    redact(
+                        f"listing offsets of {answer.topic}[{answer.partition}] failed: "
+                        f"{answer.error}"
+                    )
                 )
             offsets[(answer.topic, answer.partition)] = answer.offset
         return offsets
@@ -540,7 +570,9 @@ def read_messages(part: KafkaInputPartition) -> Iterator[list[Message]]:
     Raises `KafkaSourceError` naming the range on a message error or a stalled read.
     """
     consumer = make_consumer(
-        part.bootstrap_servers, {**part.client_options, **_READ_CLIENT_OPTIONS}
+        part.bootstrap_servers,
+        {**part.client_options, **_READ_CLIENT_OPTIONS},
+        secret_options=part.secret_options,
     )
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
@@ -559,7 +591,7 @@ def _message_chunks(consumer: Consumer, part: KafkaInputPartition) -> Iterator[l
         for message in consumer.consume(num_messages=wanted, timeout=POLL_TIMEOUT_S):
             error = message.error()
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                raise KafkaSourceError(f"reading {_describe(part)}: {error}")
+                raise KafkaSourceError(redact(f"reading {_describe(part)}: {error}"))
             offset = message.offset()
             if offset >= part.end:  # a record or the partition's end (EOF) past the range
                 finished = True

@@ -4,7 +4,9 @@ never written.
 Lines go to stderr as text (`time level logger: message`) or, with RETRYLIB_LOG_FORMAT=json,
 as one JSON object per line. Every line passes a `RedactingFilter` that replaces the secret
 values of the loaded config (see `config_secrets`) with "***", tracebacks included; the CLI
-runs what it prints through `redact` too.
+runs what it prints through `redact` too. Processes where nothing sets logging up (Spark's
+Python workers) mask as well: the same filter sits on librdkafka's logger and on Python's
+last-resort handler, and `retrylib.kafka_client` registers each client's secret options.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from dataclasses import fields, is_dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from retrylib.errors import RetrylibError
+
 if TYPE_CHECKING:  # every Kafka client imports this module; the config parser is not needed
     from retrylib.config import Config
 
 _QUIET = ("py4j", "pyspark", "urllib3")
+_PY4J_CALLBACKS = "py4j.clientserver"
 KAFKA_CLIENT_LOGGER = "retrylib.kafka.librdkafka"
 """Where the command-line tools send librdkafka's own log lines (quiet unless DEBUG)."""
 _MASK = "***"
@@ -32,7 +37,9 @@ _ANYWHERE = 6
 _ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
 # Spark's JVM logging when this process launches the JVM itself: warnings only, without the
-# start-up chatter (hostname, native libraries, UI port, AQE-in-streaming notices).
+# start-up chatter (hostname, native libraries, UI port, AQE-in-streaming notices), and
+# without the stack trace of a failed query: the job reports that failure itself, in one
+# message (RETRYLIB_LOG_LEVEL=DEBUG leaves the JVM's logging as Spark sets it).
 _LOG4J2_PROPERTIES = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = stderr
@@ -51,6 +58,10 @@ logger.stream4.name = org.apache.spark.sql.execution.streaming.runtime.ResolveWr
 logger.stream4.level = error
 logger.jetty.name = org.sparkproject.jetty
 logger.jetty.level = error
+logger.query.name = org.apache.spark.sql.execution.streaming.MicroBatchExecution
+logger.query.level = off
+logger.query4.name = org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution
+logger.query4.level = off
 """
 
 
@@ -71,8 +82,9 @@ class RedactingFilter(logging.Filter):
 
     def add(self, values: Iterable[str]) -> None:
         """Add secret values; longer ones are matched first so none is left half-masked."""
-        self._secrets |= {v for v in values if v}
-        if self._secrets:
+        new = {v for v in values if v} - self._secrets
+        if new:
+            self._secrets |= new
             alternatives = [
                 re.escape(s) if len(s) >= _ANYWHERE else rf"(?<!\w){re.escape(s)}(?!\w)"
                 for s in sorted(self._secrets, key=len, reverse=True)
@@ -97,6 +109,21 @@ class RedactingFilter(logging.Filter):
 
 
 _REDACTOR = RedactingFilter()
+# Worker processes never call `configure_logging`: librdkafka's lines, and any other line
+# that falls through to Python's last-resort handler (stderr), are masked there too.
+logging.getLogger(KAFKA_CLIENT_LOGGER).addFilter(_REDACTOR)
+if logging.lastResort is not None:
+    logging.lastResort.addFilter(_REDACTOR)
+
+
+class _ReportedElsewhere(logging.Filter):
+    """Drops py4j's log of an exception raised in Python code that Spark called (the
+    `foreachBatch` body) when it is a `RetrylibError`: the job reports that one itself, in
+    one line, and py4j's copy would add a traceback to it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, RetrylibError)
 
 
 class JsonFormatter(logging.Formatter):
@@ -162,6 +189,11 @@ def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
     logging.getLogger(KAFKA_CLIENT_LOGGER).setLevel(logging.DEBUG if debug else logging.CRITICAL)
     for name in _QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
+    callbacks = logging.getLogger(_PY4J_CALLBACKS)
+    for existing in [f for f in callbacks.filters if isinstance(f, _ReportedElsewhere)]:
+        callbacks.removeFilter(existing)
+    if not debug:
+        callbacks.addFilter(_ReportedElsewhere())
 
 
 def redact_secrets(values: Iterable[str]) -> None:

@@ -44,7 +44,7 @@ from pyspark.sql.functions import collect_list, count
 
 from retrylib.batch_task import TaskPlan, run_task
 from retrylib.delta_tables import TableRef, append_once, committed_version
-from retrylib.errors import RetrylibError
+from retrylib.errors import RetrylibError, TableWriteError
 from retrylib.faults import crash_point
 from retrylib.kafka_client import RecordLimits
 from retrylib.results import result_struct
@@ -102,11 +102,21 @@ class BatchRouter:
             topic_max_bytes=lambda: record_limits.topic_max,
         )
         self._on_result = on_result
+        self.failure: RetrylibError | None = None
+        """The error that failed the last batch when retrylib detected it itself (a table it
+        cannot write, ...): the job reports it instead of Spark's wrapping of it."""
         self._checked_tables = False
         self.batch_finished = threading.Event()
         """Set whenever a batch has done all its work (a graceful stop waits for it)."""
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        try:
+            self._run(df, batch_id)
+        except RetrylibError as e:
+            self.failure = e
+            raise
+
+    def _run(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         spark = df.sparkSession
         if not self._checked_tables:
@@ -181,16 +191,12 @@ class BatchRouter:
             records = of_kind("staged").toArrow()
             produced = self._producer.produce_once(batch_id, records.to_batches)
         crash_point("after_produce", batch_id)
-        output_committed = bool(rows["output"]) and append_once(
-            of_kind("output"),
-            self._output_table,
-            app_id=self.app_id,
-            batch_id=batch_id,
-            evolve=self._evolve_output,
+        output_committed = bool(rows["output"]) and self._append(
+            of_kind("output"), "output.table", self._output_table, batch_id, self._evolve_output
         )
         crash_point("after_output_commit", batch_id)
-        dead_committed = bool(rows["dead_letter"]) and append_once(
-            of_kind("dead_letter"), self._dead_letter_table, app_id=self.app_id, batch_id=batch_id
+        dead_committed = bool(rows["dead_letter"]) and self._append(
+            of_kind("dead_letter"), "dead_letter.table", self._dead_letter_table, batch_id
         )
         crash_point("after_dead_letter_commit", batch_id)
         return BatchResult(
@@ -202,6 +208,20 @@ class BatchRouter:
             dead_committed,
             round((time.monotonic() - started) * 1000),
         )
+
+    def _append(
+        self, frame: DataFrame, key: str, table: TableRef, batch_id: int, evolve: bool = False
+    ) -> bool:
+        """`append_once` of `frame` to the table of config key `key`.
+
+        Raises `TableWriteError` naming the table, its location and what to check when Spark
+        cannot write it. The batch is not done then: Spark runs it again after a restart,
+        from its manifest, and Delta's transaction keeps each append to one.
+        """
+        try:
+            return append_once(frame, table, app_id=self.app_id, batch_id=batch_id, evolve=evolve)
+        except Exception as e:  # Spark's and the storage's errors: many classes, all fatal here
+            raise table_write_error(batch_id, key, table, spark_error_reason(e)) from e
 
     def _check_tables_not_ahead(self, spark: SparkSession, batch_id: int) -> None:
         """Raise `RetrylibError` when a table already holds a later batch of this checkpoint.
@@ -300,6 +320,49 @@ def _run_tasks(df: DataFrame, plan: TaskPlan, staging: str) -> None:
         plan.batch_id,
     )
     _run_tasks(df, replace(plan, isolate=True), staging)
+
+
+def table_write_error(batch_id: int, key: str, table: TableRef, reason: str) -> TableWriteError:
+    """The error for batch `batch_id` failing to append to the table of config key `key`
+    because of `reason` (`spark_error_reason`): where the table is, what to check, and that
+    a restart after the fix writes the batch once.
+    """
+    where = f"at {table.resolved()}" if table.is_path else f"catalog table {table}"
+    if any(marker in reason for marker in _STORAGE_ERROR_MARKERS):
+        check = (
+            "Check that the job may write there: the table's files and its _delta_log "
+            "(permissions, a read-only or full file system, storage credentials, catalog grants)"
+        )
+    else:
+        check = (
+            "Check the table: `retrylib check --tables` compares its columns with what the job "
+            "writes"
+        )
+    return TableWriteError(
+        f"cannot append batch {batch_id} to the table of {key} ({where}): {reason}. {check}. "
+        "Nothing is lost: once it is fixed, restart the job and the batch is written, once"
+    )
+
+
+_STORAGE_ERROR_MARKERS = ("java.io.", "java.nio.", "AccessDenied", "Permission", "not permitted")
+"""Parts of a root cause that say the storage refused (rather than Delta or the schema)."""
+
+
+def spark_error_reason(error: BaseException) -> str:
+    """One line saying why Spark failed: the root cause of a Java exception (the storage's
+    own words, such as "java.io.FileNotFoundException: ... (Permission denied)"), else the
+    first line of the error's message.
+    """
+    throwable = getattr(error, "java_exception", None)  # py4j's Py4JJavaError
+    try:
+        while throwable is not None and throwable.getCause() is not None:
+            throwable = throwable.getCause()
+        if throwable is not None:
+            return str(throwable.toString())
+    except Exception:  # a gateway that is going away: fall back to the Python text
+        pass
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
 
 
 def _summary(result: BatchResult) -> dict[str, Any]:

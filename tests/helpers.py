@@ -3,6 +3,10 @@ reader, as users read them."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -54,3 +58,24 @@ delays = ["10s", "1m"]
 table = "{tmp_path}/metrics"
 """)
     return load_config(path)
+
+
+@contextlib.contextmanager
+def refusing_writes(directory: str | Path) -> Iterator[None]:
+    """While inside, no file can be created in `directory`, not even by root (as the tests
+    run in containers): `chattr +i` as root, a mode without write permission otherwise.
+    Restored on the way out.
+    """
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(directory)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(directory)], check=True)
+        return
+    mode = os.stat(directory).st_mode
+    os.chmod(directory, 0o555)
+    try:
+        yield
+    finally:
+        os.chmod(directory, mode)

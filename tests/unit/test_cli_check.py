@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,60 @@ def test_tables_flag_reports_the_table_findings(tmp_path, capsys, monkeypatch):
     assert code == EXIT_FAILED
     assert sessions == ["retrylib-check-checked"]
     assert "error: output.table: differs (read with retrylib-check-checked)" in err
+
+
+def test_an_unknown_kafka_option_is_a_config_error_naming_it(tmp_path, capsys):
+    path = write(tmp_path, VALID + '[kafka.options]\n"sasl.mechansim" = "PLAIN"\n')
+
+    code = main(["check", str(path), "--timeout", "1"])
+
+    err = capsys.readouterr().err
+    assert code == EXIT_CONFIG
+    assert (
+        'error: kafka.options.sasl.mechansim: No such configuration property: "sasl.mechansim"'
+        in err
+    )
+    assert "is the broker up?" not in err
+
+
+def test_bootstrap_servers_in_kafka_options_is_a_config_error(tmp_path, capsys):
+    path = write(tmp_path, VALID + '[kafka.options]\n"bootstrap.servers" = "other:9092"\n')
+
+    code = main(["check", str(path), "--timeout", "1"])
+
+    assert code == EXIT_CONFIG
+    assert (
+        "error: kafka.options.bootstrap.servers: set by the job itself" in capsys.readouterr().err
+    )
+
+
+def test_check_as_a_user_runs_it_lists_each_late_failure_as_a_config_error(tmp_path):
+    """`retrylib check` in a process of its own: problems that used to pass the check and
+    fail or misbehave later are config errors (exit 2), each naming its key."""
+    path = write(
+        tmp_path,
+        VALID.replace('table = "TMP/out"', 'table = "TMP/checkpoint/out"')
+        + '[kafka.options]\n"bootstrap.servers" = "other:9092"\n"sasl.mechansim" = "PLAIN"\n'
+        + '"client.id" = "${env:}"\n'
+        + '[dead_letter]\ntopic = "_retrylib.checked.produced"\ntable = "TMP/dlq"\n',
+    )
+
+    done = subprocess.run(
+        [sys.executable, "-m", "retrylib.cli", "check", str(path), "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    for key in (
+        "kafka.options.bootstrap.servers: set by the job itself",
+        "kafka.options.sasl.mechansim: No such configuration property",
+        'kafka.options.client.id: "${env:}" is not a reference to an environment variable',
+        'dead_letter.topic: "_retrylib.checked.produced" is the job\'s control topic',
+        "output.table: ",
+    ):
+        assert f"error: {key}" in done.stderr
+    assert "is inside job.checkpoint" in done.stderr
+    assert "invalid config (5 problems)" in done.stderr
+    assert "Traceback" not in done.stderr

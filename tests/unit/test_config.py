@@ -137,7 +137,7 @@ create_topics = false
 
 [kafka.options]
 "client.id" = "orders"
-"enable.idempotence" = true
+"socket.keepalive.enable" = true
 "linger.ms" = 5
 "retry.backoff.ms" = 1.5
 
@@ -176,7 +176,7 @@ table = "s3://bucket/orders/metrics"
     assert config.kafka.create_topics is False
     assert dict(config.kafka.options) == {
         "client.id": "orders",
-        "enable.idempotence": "true",
+        "socket.keepalive.enable": "true",
         "linger.ms": "5",
         "retry.backoff.ms": "1.5",
     }
@@ -492,20 +492,17 @@ def test_env_references_are_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyP
         {"kafka.bootstrap_servers": '"${env:RL_BROKERS}"', "kafka.topics": '["${env:RL_USER}-in"]'},
         extra=(
             "[kafka.options]\n"
-            '"sasl.jaas.config" = "PlainLoginModule username=\\"${env:RL_USER}\\" '
-            'password=\\"${env:RL_PASSWORD}\\";"\n'
+            '"sasl.oauthbearer.config" = "principal=${env:RL_USER} secret=${env:RL_PASSWORD}"\n'
         ),
     )
     config = load_config(path)
     assert config.kafka.bootstrap_servers == "broker:9093"
     assert config.kafka.topics == ("svc-in",)
-    assert config.kafka.options["sasl.jaas.config"] == (
-        'PlainLoginModule username="svc" password="hunter2";'
-    )
+    assert config.kafka.options["sasl.oauthbearer.config"] == "principal=svc secret=hunter2"
     assert config.from_env == {
         "kafka.bootstrap_servers",
         "kafka.topics[0]",
-        "kafka.options.sasl.jaas.config",
+        "kafka.options.sasl.oauthbearer.config",
     }
 
 
@@ -559,7 +556,7 @@ def test_redacted_hides_secret_options_and_env_values(
             "[kafka.options]\n"
             '"client.id" = "orders"\n'
             '"sasl.password" = "hunter2"\n'
-            '"basic.auth.user.info" = "u:p"\n'
+            '"sasl.oauthbearer.client.secret" = "u:p"\n'
         ),
     )
     redacted = load_config(path).redacted()
@@ -567,7 +564,7 @@ def test_redacted_hides_secret_options_and_env_values(
     assert redacted["kafka"]["options"] == {
         "client.id": "orders",
         "sasl.password": "***",
-        "basic.auth.user.info": "***",
+        "sasl.oauthbearer.client.secret": "***",
     }
     assert redacted["job"] == {
         "name": "orders",

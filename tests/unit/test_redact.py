@@ -35,7 +35,7 @@ bootstrap_servers = "127.0.0.1:9092"
 topics = ["orders"]
 [kafka.options]
 "sasl.password" = "${{env:REDACT_TEST_PASSWORD}}"
-"sasl.jaas.config" = "inline-jaas-9d2e"
+"ssl.key.password" = "inline-jaas-9d2e"
 "client.id" = "user=${{env:REDACT_TEST_USER}}"
 "linger.ms" = "5"
 [handler]

@@ -1,0 +1,49 @@
+"""Secrets stay masked in every process of a job, Spark's Python workers included."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from conftest import produce
+
+pytestmark = pytest.mark.slow
+
+VARIABLE = "RETRYLIB_TEST_CLIENT_ID"
+
+
+def test_a_value_from_the_environment_is_masked_in_the_workers_output(
+    bootstrap_servers, make_topic, write_config, monkeypatch
+):
+    secret = f"client-{uuid.uuid4().hex}"
+    monkeypatch.setenv(VARIABLE, secret)
+    topic = make_topic("masked", partitions=2)
+    produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(20)], partitions=2)
+    # "python": the routing tasks read Kafka themselves, with consumers in the Python
+    # workers. linger.ms is a producer property, so librdkafka warns on every consumer, in
+    # a line that starts with the client id.
+    config = write_config(
+        [topic],
+        name="masked",
+        kafka=(
+            'source = "python"\n[kafka.options]\n'
+            f'"client.id" = "${{env:{VARIABLE}}}"\n"linger.ms" = "10"'
+        ),
+    )
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+    done = subprocess.run(
+        [sys.executable, "-m", "retrylib.cli", "run", config.source_path, "--available-now"]
+        + ["--master", "local[2]"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert secret not in done.stdout + done.stderr
+    assert "CONFWARN [***#consumer-" in done.stderr, done.stderr[-3000:]

@@ -1,0 +1,66 @@
+"""A table the job cannot write: one clear error from `retrylib run`, and exactly once after.
+
+The output table's `_delta_log` refuses new files while the job runs a batch; the job
+stops with exit code 1 and one message naming the table, its path and what to check (no
+traceback). Once the log is writable again, a rerun writes every record once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+from conftest import produce
+from helpers import refusing_writes
+
+pytestmark = pytest.mark.slow
+
+
+def run_job(config_path: str) -> subprocess.CompletedProcess[str]:
+    """`retrylib run CONFIG --available-now` as a user runs it, in a process of its own."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env.pop("RETRYLIB_LOG_LEVEL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "retrylib.cli", "run", config_path, "--available-now"]
+        + ["--master", "local[2]"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_read_only_delta_log_is_one_clear_error_and_recovery_is_exactly_once(
+    spark, bootstrap_servers, make_topic, write_config
+):
+    topic = make_topic("rotable", partitions=2)
+    first = [(f"ok-a{i}", "v") for i in range(20)]
+    produce(bootstrap_servers, topic, first, partitions=2)
+    config = write_config([topic], name="rotable")
+    output = Path(config.output.table)
+    assert run_job(config.source_path).returncode == 0
+
+    second = [(f"ok-b{i}", "v") for i in range(20)]
+    produce(bootstrap_servers, topic, second, partitions=2)
+    with refusing_writes(output / "_delta_log"):
+        failed = run_job(config.source_path)
+
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: cannot append batch 1 to the table of output.table ")
+    assert f"(at {output})" in last
+    assert "_delta_log" in last and "permissions" in last and "restart the job" in last
+    assert "Traceback" not in failed.stderr and "\tat " not in failed.stderr
+    assert "\x1b[" not in failed.stderr  # no terminal colour codes
+    assert len(failed.stderr.splitlines()) < 20, failed.stderr[-3000:]
+
+    rerun = run_job(config.source_path)
+
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    expected = spark.createDataFrame([(key,) for key, _ in first + second], "key STRING")
+    written = spark.read.format("delta").load(str(output)).select("key")
+    assert_df_equality(written, expected, ignore_row_order=True, ignore_nullable=True)
