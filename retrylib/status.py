@@ -432,6 +432,7 @@ def render_status(status: Mapping[str, Any]) -> str:
                 )
             )
         lines += _table(rows)
+        lines += [f"  warning: {text}" for text in overdue_tiers(status["retry_tiers"])]
         missing = [t for tier in status["retry_tiers"] for t in tier["missing_topics"]]
         if missing:
             lines.append(f"  missing retry topics (created when the job starts): {missing}")
@@ -495,6 +496,25 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
         ).rstrip()
         for row in rows
     ]
+
+
+OVERDUE_ALERT_SECONDS = 60.0
+"""How long past due a tier's records may wait before `status` warns (beyond one delay)."""
+
+
+def overdue_tiers(tiers: list[Mapping[str, Any]]) -> list[str]:
+    """A warning for each tier whose earliest record has been due for longer than its delay
+    plus `OVERDUE_ALERT_SECONDS`: the job is not running, or something holds the tier up."""
+    warnings = []
+    for tier in tiers:
+        due_in = tier["next_due_in_seconds"]
+        if due_in is not None and -due_in > tier["delay_seconds"] + OVERDUE_ALERT_SECONDS:
+            warnings.append(
+                f"tier {tier['tier']} ({tier['delay']}) has records due for "
+                f"{format_duration(round(-due_in))} that the job has not taken: is the job "
+                "running and keeping up? (`retrylib status --json` for the figures)"
+            )
+    return warnings
 
 
 def _ago(seconds: float | None) -> str:

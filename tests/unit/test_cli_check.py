@@ -195,3 +195,14 @@ def test_check_as_a_user_runs_it_lists_each_late_failure_as_a_config_error(tmp_p
     assert "is inside job.checkpoint" in done.stderr
     assert "invalid config (5 problems)" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_status_warns_of_a_tier_whose_records_are_long_overdue() -> None:
+    from retrylib.status import overdue_tiers
+
+    def tier(due_in: float | None) -> dict:
+        return {"tier": 1, "delay": "10s", "delay_seconds": 10.0, "next_due_in_seconds": due_in}
+
+    assert overdue_tiers([tier(None), tier(5.0), tier(-60.0)]) == []
+    [warning] = overdue_tiers([tier(-3600.0)])
+    assert warning.startswith("tier 1 (10s) has records due for 1h that the job has not taken")
