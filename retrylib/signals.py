@@ -23,9 +23,10 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,9 @@ def stop_requests(spark: SparkSession) -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-def _install_jvm_handlers(spark: SparkSession, request: Any) -> list[_JvmSignalHandler]:
+def _install_jvm_handlers(
+    spark: SparkSession, request: Callable[[str], None]
+) -> list[_JvmSignalHandler]:
     try:
         context = spark.sparkContext
     except Exception:  # Spark Connect: no driver JVM in reach
@@ -99,7 +102,7 @@ class _JvmSignalHandler:
     """A `sun.misc.SignalHandler` for one signal, implemented in Python: the JVM calls
     `handle` over Py4J's callback server, on a thread of its own."""
 
-    def __init__(self, jvm: Any, name: str, request: Any) -> None:
+    def __init__(self, jvm: Any, name: str, request: Callable[[str], None]) -> None:
         self.name = name
         self._jvm = jvm
         self._request = request
@@ -114,8 +117,12 @@ class _JvmSignalHandler:
         """Put the JVM's previous handler back, unless a signal already did."""
         with self._lock:
             previous, self._previous = self._previous, None
-        if previous is not None:
+        if previous is None:
+            return
+        try:
             self._jvm.sun.misc.Signal.handle(self._signal, previous)
+        except Py4JError as e:  # the JVM is already going (a second signal): nothing to restore
+            log.debug("JVM %s handler not restored: %s", self.name, e)
 
     def handle(self, sig: Any) -> None:
         # The JVM's own handler goes back first: a second signal then ends the JVM at once.

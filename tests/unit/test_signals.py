@@ -8,6 +8,7 @@ import signal
 from types import SimpleNamespace
 
 import pytest
+from py4j.protocol import Py4JError
 
 from retrylib import signals
 
@@ -79,3 +80,15 @@ def test_without_a_driver_jvm_only_this_process_signals_count(caplog) -> None:
         os.kill(os.getpid(), signal.SIGINT)
         assert requested.is_set()
     assert "only signals to this process stop the job" in caplog.text
+
+
+def test_a_jvm_already_gone_at_the_end_does_not_fail_the_job() -> None:
+    spark, jvm_signals = fake_spark("org.apache.spark.deploy.SparkSubmit jobs/run_job.py c.toml")
+    before = signal.getsignal(signal.SIGTERM)
+    with signals.stop_requests(spark):
+
+        def gone(sig: SimpleNamespace, handler: object) -> object:
+            raise Py4JError("Answer from Java side is empty")
+
+        jvm_signals.handle = gone
+    assert signal.getsignal(signal.SIGTERM) is before  # and leaving it raised nothing
