@@ -286,8 +286,11 @@ def test_delay_frontier_releases_records_once_due(
         arrivals.update({(r.topic, r.partition, r.offset): at for r in rows})
     assert set(arrivals) == set(due) | set(later) | set(fresh)
     assert all(arrivals[record] >= not_before_ms / 1000 for record in later), "read early"
+    # The first batch holds every record due at the start; the later ones too when it was
+    # planned after they became due (Spark starting slower than 2.5 s, as on a loaded
+    # machine), which the arrival check above allows.
     first_batch = {(r.topic, r.partition, r.offset) for r in sink.batches[0][1]}
-    assert first_batch == set(due)
+    assert set(due) <= first_batch <= set(due) | set(later)
 
 
 def test_missing_topic_fails_naming_it(spark, bootstrap_servers, make_topic, tmp_path) -> None:
