@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
-import threading
 import time
 from collections.abc import Callable
 
@@ -30,6 +28,7 @@ from retrylib.record_size import producer_batch_bytes
 from retrylib.router import BatchResult, BatchRouter, checkpoint_identity, signing_key
 from retrylib.session import build_spark_session
 from retrylib.shipping import ship_handler
+from retrylib.signals import stop_requests
 from retrylib.staging import control_topic
 from retrylib.storage import join
 
@@ -285,31 +284,23 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
         f"retrylib-{config.job.name}", master=master, extra=spark_log_conf()
     )
     ship_handler(spark, config.handler)
-    stop_requested = threading.Event()
-
-    def request_stop(signum: int, frame: object) -> None:
-        log.info("received %s: stopping after the current batch", signal.Signals(signum).name)
-        stop_requested.set()
-
-    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    query, router = start_query(spark, config, available_now=available_now)
-    try:
+    with stop_requests(spark) as stop_requested:
+        query, router = start_query(spark, config, available_now=available_now)
         try:
-            while query.isActive and not stop_requested.is_set():
-                query.awaitTermination(0.5)
-        except Exception:  # the query failed: Spark's wrapping of what failed the batch
-            if router.failure is None:
-                raise
-        if router.failure is not None:
-            raise router.failure
-        if stop_requested.is_set():
-            stop_gracefully(query, router)
-        error = query.exception()
-        if error is not None:
-            log.error("query %s failed: %s", config.job.name, error)
-            return 1
-        return 0
-    finally:
-        router.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            try:
+                while query.isActive and not stop_requested.is_set():
+                    query.awaitTermination(0.5)
+            except Exception:  # the query failed: Spark's wrapping of what failed the batch
+                if router.failure is None:
+                    raise
+            if router.failure is not None:
+                raise router.failure
+            if stop_requested.is_set():
+                stop_gracefully(query, router)
+            error = query.exception()
+            if error is not None:
+                log.error("query %s failed: %s", config.job.name, error)
+                return 1
+            return 0
+        finally:
+            router.close()

@@ -157,7 +157,12 @@ _KNOWN_OPTIONS = {
 }
 # Consumer settings the source relies on; a user value would break offset-exact reads.
 _RESERVED_CLIENT_OPTIONS = {"auto.offset.reset", "enable.auto.commit", "enable.partition.eof"}
-_READ_CLIENT_OPTIONS = {"auto.offset.reset": "earliest", "enable.partition.eof": True}
+# "error", not "earliest": a fetch offset the broker no longer holds (records deleted by
+# retention or delete-records) would otherwise be moved silently to the log's new start,
+# and the read would end at the partition's end having skipped every record in between.
+# With "error" the consumer only moves past offsets it fetched, so a read that reaches
+# `end` has seen every record of its range (see `_message_chunks`).
+_READ_CLIENT_OPTIONS = {"auto.offset.reset": "error", "enable.partition.eof": True}
 
 DEFAULT_MAX_RECORDS_PER_TASK = 250_000
 BATCH_ROWS = 10_000
@@ -565,9 +570,12 @@ def read_range(part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
 def read_messages(part: KafkaInputPartition) -> Iterator[list[Message]]:
     """Yield `part`'s records in offset order, as lists of at most `BATCH_ROWS` messages.
 
-    Offsets missing inside the range (compaction, transaction markers) are skipped: the read
-    ends at the first offset >= `part.end`, or when the partition's end is at or past it.
-    Raises `KafkaSourceError` naming the range on a message error or a stalled read.
+    Offsets inside the range that hold no record for this reader (transaction markers,
+    records of aborted transactions under read_committed, compacted records) are skipped:
+    the read ends at the first offset >= `part.end`, or when the partition's end (its high
+    watermark, or last stable offset under read_committed) is at or past it. Raises
+    `KafkaSourceError` naming the range on a message error, a stalled read, or records
+    deleted from the broker (retention, delete-records) before they were read.
     """
     consumer = make_consumer(
         part.bootstrap_servers,
@@ -582,14 +590,23 @@ def read_messages(part: KafkaInputPartition) -> Iterator[list[Message]]:
 
 
 def _message_chunks(consumer: Consumer, part: KafkaInputPartition) -> Iterator[list[Message]]:
-    """The messages of `part`'s range in offset order, one list per `consume()` call."""
+    """The messages of `part`'s range in offset order, one list per `consume()` call.
+
+    The consumer never resets its position (`auto.offset.reset` = error): it reaches an
+    offset only by fetching the log up to it. So a partition end (EOF) at or past
+    `part.end` proves that every offset before it was fetched, and the ones not delivered
+    hold no committed record; the read may end there, short of `part.end` records.
+    """
     next_offset = part.start
+    delivered = 0
     deadline = time.monotonic() + STALL_TIMEOUT_S
     while next_offset < part.end:
         wanted = min(part.end - next_offset, BATCH_ROWS)
         chunk, finished = [], False
         for message in consumer.consume(num_messages=wanted, timeout=POLL_TIMEOUT_S):
             error = message.error()
+            if error is not None and error.code() == KafkaError._AUTO_OFFSET_RESET:
+                raise _offsets_gone(consumer, part, next_offset, error)
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
                 raise KafkaSourceError(redact(f"reading {_describe(part)}: {error}"))
             offset = message.offset()
@@ -600,15 +617,51 @@ def _message_chunks(consumer: Consumer, part: KafkaInputPartition) -> Iterator[l
                 chunk.append(message)
                 next_offset = offset + 1
         if chunk:
+            delivered += len(chunk)
             yield chunk
             deadline = time.monotonic() + STALL_TIMEOUT_S
         if finished:
-            return
+            break
         if time.monotonic() > deadline:
             raise KafkaSourceError(
                 f"reading {_describe(part)}: nothing received for {STALL_TIMEOUT_S:.0f}s "
                 f"at offset {next_offset}"
             )
+    skipped = part.end - part.start - delivered
+    if skipped:
+        log.debug(
+            "%s: %d record(s), %d offset(s) without a record for this reader (transaction "
+            "markers, aborted transactions, compaction)",
+            _describe(part),
+            delivered,
+            skipped,
+        )
+
+
+def _offsets_gone(
+    consumer: Consumer, part: KafkaInputPartition, next_offset: int, error: KafkaError
+) -> KafkaSourceError:
+    """The error for a fetch offset the broker no longer holds, with the log's bounds."""
+    try:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(part.topic, part.partition), timeout=METADATA_TIMEOUT_S, cached=False
+        )
+    except Exception as e:  # the error below still names the range and the offset
+        return KafkaSourceError(
+            f"reading {_describe(part)}: offset {next_offset} is out of range ({error}); "
+            f"the partition's offsets could not be listed: {e}"
+        )
+    if low > next_offset:
+        return KafkaSourceError(
+            f"reading {_describe(part)}: records {part.topic}[{part.partition}]@{next_offset}.."
+            f"{min(low, part.end) - 1} were deleted from Kafka before they were read (the "
+            f"partition now starts at offset {low}: retention.ms, retention.bytes or "
+            "delete-records); they cannot be processed, so the read fails rather than skip them"
+        )
+    return KafkaSourceError(
+        f"reading {_describe(part)}: offset {next_offset} is outside the partition's offsets "
+        f"{low}..{high} ({error}); was the topic deleted and re-created, or its log truncated?"
+    )
 
 
 def _describe(part: KafkaInputPartition) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -71,6 +72,49 @@ def test_sigterm_stops_after_the_batch_and_exits_zero(bootstrap_servers, make_to
     # request travels to the stream thread.
     assert len(batches_after) <= 2, after_signal[-3000:]
     assert read_table_rows(config.output.table) < 2000  # it stopped with a backlog left
+
+
+def test_sigterm_to_the_spark_submit_jvm_stops_after_the_batch_and_exits_zero(
+    bootstrap_servers, make_topic, write_config, tmp_path
+):
+    """What a cluster manager does: SIGTERM to the JVM that spark-submit started, not to the
+    Python driver (its child), which never gets a signal of its own."""
+    topic = make_topic("orders", partitions=2)
+    produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
+    config = write_config([topic], kafka="max_offsets_per_trigger = 50")  # a long backlog
+    env = {**child_env(), "SPARK_SUBMIT_OPTS_EXTRA": "--master local[2]"}
+    log_path = tmp_path / "job.log"
+    with log_path.open("w") as log_file:  # a file, not a pipe: a full pipe would stall the job
+        job = subprocess.Popen(
+            [str(REPO / "spark-submit.sh"), config.source_path],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 240
+            while read_table_rows(config.output.table) == 0:
+                assert job.poll() is None and time.monotonic() < deadline, "job did not process"
+                time.sleep(0.2)
+            # spark-submit.sh execs spark-submit, which execs the JVM: this pid is the JVM.
+            command = Path(f"/proc/{job.pid}/cmdline").read_bytes().split(b"\0")
+            assert b"org.apache.spark.deploy.SparkSubmit" in command, command
+            job.send_signal(signal.SIGTERM)
+            job.wait(timeout=180)
+        finally:
+            if job.poll() is None:
+                job.kill()
+    output = log_path.read_text()
+    assert job.returncode == 0, output[-3000:]
+    after_signal = output.split("stopping after the current batch", 1)[1]
+    batches_after = set(re.findall(r'"batch_id": (\d+)', after_signal))
+    assert len(batches_after) <= 2, after_signal[-3000:]
+    # Every batch that wrote rows finished and logged them: none was cut off mid-way.
+    lines = [
+        json.loads(line[line.index("{") :]) for line in output.splitlines() if '"batch_id"' in line
+    ]
+    logged = {line["batch_id"]: line.get("output_rows", 0) for line in lines}
+    assert read_table_rows(config.output.table) == sum(logged.values()) < 2000
 
 
 def read_table_rows(path: str) -> int:
