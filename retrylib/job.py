@@ -39,12 +39,19 @@ _STOP_WAIT_SECONDS = 120
 
 
 def builtin_kafka_available(spark: SparkSession) -> bool:
-    """True when Spark's own Kafka connector is on the classpath (Databricks, EMR, --packages)."""
+    """True when Spark's own Kafka connector is on the classpath (Databricks, EMR, --packages).
+
+    Asks Spark to resolve the "kafka" format as a query would: jars added with `--jars` are
+    loaded by Spark's class loader, which a plain `Class.forName` from Py4J does not see.
+    """
+    jvm = spark.sparkContext._jvm
     try:
-        spark.sparkContext._jvm.java.lang.Class.forName(_BUILTIN_KAFKA)
-        return True
+        found = jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+            "kafka", spark._jsparkSession.sessionState().conf()
+        )
     except Exception:
         return False
+    return found.getName() == _BUILTIN_KAFKA
 
 
 TIER_CLOCK_ALLOWANCE_MS = 300_000
