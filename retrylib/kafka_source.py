@@ -174,6 +174,7 @@ retry topics), so it is kept short; the read loops until the range is done or st
 STALL_TIMEOUT_S = 120.0
 """A read that gets no record for this long fails instead of hanging."""
 METADATA_TIMEOUT_S = 30.0
+_RETRY_PAUSE_S = 0.2  # between asks for offsets the broker could not give yet
 
 _CONFLUENT_TO_SPARK_TIMESTAMP_TYPE = {TIMESTAMP_CREATE_TIME: 0, TIMESTAMP_LOG_APPEND_TIME: 1}
 _NO_TIMESTAMP_TYPE = -1  # Kafka's TimestampType.NO_TIMESTAMP_TYPE
@@ -530,24 +531,32 @@ class _Metadata:
         """`offsets_for_times` for `partitions`: `EARLIEST`, `LATEST` or epoch ms.
 
         For a time, the answer is the first offset at or after it, or -1 when there is none.
-        Raises `KafkaSourceError` naming the partition the broker answered with an error.
+        A retriable error (a partition whose leader is still being elected, as right after
+        partitions are added) is asked again until `METADATA_TIMEOUT_S` has passed. Raises
+        `KafkaSourceError` naming the partition the broker answered with another error, or
+        with a retriable one for that long.
         """
-        if not partitions:
-            return {}
-        answers = self._consumer.offsets_for_times(
-            [TopicPartition(topic, p, timestamp) for topic, p in partitions],
-            timeout=METADATA_TIMEOUT_S,
-        )
-        offsets = {}
-        for answer in answers:
-            if answer.error is not None:
-                raise KafkaSourceError(
-                    redact(
-                        f"listing offsets of {answer.topic}[{answer.partition}] failed: "
-                        f"{answer.error}"
+        offsets: Offsets = {}
+        pending = list(partitions)
+        deadline = time.monotonic() + METADATA_TIMEOUT_S
+        while pending:
+            answers = self._consumer.offsets_for_times(
+                [TopicPartition(topic, p, timestamp) for topic, p in pending],
+                timeout=METADATA_TIMEOUT_S,
+            )
+            pending = []
+            for answer in answers:
+                key = (answer.topic, answer.partition)
+                if answer.error is None:
+                    offsets[key] = answer.offset
+                elif answer.error.retriable() and time.monotonic() < deadline:
+                    pending.append(key)
+                else:
+                    raise KafkaSourceError(
+                        redact(f"listing offsets of {key[0]}[{key[1]}] failed: {answer.error}")
                     )
-                )
-            offsets[(answer.topic, answer.partition)] = answer.offset
+            if pending:
+                time.sleep(_RETRY_PAUSE_S)
         return offsets
 
     def close(self) -> None:

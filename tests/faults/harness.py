@@ -611,7 +611,7 @@ table = "{self.dead_letter_table}"
     def _tier_records(self) -> list[dict]:
         records = []
         for delay in DELAYS:
-            records += self._topic_records(f"{self.topic}.retry.{delay}")
+            records += self._topic_records(f"{self.topic}.{JOB}.retry.{delay}")
         return records
 
     def _topic_records(self, topic: str) -> list[dict]:

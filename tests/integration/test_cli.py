@@ -422,7 +422,8 @@ def test_check_notes_topics_the_job_would_create(
 
     assert code == 0, err
     assert (
-        f"note: retry topic '{topic}.retry.30m' (tier 1, 30m, for '{topic}') does not exist" in out
+        f"note: retry topic '{topic}.fresh.retry.30m' (tier 1, 30m, for '{topic}') does not exist"
+        in out
     )
     assert f"note: dead-letter topic '{topic}.dlt' does not exist" in out
     assert f"note: output.table: no Delta table {tmp_path}/out; created on start" in out
