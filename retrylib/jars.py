@@ -56,12 +56,50 @@ def _pyspark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
+def _line(version: str, what: str) -> tuple[int, int]:
+    """`"4.0.1"` -> `(4, 0)`; raises `JarsError` naming `what` when it does not parse."""
+    parts = version.split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        raise JarsError(f"{what} version {version!r} is not <major>.<minor>[.<patch>]")
+    return int(parts[0]), int(parts[1])
+
+
+def delta_artifact(spark_version: str, delta_version: str) -> str:
+    """Delta Lake's Maven artifact id built for Spark `spark_version` at `delta_version`.
+
+    Delta 4.0.x is built for Spark 4.0 alone and published as `delta-spark_2.13`. From 4.1
+    on Delta publishes one artifact per Spark line, `delta-spark_<major>.<minor>_2.13`
+    (its plain `delta-spark_2.13` is then built for its newest Spark line, so it is never
+    the one to pick). Raises `JarsError` for a Delta older than 4.0 (built for Spark 3) or
+    Delta 4.0.x with a Spark other than 4.0, naming the delta-spark to install instead.
+    """
+    spark_line = _line(spark_version, "pyspark")
+    delta_line = _line(delta_version, "delta-spark")
+    if delta_line < (4, 0):
+        raise JarsError(
+            f"delta-spark {delta_version} is built for Spark 3; with pyspark {spark_version} "
+            f"install delta-spark {_delta_for(spark_line)}"
+        )
+    if delta_line == (4, 0):
+        if spark_line != (4, 0):
+            raise JarsError(
+                f"delta-spark {delta_version} runs on Spark 4.0 only; with pyspark "
+                f"{spark_version} install delta-spark {_delta_for(spark_line)}"
+            )
+        return "delta-spark_2.13"
+    return f"delta-spark_{spark_line[0]}.{spark_line[1]}_2.13"
+
+
+def _delta_for(spark_line: tuple[int, int]) -> str:
+    return "4.0.1" if spark_line == (4, 0) else DEFAULT_DELTA_VERSION
+
+
 def spark_coordinates(spark_version: str, delta_version: str) -> list[str]:
-    """Maven coordinates of Spark's Kafka connector and Delta Lake for `spark_version`."""
-    major_minor = ".".join(spark_version.split(".")[:2])
+    """Maven coordinates of Spark's Kafka connector at `spark_version` and of Delta Lake
+    `delta_version` built for that Spark. Raises `JarsError` as `delta_artifact`."""
     return [
         f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark_version}",
-        f"io.delta:delta-spark_{major_minor}_2.13:{delta_version}",
+        f"io.delta:{delta_artifact(spark_version, delta_version)}:{delta_version}",
     ]
 
 
@@ -164,7 +202,9 @@ def resolve(name: str, coordinates: Sequence[str], exclude: Sequence[str] = ()) 
 
 
 def spark_jars() -> list[Path]:
-    """Spark's Kafka connector and Delta Lake for the installed pyspark, resolved once."""
+    """Spark's Kafka connector and Delta Lake for the installed pyspark, resolved once.
+
+    Raises `JarsError` as `spark_coordinates` and `resolve`."""
     import pyspark
 
     shipped = {artifact_id(jar.name) for jar in (_pyspark_home() / "jars").glob("*.jar")}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -22,8 +23,15 @@ from retrylib.kafka_client import (
     make_admin,
     partition_counts,
 )
+from retrylib.kafka_source import (
+    ENGINE_LIMITS_PYTHON_SOURCES,
+    OPTION_AVAILABLE_NOW_OFFSETS,
+    KafkaStreamReader,
+    parse_source_options,
+)
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder, spark_checkpoint
+from retrylib.offsets import Offsets, offsets_to_json, progress_end_offsets, reached
 from retrylib.record_size import producer_batch_bytes
 from retrylib.router import BatchResult, BatchRouter, checkpoint_identity, signing_key
 from retrylib.session import build_spark_session
@@ -36,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _BUILTIN_KAFKA = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 _STOP_WAIT_SECONDS = 120
+_IDLE_MESSAGE = "Waiting for data to arrive"  # Spark's status after a trigger finds no data
 
 
 def builtin_kafka_available(spark: SparkSession) -> bool:
@@ -96,15 +105,10 @@ def _read_kafka(spark: SparkSession, format_name: str, options: dict[str, str]) 
     return spark.readStream.format(format_name).options(**options).load()
 
 
-def source_frame(spark: SparkSession, config: Config) -> DataFrame:
-    """Every topic the job reads: the main topics, and the retry tiers up to what is due.
+def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
+    """The options of the main-topic source and of the retry tiers' `retrylib_kafka` source.
 
-    With Spark's Kafka connector (`kafka.source` "builtin", or "auto" with the connector on
-    the classpath) the main topics come from it as records, in a union with one
-    `retrylib_kafka` source for the tiers, emitting records too. With "python" it is one
-    `retrylib_kafka` source for all of them, emitting offset ranges
-    (`retrylib.emit = ranges`) that the routing tasks read themselves: records skip the
-    JVM, and `maxOffsetsPerTrigger` bounds a batch, retries included.
+    `kafka.max_offsets_per_trigger` bounds both, so a retry backlog is read in batches too.
     """
     kafka = config.kafka
     delays = config.retry.tier_delays_ms()
@@ -113,13 +117,13 @@ def source_frame(spark: SparkSession, config: Config) -> DataFrame:
     common = {"kafka.isolation.level": "read_committed"}
     common.update({f"kafka.{key}": value for key, value in kafka.options.items()})
     common["kafka.bootstrap.servers"] = kafka.bootstrap_servers
+    if kafka.max_offsets_per_trigger:
+        common["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
     main = {
         **common,
         "subscribe": ",".join(kafka.topics),
         "startingOffsets": kafka.starting_offsets,
     }
-    if kafka.max_offsets_per_trigger:
-        main["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
     tiers = {
         **common,
         # The source's offset look-ups: a tier's end must not pass an open transaction.
@@ -128,20 +132,70 @@ def source_frame(spark: SparkSession, config: Config) -> DataFrame:
         "retrylib.topicDelaysMs": json.dumps(delays),
         "retrylib.secretOptions": json.dumps(config.secret_options()),
     }
+    return main, tiers
+
+
+def _every_topic(config: Config) -> dict[str, str]:
+    """One `retrylib_kafka` source's options for the main topics and the tiers together."""
+    main, tiers = source_options(config)
+    topics = [*config.kafka.topics, *sorted(config.retry.tier_delays_ms())]
+    return {**main, **tiers, "subscribe": ",".join(topics)}
+
+
+def available_now_target(config: Config) -> Offsets:
+    """Where an availableNow run of the job ends: every main topic partition's latest
+    (committed) offset and every tier partition's delay frontier, now.
+
+    Raises `TopicError` naming a topic that does not exist.
+    """
+    reader = KafkaStreamReader(parse_source_options(_every_topic(config)))
+    try:
+        return reader.available_end()
+    finally:
+        reader.stop()
+
+
+def _held_to(options: dict[str, str], target: Offsets | None) -> dict[str, str]:
+    """`options` of a `retrylib_kafka` source, told to read no further than `target`."""
+    if target is None:
+        return options
+    topics = set(options["subscribe"].split(","))
+    mine = {key: offset for key, offset in target.items() if key[0] in topics}
+    return {**options, OPTION_AVAILABLE_NOW_OFFSETS: json.dumps(offsets_to_json(mine))}
+
+
+def source_frame(
+    spark: SparkSession, config: Config, available_now_offsets: Offsets | None = None
+) -> DataFrame:
+    """Every topic the job reads: the main topics, and the retry tiers up to what is due.
+
+    With Spark's Kafka connector (`kafka.source` "builtin", or "auto" with the connector on
+    the classpath) the main topics come from it as records, in a union with one
+    `retrylib_kafka` source for the tiers, emitting records too. With "python" it is one
+    `retrylib_kafka` source for all of them, emitting offset ranges
+    (`retrylib.emit = ranges`) that the routing tasks read themselves: records skip the
+    JVM, and `maxOffsetsPerTrigger` bounds a batch, retries included.
+    `available_now_offsets` holds the `retrylib_kafka` source to them (an availableNow run
+    on Spark 4.0/4.1).
+    """
+    kafka = config.kafka
+    main, tiers = source_options(config)
     if kafka.source == "builtin" or (kafka.source == "auto" and builtin_kafka_available(spark)):
         log.info("main topics read with Spark's built-in kafka source")
         frame = _read_kafka(spark, "kafka", {**main, "includeHeaders": "true"})
-        return frame.unionByName(_read_kafka(spark, "retrylib_kafka", tiers)) if delays else frame
+        if not config.retry.tier_delays_ms():
+            return frame
+        return frame.unionByName(
+            _read_kafka(spark, "retrylib_kafka", _held_to(tiers, available_now_offsets))
+        )
     log.info("main topics and retry tiers read with the retrylib_kafka Python data source")
     every_topic = {
-        **main,
-        **tiers,
-        "subscribe": ",".join([*kafka.topics, *sorted(delays)]),
+        **_every_topic(config),
         "retrylib.emit": "ranges",
         # One input partition per core: Spark pays a Python round trip per input partition.
         "retrylib.rangeGroups": str(spark.sparkContext.defaultParallelism),
     }
-    return _read_kafka(spark, "retrylib_kafka", every_topic)
+    return _read_kafka(spark, "retrylib_kafka", _held_to(every_topic, available_now_offsets))
 
 
 def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) -> TaskPlan:
@@ -244,17 +298,47 @@ def start_query(
         record_limits=limits,
         on_result=metrics.on_result,
     )
+    # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
+    # back-to-back triggers instead, the tier source held to the target, until it is reached.
+    target = None
+    if available_now and not ENGINE_LIMITS_PYTHON_SOURCES:
+        target = available_now_target(config)
+        log.info("availableNow on Spark %s: up to %s", spark.version, offsets_to_json(target))
     writer = (
-        source_frame(spark, config)
+        source_frame(spark, config, target)
         .writeStream.queryName(config.job.name)
         .option("checkpointLocation", spark_checkpoint(config))
         .foreachBatch(router)
     )
-    if available_now:
+    if target is not None:
+        writer = writer.trigger(processingTime="0 seconds")
+    elif available_now:
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=f"{config.job.trigger_seconds} seconds")
-    return writer.start(), router
+    query = writer.start()
+    if target is not None:
+        threading.Thread(
+            target=_stop_at_target,
+            args=(query, router, target),
+            name=f"retrylib-available-now-{config.job.name}",
+            daemon=True,
+        ).start()
+    return query, router
+
+
+def _stop_at_target(query: StreamingQuery, router: BatchRouter, target: Offsets) -> None:
+    """Stop `query` once a finished batch has read up to `target` in every partition, or a
+    trigger found nothing to read (every source is at its target or has nothing new)."""
+    while query.isActive:
+        progress = query.lastProgress
+        status = query.status
+        idle = not status.get("isDataAvailable") and status.get("message") == _IDLE_MESSAGE
+        if idle or (progress is not None and reached(progress_end_offsets(progress.json), target)):
+            log.info("availableNow: everything up to the target is processed; stopping")
+            stop_gracefully(query, router)
+            return
+        time.sleep(0.1)
 
 
 def stop_gracefully(

@@ -20,14 +20,23 @@ Options of its own:
   reads a tier from its earliest offset, whatever `startingOffsets` says (a tier holds
   retries still owed), so one source serves the main topics and every tier.
 - `retrylib.maxRecordsPerTask`: the longest offset range one Spark task reads (250000).
+- `retrylib.availableNowOffsets`: offsets JSON (`{"topic": {"0": 12}}`) the source reads up
+  to and no further, for an availableNow run on Spark 4.0/4.1 (see below).
 
-Spark 4.2 gives the reader per-trigger read limits and `Trigger.AvailableNow`. On 4.0/4.1 the
-engine calls `latestOffset()` with no arguments: the reader then reads all available data
-each trigger and logs once that `maxOffsetsPerTrigger` and availableNow are not honoured.
+Batches are bounded and availableNow works the same on Spark 4.0, 4.1 and 4.2. Spark 4.2
+passes the reader each batch's start offsets and read limit (`maxOffsetsPerTrigger`) and
+supports `Trigger.AvailableNow` for Python sources. Spark 4.0/4.1 call `latestOffset()` with
+no arguments and run `Trigger.AvailableNow` as one unbounded batch, so there the reader does
+it itself: it remembers the end it returned last (and, after a restart, the offsets the
+engine hands `partitions()` from its checkpoint before asking for new ones), applies
+`maxOffsetsPerTrigger` from there, and stops at `retrylib.availableNowOffsets`, with which
+the job runs availableNow as a processing-time query it stops once there
+(`retrylib.job`).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
@@ -93,6 +102,11 @@ except ImportError:  # Spark 4.0/4.1: the engine never asks for these
         """Stand-in base class on Spark versions without Trigger.AvailableNow for Python sources."""
 
 
+ENGINE_LIMITS_PYTHON_SOURCES = ReadMaxRows is not None
+"""True on Spark 4.2+, whose engine passes Python stream readers their start offsets and read
+limits and runs `Trigger.AvailableNow` for them in bounded batches; False on 4.0/4.1."""
+
+
 log = logging.getLogger(__name__)
 
 KAFKA_SCHEMA = StructType(
@@ -114,7 +128,19 @@ KAFKA_SCHEMA = StructType(
 )
 """The schema of Spark's built-in Kafka source (with `includeHeaders`), which this source emits."""
 
-KAFKA_ARROW_SCHEMA = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
+
+def utc_arrow_schema(schema: StructType) -> pa.Schema:
+    """`schema` as Arrow, timestamps as UTC microseconds: what Spark expects of `read()`.
+
+    Spark 4.2's `to_arrow_schema` needs the time zone named (`timezone=`); 4.0/4.1 take no
+    such argument and always use UTC.
+    """
+    if "timezone" in inspect.signature(to_arrow_schema).parameters:
+        return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema)
+
+
+KAFKA_ARROW_SCHEMA = utc_arrow_schema(KAFKA_SCHEMA)
 """`KAFKA_SCHEMA` as Arrow: the schema of every RecordBatch `read()` yields (timestamps in µs)."""
 
 RANGE_SCHEMA = StructType(
@@ -140,6 +166,8 @@ OPTION_SECRET_OPTIONS = "retrylib.secretOptions"
 """JSON list of the `kafka.*` options (names without the prefix) whose values are secret:
 masked in this source's log lines and errors, in every process that reads (see
 `retrylib.kafka_client.client_config`)."""
+
+OPTION_AVAILABLE_NOW_OFFSETS = "retrylib.availableNowOffsets"
 _EMIT_VALUES = ("records", "ranges")
 _KNOWN_OPTIONS = {
     name.lower(): name
@@ -153,6 +181,7 @@ _KNOWN_OPTIONS = {
         OPTION_EMIT,
         OPTION_RANGE_GROUPS,
         OPTION_SECRET_OPTIONS,
+        OPTION_AVAILABLE_NOW_OFFSETS,
     )
 }
 # Consumer settings the source relies on; a user value would break offset-exact reads.
@@ -179,8 +208,6 @@ _RETRY_PAUSE_S = 0.2  # between asks for offsets the broker could not give yet
 _CONFLUENT_TO_SPARK_TIMESTAMP_TYPE = {TIMESTAMP_CREATE_TIME: 0, TIMESTAMP_LOG_APPEND_TIME: 1}
 _NO_TIMESTAMP_TYPE = -1  # Kafka's TimestampType.NO_TIMESTAMP_TYPE
 
-_legacy_warning_logged = False
-
 
 class KafkaSourceError(RetrylibError):
     """Raised when reading Kafka fails: broker errors, missing partitions, a stalled read."""
@@ -200,6 +227,7 @@ class SourceOptions:
     secret_options: tuple[str, ...] = ()  # names among client_options
     emit_ranges: bool = False
     range_groups: int | None = None  # with emit_ranges: at most this many input partitions
+    available_now_offsets: Offsets | None = None  # the end of an availableNow run on 4.0/4.1
 
     @property
     def schema(self) -> StructType:
@@ -247,6 +275,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         secret_options=_secret_options(lowered.get(OPTION_SECRET_OPTIONS.lower())),
         emit_ranges=emit == "ranges",
         range_groups=_int_option(lowered, OPTION_RANGE_GROUPS, 1),
+        available_now_offsets=_offsets_option(lowered, OPTION_AVAILABLE_NOW_OFFSETS, topics),
     )
 
 
@@ -261,6 +290,22 @@ def _secret_options(raw: str | None) -> tuple[str, ...]:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ValueError(f"option {OPTION_SECRET_OPTIONS} must be a JSON list of option names")
     return tuple(names)
+
+
+def _offsets_option(options: Mapping[str, str], name: str, topics: list[str]) -> Offsets | None:
+    """Offsets JSON of subscribed topics; raises `ValueError` naming the option and the fault."""
+    raw = options.get(name.lower())
+    if raw is None:
+        return None
+    try:
+        parsed = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"option {name}={raw!r} is not JSON: {e}") from e
+    offsets = offsets_from_json(parsed, what=f"option {name}")
+    unknown = sorted({topic for topic, _ in offsets} - set(topics))
+    if unknown:
+        raise ValueError(f"option {name} names topic(s) {unknown} that are not subscribed")
+    return offsets
 
 
 def _topic_delays(raw: str | None, topics: list[str]) -> dict[str, int]:
@@ -354,6 +399,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
         self._metadata: _Metadata | None = None
+        self._initial: Offsets | None = None
         self._last_end: Offsets | None = None
         self._target: Offsets | None = None
 
@@ -369,37 +415,49 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Raises `TopicError` naming any subscribed topic that does not exist, `ValueError` when
         `startingOffsets` names a partition that does not exist.
         """
-        partitions = self._kafka.partitions()
-        spec = self._options.starting_offsets
-        tiers = {key: EARLIEST for key in partitions if key[0] in self._options.delays_ms}
-        start = resolve_starting_offsets(
-            replace(spec, explicit={**tiers, **spec.explicit}),
-            partitions,
-            self._kafka.list_offsets(partitions, EARLIEST),
-            self._kafka.list_offsets(partitions, LATEST),
-        )
-        self._last_end = start
-        return offsets_to_json(start)
+        return offsets_to_json(self._initial_offsets())
+
+    def _initial_offsets(self) -> Offsets:
+        """`initialOffset`'s answer, looked up once: Spark 4.0/4.1 ask for a new query's
+        first end offsets before its initial ones, and both must start from the same place."""
+        if self._initial is None:
+            partitions = self._kafka.partitions()
+            spec = self._options.starting_offsets
+            tiers = {key: EARLIEST for key in partitions if key[0] in self._options.delays_ms}
+            self._initial = resolve_starting_offsets(
+                replace(spec, explicit={**tiers, **spec.explicit}),
+                partitions,
+                self._kafka.list_offsets(partitions, EARLIEST),
+                self._kafka.list_offsets(partitions, LATEST),
+            )
+        return self._initial
 
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
         """End offsets of the next batch starting at `start`, within `limit`.
 
         Every partition's end is its latest offset (or, for a delay tier, its first not-yet-due
-        offset), never below `start`, held to the availableNow target if one was taken, and
+        offset), never below `start`, held to the availableNow target if there is one, and
         cut to `limit` when it is a `ReadMaxRows`. Partitions missing from `start` (new
-        partitions) start at their earliest offset. Spark 4.0/4.1 pass no arguments: `start`
-        is then the end this reader returned last, and limits are not applied.
+        partitions) start at their earliest offset.
+
+        Spark 4.0/4.1 pass no arguments. The batch then starts where the last one ended (the
+        end this reader returned or was handed last, else the initial offsets), is cut to
+        `maxOffsetsPerTrigger`, and held to `retrylib.availableNowOffsets`: the same batches
+        Spark 4.2 plans.
         """
         if start is None:
-            _warn_legacy_engine()
-            begin = self._last_end or {}
+            begin = self._last_end if self._last_end is not None else self._initial_offsets()
+            max_rows = self._options.max_offsets_per_trigger
+            target = self._options.available_now_offsets
         else:
             begin = offsets_from_json(start, what="start offsets")
+            max_rows = limit.max_rows if _is_max_rows(limit) else None
+            target = self._target
         begin, end = self._available(begin)
-        if self._target is not None:
-            end = cap_at_target(begin, end, self._target)
-        if limit is not None and isinstance(limit, ReadMaxRows):  # limit is None on 4.0/4.1
-            end = limit_offsets(begin, end, limit.max_rows)
+        if target is not None:
+            end = cap_at_target(begin, end, target)
+        if max_rows is not None:
+            end = limit_offsets(begin, end, max_rows)
         self._last_end = end
         return offsets_to_json(end)
 
@@ -411,8 +469,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Take the target of an availableNow run: latest offsets now (or the delay frontier)."""
-        _, self._target = self._available({})
+        self._target = self.available_end()
         log.info("availableNow target for %s: %s", self._options.topics, self._target)
+
+    def available_end(self) -> Offsets:
+        """What could be read now: every partition's latest offset, or for a delay tier its
+        first not-yet-due one. Raises as `initialOffset`."""
+        return self._available({})[1]
 
     def reportLatestOffset(self) -> dict:
         """The latest available offsets (no limit, no target), for the query's progress."""
@@ -425,9 +488,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with `retrylib.emit = ranges` and `retrylib.rangeGroups`, those ranges in groups.
 
         Partitions missing from `start` (new partitions) are read from their earliest offset.
+        `end` is where the next batch starts: Spark 4.0/4.1 pass no start to `latestOffset`,
+        and on a restart hand the checkpoint's last offsets only here (as start and end).
         """
         begin = offsets_from_json(start, what="start offsets")
         finish = offsets_from_json(end, what="end offsets")
+        self._last_end = finish
         new = [key for key in finish if key not in begin]
         if new:
             begin = with_new_partitions(begin, new, self._kafka.list_offsets(new, EARLIEST))
@@ -488,15 +554,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return start, floor_at(end, start)
 
 
-def _warn_legacy_engine() -> None:
-    global _legacy_warning_logged
-    if not _legacy_warning_logged:
-        _legacy_warning_logged = True
-        log.warning(
-            "this Spark version calls latestOffset() without a start offset or read limit: "
-            "maxOffsetsPerTrigger and Trigger.AvailableNow are not available for the "
-            "retrylib_kafka source (Spark 4.2+ needed); every trigger reads all available data"
-        )
+def _is_max_rows(limit: object) -> bool:
+    return ReadMaxRows is not None and isinstance(limit, ReadMaxRows)
 
 
 class _Metadata:

@@ -277,3 +277,30 @@ def group_ranges(ranges: Sequence[OffsetRange], groups: int) -> list[list[Offset
         dealt[smallest].append(offset_range)
         sizes[smallest] += offset_range.end - offset_range.start
     return dealt
+
+
+def reached(position: Mapping[PartitionKey, int], target: Mapping[PartitionKey, int]) -> bool:
+    """True when `position` is at or past `target` in every partition `target` names."""
+    return all(position.get(key, -1) >= offset for key, offset in target.items())
+
+
+def progress_end_offsets(progress_json: str) -> Offsets:
+    """End offsets of the batch a streaming query progress (its JSON) reports, every source
+    merged (the sources of one query read distinct topics).
+
+    A source's `endOffset` is its offsets object, or that object as JSON text; a source
+    without offsets (null) or with offsets of another shape adds nothing.
+    """
+    offsets: Offsets = {}
+    for source in json.loads(progress_json).get("sources") or []:
+        end = source.get("endOffset")
+        if isinstance(end, str):
+            try:
+                end = json.loads(end)
+            except ValueError:
+                continue
+        try:
+            offsets.update(offsets_from_json(end, what="progress end offsets"))
+        except ValueError:
+            continue
+    return offsets

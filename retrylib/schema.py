@@ -186,8 +186,9 @@ class OutputSchema:
     def to_arrow(self) -> pa.Schema:
         """The Arrow schema: TIMESTAMP as UTC microseconds, TIMESTAMP_NTZ without a zone.
 
-        Equal to pyspark's `to_arrow_schema(self.to_spark(), timezone="UTC")`, except that
-        comments are not carried as Arrow field metadata.
+        Equal to pyspark's conversion of `to_spark()` with timestamps in UTC
+        (`kafka_source.utc_arrow_schema`), except that comments are not carried as Arrow
+        field metadata.
         """
         return pa.schema([f.to_arrow() for f in self.fields])
 

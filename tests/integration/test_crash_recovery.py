@@ -35,6 +35,8 @@ sys.path.insert(0, str(FAULTS_DIR))
 
 from harness import FaultHarness, plan_rounds  # noqa: E402
 
+pytestmark = pytest.mark.every_spark
+
 SEED = 20261123
 
 

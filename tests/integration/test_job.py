@@ -16,7 +16,7 @@ from helpers import read_table
 from retrylib.job import start_query
 from retrylib.router import BatchResult, checkpoint_identity
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
 
 
 def run_available_now(spark, config) -> list[BatchResult]:

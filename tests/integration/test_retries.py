@@ -17,7 +17,7 @@ from retrylib.job import start_query, stop_gracefully
 from retrylib.kafka_client import make_consumer, make_producer
 from retrylib.router import BatchResult
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
 log = logging.getLogger(__name__)
 
 

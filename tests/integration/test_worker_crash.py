@@ -10,7 +10,7 @@ from helpers import read_table
 
 from retrylib.job import start_query
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
 
 
 def test_handler_killing_its_worker_is_a_failed_attempt(

@@ -6,7 +6,14 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from retrylib.jars import artifact_id, kafka_coordinates, pom, spark_coordinates
+from retrylib.jars import (
+    JarsError,
+    artifact_id,
+    delta_artifact,
+    kafka_coordinates,
+    pom,
+    spark_coordinates,
+)
 
 
 @pytest.mark.parametrize(
@@ -25,17 +32,44 @@ def test_artifact_id_is_the_name_before_the_version(jar, artifact):
 
 
 @pytest.mark.parametrize(
-    ("spark", "delta_artifact"),
+    ("spark", "delta", "artifact"),
     [
-        ("4.0.1", "delta-spark_4.0_2.13"),
-        ("4.1.0", "delta-spark_4.1_2.13"),
-        ("4.2.0", "delta-spark_4.2_2.13"),
+        ("4.0.0", "4.0.1", "delta-spark_2.13"),
+        ("4.0.2", "4.0.0", "delta-spark_2.13"),
+        ("4.0.1", "4.4.0", "delta-spark_4.0_2.13"),
+        ("4.1.1", "4.4.0", "delta-spark_4.1_2.13"),
+        ("4.1.0", "4.1.0", "delta-spark_4.1_2.13"),
+        ("4.2.0", "4.4.0", "delta-spark_4.2_2.13"),
     ],
 )
-def test_connector_matches_pyspark_and_delta_is_built_for_that_spark(spark, delta_artifact):
-    connector, delta = spark_coordinates(spark, "4.4.0")
+def test_connector_matches_pyspark_and_delta_is_built_for_that_spark(spark, delta, artifact):
+    connector, delta_jar = spark_coordinates(spark, delta)
     assert connector == f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark}"
-    assert delta == f"io.delta:{delta_artifact}:4.4.0"
+    assert delta_jar == f"io.delta:{artifact}:{delta}"
+
+
+@pytest.mark.parametrize(
+    ("spark", "delta", "message"),
+    [
+        (
+            "4.1.1",
+            "4.0.1",
+            r"delta-spark 4\.0\.1 runs on Spark 4\.0 only.*install delta-spark 4\.4\.0",
+        ),
+        (
+            "4.2.0",
+            "4.0.0",
+            r"runs on Spark 4\.0 only; with pyspark 4\.2\.0 install delta-spark 4\.4\.0",
+        ),
+        ("4.0.0", "3.3.2", r"built for Spark 3; with pyspark 4\.0\.0 install delta-spark 4\.0\.1"),
+        ("four", "4.4.0", r"pyspark version 'four'"),
+    ],
+)
+def test_delta_that_cannot_run_on_the_spark_is_refused_naming_the_one_to_install(
+    spark, delta, message
+):
+    with pytest.raises(JarsError, match=message):
+        delta_artifact(spark, delta)
 
 
 def test_pom_lists_each_coordinate_and_no_repository():

@@ -22,6 +22,8 @@ from retrylib.offsets import (
     offsets_to_json,
     parse_starting_offsets,
     parse_topics,
+    progress_end_offsets,
+    reached,
     resolve_starting_offsets,
     split_ranges,
     with_new_partitions,
@@ -282,3 +284,31 @@ def test_source_emits_offset_ranges_when_asked() -> None:
 def test_source_options_errors_name_the_option(options, message) -> None:
     with pytest.raises(ValueError, match=message):
         parse_source_options(options)
+
+
+def test_reached_needs_every_target_partition_at_or_past_its_offset() -> None:
+    target = {("a", 0): 5, ("b", 1): 0}
+
+    assert reached({("a", 0): 5, ("b", 1): 0, ("c", 0): 1}, target)
+    assert reached({("a", 0): 9, ("b", 1): 3}, target)
+    assert not reached({("a", 0): 4, ("b", 1): 3}, target)
+    assert not reached({("a", 0): 5}, target)
+
+
+def test_progress_end_offsets_merges_sources_given_as_objects_or_json_text() -> None:
+    progress = json.dumps(
+        {
+            "sources": [
+                {"endOffset": {"main": {"0": 7, "1": 3}}},
+                {"endOffset": '{"main.retry.1s": {"0": 2}}'},
+                {"endOffset": None},
+                {"endOffset": "not offsets"},
+            ]
+        }
+    )
+
+    assert progress_end_offsets(progress) == {
+        ("main", 0): 7,
+        ("main", 1): 3,
+        ("main.retry.1s", 0): 2,
+    }

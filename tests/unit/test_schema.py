@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from pyspark.sql import types as st
-from pyspark.sql.pandas.types import to_arrow_schema
 
+from retrylib.kafka_source import utc_arrow_schema
 from retrylib.schema import OutputSchema, parse_schema
 
 # (DDL type, normalized DDL, Arrow type, Spark type)
@@ -143,7 +143,7 @@ def test_to_arrow_matches_pyspark_conversion() -> None:
         "a STRING NOT NULL, b DECIMAL(9,2), c ARRAY<STRUCT<x: INT NOT NULL, y: TIMESTAMP_NTZ>>, "
         "d MAP<STRING, DOUBLE>, e TIMESTAMP, f DATE, g BINARY, h BOOLEAN, i TINYINT"
     )
-    assert schema.to_arrow() == to_arrow_schema(schema.to_spark(), timezone="UTC")
+    assert schema.to_arrow() == utc_arrow_schema(schema.to_spark())
 
 
 def test_output_schema_is_frozen_and_hashable() -> None:

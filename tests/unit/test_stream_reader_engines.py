@@ -1,0 +1,170 @@
+"""The retrylib_kafka stream reader plans the same batches whether the engine passes it start
+offsets and read limits (Spark 4.2) or calls `latestOffset()` bare (Spark 4.0/4.1).
+
+Kafka is a fake answering the reader's driver-side look-ups; no Spark, no broker.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from retrylib import kafka_source
+from retrylib.kafka_source import KAFKA_SCHEMA, KafkaStreamReader, parse_source_options
+from retrylib.offsets import EARLIEST, LATEST, Offsets, offsets_from_json, offsets_to_json
+
+P0, P1 = ("orders", 0), ("orders", 1)
+
+
+class FakeKafka:
+    """The reader's `_Metadata`: partitions, and offsets by earliest / latest / time."""
+
+    def __init__(self, latest: Offsets, due: Offsets | None = None) -> None:
+        self.latest = dict(latest)
+        self.due = dict(due or {})
+
+    def partitions(self) -> list[tuple[str, int]]:
+        return sorted(self.latest)
+
+    def list_offsets(self, partitions, timestamp: int) -> Offsets:
+        if timestamp == LATEST:
+            return {key: self.latest[key] for key in partitions}
+        if timestamp == EARLIEST:
+            return dict.fromkeys(partitions, 0)
+        return {key: self.due.get(key, -1) for key in partitions}
+
+    def close(self) -> None:
+        pass
+
+
+def reader_for(kafka: FakeKafka, **options: str) -> KafkaStreamReader:
+    reader = KafkaStreamReader(
+        parse_source_options(
+            {"kafka.bootstrap.servers": "b:9092", "subscribe": "orders", **options}
+        )
+    )
+    reader._metadata = kafka
+    return reader
+
+
+def bare_engine_batches(reader: KafkaStreamReader, start: Offsets, triggers: int) -> list[int]:
+    """Records per batch as Spark 4.0/4.1 plan them: `latestOffset()` bare, then
+    `partitions(start, end)` for a batch whenever the end moved."""
+    sizes = []
+    for _ in range(triggers):
+        end = offsets_from_json(reader.latestOffset())
+        if end != start:
+            reader.partitions(offsets_to_json(start), offsets_to_json(end))
+            sizes.append(sum(end[key] - start.get(key, 0) for key in end))
+            start = end
+    return sizes
+
+
+def test_bare_calls_cut_each_batch_to_max_offsets_per_trigger() -> None:
+    reader = reader_for(FakeKafka({P0: 25, P1: 5}), maxOffsetsPerTrigger="10")
+
+    assert bare_engine_batches(reader, {P0: 0, P1: 0}, triggers=5) == [10, 10, 10]
+
+
+def test_bare_calls_start_a_new_query_where_initial_offset_says() -> None:
+    kafka = FakeKafka({P0: 100, P1: 40})
+    reader = reader_for(kafka, startingOffsets="latest", maxOffsetsPerTrigger="10")
+
+    first = reader.latestOffset()  # Spark 4.0/4.1 ask for this before initialOffset()
+    kafka.latest = {P0: 130, P1: 40}
+
+    assert first == reader.initialOffset() == {"orders": {"0": 100, "1": 40}}
+    assert reader.latestOffset() == {"orders": {"0": 110, "1": 40}}
+
+
+def test_bare_calls_after_a_restart_continue_from_the_offsets_handed_to_partitions() -> None:
+    reader = reader_for(FakeKafka({P0: 500, P1: 500}), maxOffsetsPerTrigger="10")
+    checkpointed = {"orders": {"0": 300, "1": 200}}
+
+    reader.partitions(checkpointed, checkpointed)  # what Spark 4.0/4.1 do on a restart
+
+    assert reader.latestOffset() == {"orders": {"0": 304, "1": 206}}  # split by backlog
+
+
+def test_bare_calls_hold_to_available_now_offsets_in_bounded_batches() -> None:
+    kafka = FakeKafka({P0: 50, P1: 50})
+    reader = reader_for(
+        kafka,
+        maxOffsetsPerTrigger="8",
+        **{"retrylib.availableNowOffsets": json.dumps({"orders": {"0": 20, "1": 2}})},
+    )
+
+    assert bare_engine_batches(reader, {P0: 0, P1: 0}, triggers=6) == [8, 8, 6]
+    assert reader.latestOffset() == {"orders": {"0": 20, "1": 2}}
+
+
+def test_bare_calls_read_a_delay_tier_only_up_to_what_is_due() -> None:
+    kafka = FakeKafka({P0: 40, P1: 40}, due={P0: 12, P1: 3})
+    reader = reader_for(
+        kafka,
+        maxOffsetsPerTrigger="10",
+        **{"retrylib.topicDelaysMs": json.dumps({"orders": 5000})},
+    )
+
+    assert bare_engine_batches(reader, {P0: 0, P1: 0}, triggers=4) == [10, 5]
+
+
+def test_with_the_engines_start_the_reader_leaves_limits_and_target_to_the_engine() -> None:
+    reader = reader_for(
+        FakeKafka({P0: 50, P1: 50}),
+        maxOffsetsPerTrigger="8",
+        **{"retrylib.availableNowOffsets": json.dumps({"orders": {"0": 20, "1": 2}})},
+    )
+
+    end = reader.latestOffset({"orders": {"0": 10, "1": 10}}, None)
+
+    assert end == {"orders": {"0": 50, "1": 50}}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ['{"other": {"0": 1}}', '{"orders": {"0": -4}}', "not json"],
+)
+def test_available_now_offsets_option_is_checked(bad: str) -> None:
+    with pytest.raises(ValueError, match="retrylib.availableNowOffsets"):
+        parse_source_options(
+            {
+                "kafka.bootstrap.servers": "b:9092",
+                "subscribe": "orders",
+                "retrylib.availableNowOffsets": bad,
+            }
+        )
+
+
+def test_arrow_schema_names_utc_where_pyspark_asks_for_a_time_zone(monkeypatch) -> None:
+    calls = []
+
+    def spark_42(schema, *, error_on_duplicated_field_names_in_struct=False, timezone=None):
+        calls.append({"timezone": timezone})
+        return pa.schema([])
+
+    monkeypatch.setattr(kafka_source, "to_arrow_schema", spark_42)
+    kafka_source.utc_arrow_schema(KAFKA_SCHEMA)
+
+    assert calls == [{"timezone": "UTC"}]
+
+
+def test_arrow_schema_passes_no_time_zone_where_pyspark_takes_none(monkeypatch) -> None:
+    calls = []
+
+    def spark_40(schema, error_on_duplicated_field_names_in_struct=False, timestamp_utc=True):
+        calls.append({})
+        return pa.schema([])
+
+    monkeypatch.setattr(kafka_source, "to_arrow_schema", spark_40)
+    kafka_source.utc_arrow_schema(KAFKA_SCHEMA)
+
+    assert calls == [{}]
+
+
+def test_the_installed_pyspark_gives_utc_microsecond_timestamps() -> None:
+    timestamp = kafka_source.KAFKA_ARROW_SCHEMA.field("timestamp").type
+
+    assert timestamp == pa.timestamp("us", tz="UTC")
