@@ -34,6 +34,12 @@ def read_table(table: str) -> pa.Table:
     return tests_session().read.format("delta").load(table).toArrow()
 
 
+def table_frame(spark: SparkSession, path: str):
+    """The Delta table at `path` as a DataFrame with the table's own column types (a frame
+    made from pandas would widen INT to BIGINT on Spark 4.0)."""
+    return spark.read.format("delta").load(path)
+
+
 def metrics_job_config(tmp_path: Path) -> Config:
     """A job "m" on topic "orders" with a do-nothing handler, two tiers and a metrics table,
     everything under `tmp_path` (no broker is contacted to load it)."""

@@ -135,5 +135,5 @@ def test_missing_topics_fail_at_start_when_creation_is_off(
     written = write_config([topic], name="nocreate")
     config = load_config(written.source_path, overrides={"kafka.create_topics": False})
 
-    with pytest.raises(TopicError, match=rf"{topic}\.retry\.1s"):
+    with pytest.raises(TopicError, match=re.escape(config.retry.tier_topics()[0])):
         start_query(spark, config, available_now=True)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from conftest import produce
-from helpers import read_table
+from helpers import read_table, table_frame
 
 from retrylib.job import start_query
 from retrylib.router import BatchResult, checkpoint_identity
@@ -28,10 +28,6 @@ def run_available_now(spark, config) -> list[BatchResult]:
         router.close()
     assert query.exception() is None
     return results
-
-
-def table_frame(spark, path: str):
-    return spark.createDataFrame(read_table(path).to_pandas())
 
 
 def expected_frame(spark, rows: list[tuple]):

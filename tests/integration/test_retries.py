@@ -10,7 +10,7 @@ import pytest
 from chispa import assert_df_equality
 from confluent_kafka import TopicPartition
 from conftest import produce
-from helpers import read_table
+from helpers import read_table, table_frame
 
 from retrylib.headers import split_headers
 from retrylib.job import start_query, stop_gracefully
@@ -72,9 +72,7 @@ def test_outcomes_by_kind(spark, bootstrap_servers, make_topic, write_config, so
         [(k, f"v-{k}", topic, expected_attempt[k.split("-")[0]]) for k in succeeding],
         "key STRING, value STRING, topic STRING, attempt INT",
     )
-    actual = spark.createDataFrame(read_table(config.output.table).to_pandas()).select(
-        "key", "value", "topic", "attempt"
-    )
+    actual = table_frame(spark, config.output.table).select("key", "value", "topic", "attempt")
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
 
     dead = {row["key"].decode(): row for row in table_rows(config.dead_letter.table)}
