@@ -41,8 +41,12 @@ _STOP_WAIT_SECONDS = 120
 
 def builtin_kafka_available(spark: SparkSession) -> bool:
     """True when Spark's own Kafka connector is on the classpath (Databricks, EMR, --packages)."""
+    # Through Spark's class loader: jars given to spark-submit (--jars, spark.jars) are not
+    # on the system class path that a plain Class.forName would search from py4j.
     try:
-        spark.sparkContext._jvm.java.lang.Class.forName(_BUILTIN_KAFKA)
+        spark.sparkContext._jvm.org.apache.spark.util.Utils.classForName(
+            _BUILTIN_KAFKA, True, False
+        )
         return True
     except Exception:
         return False
