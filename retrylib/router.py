@@ -12,6 +12,8 @@ A batch runs in steps, each safe to repeat after a crash:
 3. The output and dead-letter rows are appended to their Delta tables by Spark's Delta
    writer with the app transaction (`txnAppId` = the checkpoint's app id, `txnVersion` =
    batch id), so they are committed once (`delta_tables`).
+4. With `[output] optimize_every`, the tables are compacted when that period has passed
+   (`compaction`).
 
 A batch's staging folder is removed once the next batch has run: Spark replays at most the
 last batch, and a replay of it may still need its staged rows.
@@ -43,6 +45,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import collect_list, count
 
 from retrylib.batch_task import TaskPlan, run_task
+from retrylib.compaction import Compactor
 from retrylib.delta_tables import TableRef, append_once, committed_version
 from retrylib.errors import RetrylibError
 from retrylib.faults import crash_point
@@ -86,6 +89,7 @@ class BatchRouter:
         record_limits: RecordLimits,
         evolve_output: bool = False,
         on_result=None,
+        compactor: Compactor | None = None,
     ) -> None:
         self._template = plan_template
         self._state_dir = state_dir
@@ -102,6 +106,7 @@ class BatchRouter:
             topic_max_bytes=lambda: record_limits.topic_max,
         )
         self._on_result = on_result
+        self._compactor = compactor
         self._checked_tables = False
         self.batch_finished = threading.Event()
         """Set whenever a batch has done all its work (a graceful stop waits for it)."""
@@ -129,6 +134,8 @@ class BatchRouter:
         log.info("batch %s", json.dumps(_summary(result)))
         if self._on_result is not None:
             self._on_result(result)
+        if self._compactor is not None:  # after every commit of the batch, metrics included
+            self._compactor.after_batch(spark)
         self.batch_finished.set()
 
     def _route(self, df: DataFrame, batch_id: int) -> dict[str, Any]:
