@@ -37,6 +37,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -234,18 +235,11 @@ class BatchRouter:
         return join(self._state_dir, "staged", str(batch_id))
 
     def _clean_up(self, spark: SparkSession, batch_id: int) -> None:
-        """Drop the staging folders of batches before this one (a replay of this one may
-        still read its own), and manifests older than the last few."""
-        for name in list_names(spark, join(self._state_dir, "staged")):
-            if name.isdigit() and int(name) < batch_id:
-                delete_tree(spark, join(self._state_dir, "staged", name))
-        for name in list_names(spark, join(self._state_dir, "manifests")):
-            number, _, rest = name.partition(".json")
-            if not number.isdigit():
-                continue
-            leftover = rest.startswith(".tmp") and int(number) <= batch_id  # a crashed write
-            if leftover or int(number) < batch_id - _MANIFESTS_KEPT:
-                delete_tree(spark, join(self._state_dir, "manifests", name))
+        """Delete the batch state `expired_state` names, so that it stays a few files."""
+        for folder in ("staged", "manifests"):
+            names = list_names(spark, join(self._state_dir, folder))
+            for name in expired_state(folder, names, batch_id):
+                delete_tree(spark, join(self._state_dir, folder, name))
 
     def close(self) -> None:
         self._producer.close()
@@ -278,6 +272,27 @@ def signing_key(spark: SparkSession, state_dir: str) -> bytes:
     if stored is None:  # two instances starting at once agree on the first one's key
         stored = claim_json(spark, uri, {"key": secrets.token_hex(32)})
     return bytes.fromhex(stored["key"])
+
+
+def expired_state(folder: str, names: Iterable[str], batch_id: int) -> list[str]:
+    """The entries of retrylib's `folder` ("staged" or "manifests") to delete once batch
+    `batch_id` is done: staging folders of earlier batches (a replay of this one may still
+    read its own), manifests older than the last `_MANIFESTS_KEPT`, and temporary files of
+    manifest writes that crashed. Names retrylib does not write are left alone.
+    """
+    expired = []
+    for name in names:
+        if folder == "staged":
+            if name.isdigit() and int(name) < batch_id:
+                expired.append(name)
+            continue
+        number, _, rest = name.partition(".json")
+        if not number.isdigit():
+            continue
+        leftover = rest.startswith(".tmp") and int(number) <= batch_id  # a crashed write
+        if leftover or int(number) < batch_id - _MANIFESTS_KEPT:
+            expired.append(name)
+    return expired
 
 
 def _run_tasks(df: DataFrame, plan: TaskPlan, staging: str) -> None:
