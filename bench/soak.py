@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -219,6 +220,25 @@ def open_files(pids: list[int]) -> int:
     return total
 
 
+def heap_used_mb(heap_info: str) -> float | None:
+    """MiB in use from the text of `jcmd PID GC.heap_info` (its first "used NK"), or None."""
+    match = re.search(r"\bused (\d+)K", heap_info)
+    return None if match is None else int(match.group(1)) / 1024
+
+
+def live_heap_mb(pid: int) -> float | None:
+    """The JVM's heap in use right after a full collection (`jcmd PID GC.run`): what it
+    holds on to, where RSS only shows what the heap has grown to. None without jcmd."""
+    try:
+        subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=120)
+        info = subprocess.run(
+            ["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return heap_used_mb(info.stdout)
+
+
 def checkpoint_figures(checkpoint: Path) -> dict[str, int]:
     """Bytes and files under the checkpoint; retrylib's manifests and staging folders;
     Spark's offset and commit log files (hidden checksum files left out)."""
@@ -269,6 +289,7 @@ PROCESS_COLUMNS = (
     ("batch s", "mean batch duration in the interval"),
     ("driver MB", "RSS of the Python driver"),
     ("JVM MB", "RSS of the JVM"),
+    ("heap MB", "JVM heap in use after a full GC"),
     ("workers MB", "RSS of Spark's Python workers, summed"),
     ("workers", "Python worker processes"),
     ("source MB", "RSS of the Python process running the tiers' stream reader"),
@@ -308,6 +329,7 @@ def sample(
         "batch s": round(sum(durations) / len(durations) / 1000, 2) if durations else None,
         "driver MB": round(rss_mb(groups.get("driver", [])), 1),
         "JVM MB": round(rss_mb(groups.get("jvm", [])), 1),
+        "heap MB": _rounded(sum_or_none(live_heap_mb(pid) for pid in groups.get("jvm", []))),
         "workers MB": round(rss_mb(groups.get("workers", [])), 1),
         "workers": len(groups.get("workers", [])),
         "source MB": round(rss_mb(groups.get("source", [])), 1),
@@ -328,6 +350,15 @@ def sample(
     for short, name in (("out", "out"), ("dlq", "dead_letter"), ("metr", "metrics")):
         row[f"{short} files"], row[f"{short} log"] = table_figures(workdir / "tables" / name)
     return row
+
+
+def sum_or_none(values) -> float | None:
+    found = list(values)
+    return None if not found or None in found else sum(found)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def report(rows: list[dict], columns: tuple[tuple[str, str], ...], title: str) -> str:

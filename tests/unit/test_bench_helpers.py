@@ -24,7 +24,7 @@ from bench.procmem import (
     parse_stat,
 )
 from bench.report import fmt, lateness_ms, percentile, rate, ratio, sum_counters, table, trend
-from bench.soak import JobLog, process_role
+from bench.soak import JobLog, heap_used_mb, process_role
 from bench.spy_summary import charge, parse_line, role
 from retrylib.record import Record
 
@@ -239,3 +239,13 @@ def test_soak_sums_the_jobs_metrics_lines_as_they_come(tmp_path):
         f.write(line.replace('"batch_id": 1', '"batch_id": 2') + "\n" + line[:30])
     assert log.read() == [1500]  # the half-written line waits for the next read
     assert (log.batches, log.compactions, log.totals["records_main"]) == (2, 1, 20)
+
+
+def test_soak_reads_the_heap_in_use_from_jcmd():
+    text = (
+        "12345:\n garbage-first heap   total 262144K, used 102400K [0x0, 0x0)\n"
+        "  region size 1024K, 10 young (10240K), 2 survivors (2048K)\n"
+        " Metaspace       used 90000K, committed 91000K, reserved 1114112K\n"
+    )
+    assert heap_used_mb(text) == 100.0
+    assert heap_used_mb("12345:\nAttachNotSupportedException") is None
