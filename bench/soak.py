@@ -55,6 +55,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--optimize-every", default="2m", help='output.optimize_every ("2m"; "" for none)'
     )
     p.add_argument("--master", default="local[2]", help="Spark master (local[2])")
+    p.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the job (repeatable), e.g. "
+        "spark.sql.streaming.minBatchesToRetain=10 to see Spark's log retention in a short run",
+    )
     p.add_argument("--workdir", help="checkpoint, tables, logs and broker data (a temp dir)")
     p.add_argument("--json", help="also write every sample to this file")
     return p.parse_args(argv)
@@ -361,6 +369,26 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
+def table_check(workdir: Path) -> str:
+    """Rows and distinct records in the output and dead-letter tables after the stop: equal
+    counts mean no record was written twice."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    out = DeltaTable(str(workdir / "tables" / "out")).to_pyarrow_table(
+        columns=["partition", "offset"]
+    )
+    dead = DeltaTable(str(workdir / "tables" / "dead_letter")).to_pyarrow_table(columns=["id"])
+    pairs = pc.binary_join_element_wise(
+        pc.cast(out["partition"], "string"), pc.cast(out["offset"], "string"), ":"
+    )
+    return (
+        f"output table: {out.num_rows:,} rows, {pc.count_distinct(pairs).as_py():,} distinct "
+        f"records; dead-letter table: {dead.num_rows:,} rows, "
+        f"{pc.count_distinct(dead['id']).as_py():,} distinct ids"
+    )
+
+
 def report(rows: list[dict], columns: tuple[tuple[str, str], ...], title: str) -> str:
     names = [name for name, _ in columns]
     body = [[row.get(name) for name in names] for row in rows]
@@ -407,7 +435,9 @@ def run(args: argparse.Namespace, workdir: Path, bootstrap: str, config: Path) -
         **os.environ,
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_SUBMIT_OPTS_EXTRA": f"--master {args.master}",
+        "SPARK_SUBMIT_OPTS_EXTRA": " ".join(
+            [f"--master {args.master}", *(f"--conf {setting}" for setting in args.spark_conf)]
+        ),
     }
     log_path = workdir / "job.log"
     producer = SteadyProducer(bootstrap, args)
@@ -455,6 +485,7 @@ def run(args: argparse.Namespace, workdir: Path, bootstrap: str, config: Path) -
         f"{log.batches} batches; {log.compactions} table compactions; job exit code {code}"
         + (" (it stopped before the end)" if crashed is not None else "")
     )
+    print(table_check(workdir))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "totals": log.totals}, indent=1))
     if crashed is not None or code != 0:
