@@ -202,7 +202,9 @@ def test_soak_handler_fails_dead_marks_always_and_fail_marks_once():
     ("values", "verdict"),
     [
         ([100, 300, 500, 505, 498, 502], "flat"),  # warm-up then steady
-        ([1, 20, 10, 30, 5, 25], "bounded"),  # a saw-tooth under its earlier peak
+        ([1, 20, 10, 30, 5, 25], "bounded"),  # a saw-tooth
+        ([6, 1, 1, 3, 7, 1], "bounded"),  # files between compactions: back down to 1
+        ([3, 6, 7, 11, 11, 11], "bounded"),  # reached its cap
         ([100, 200, 300, 400, 500, 600], "growing"),
         ([5, 5, 0, 0, 0, 0], "flat"),
         ([1, 2, 3, 4, 5, None], "-"),
