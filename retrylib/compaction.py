@@ -57,7 +57,9 @@ class Compactor:
     driver calls it, between batches.
     """
 
-    def __init__(self, state_dir: str, every_ms: int, tables: Sequence[tuple[str, TableRef]]):
+    def __init__(
+        self, state_dir: str, every_ms: int, tables: Sequence[tuple[str, TableRef]]
+    ) -> None:
         self._uri = join(state_dir, STATE_FILE)
         self._every_ms = every_ms
         self._tables = tuple(tables)
