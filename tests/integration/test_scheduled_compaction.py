@@ -3,6 +3,8 @@ stack (Spark's Delta OPTIMIZE), and no row is lost or duplicated by it."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from chispa import assert_df_equality
 from conftest import produce
@@ -12,6 +14,7 @@ from helpers import read_table
 from retrylib.compaction import STATE_FILE
 from retrylib.config import load_config
 from retrylib.job import start_query
+from retrylib.storage import read_json, replace_json
 
 pytestmark = pytest.mark.slow
 
@@ -52,3 +55,14 @@ def test_a_short_optimize_every_compacts_the_output_table(
     assert_df_equality(
         actual.drop("partition", "offset"), expected, ignore_row_order=True, ignore_nullable=True
     )
+
+
+@pytest.mark.parametrize("scheme", ["", "file:"])
+def test_the_compaction_clock_is_replaced_in_place(spark, tmp_path, scheme):
+    """A plain path is written beside and renamed; a URI through Hadoop's FileSystem."""
+    uri = f"{scheme}{tmp_path}/retrylib/{STATE_FILE}"
+    replace_json(spark, uri, {"last_ms": 1})
+    replace_json(spark, uri, {"last_ms": 2})
+    assert read_json(spark, uri) == {"last_ms": 2}
+    left = [n for n in os.listdir(tmp_path / "retrylib") if not n.startswith(".")]
+    assert left == [STATE_FILE]  # no temporary file left
