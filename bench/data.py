@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from bench.handlers import FAIL_MARK, OK_MARK
+from bench.handlers import DEAD_MARK, FAIL_MARK, OK_MARK
 
 
 def marked_to_fail(index: int, rate: float) -> bool:
@@ -20,9 +20,23 @@ def marked_to_fail(index: int, rate: float) -> bool:
     return int((index + 1) * rate) > int(index * rate)
 
 
+def soak_mark(index: int, fail_rate: float, dead_rate: float) -> bytes:
+    """The marker of record `index` in the soak: `DEAD_MARK` for an evenly spread
+    `dead_rate` share, else `FAIL_MARK` for a `fail_rate` share (of all indexes, so a little
+    less where both pick one), else `OK_MARK`."""
+    if marked_to_fail(index, dead_rate):
+        return DEAD_MARK
+    return FAIL_MARK if marked_to_fail(index, fail_rate) else OK_MARK
+
+
 def make_value(index: int, size: int, fail: bool) -> bytes:
     """A value of exactly `size` bytes (at least 1): marker byte, index, padding."""
-    head = (FAIL_MARK if fail else OK_MARK) + b"%d:" % index
+    return marked_value(index, size, FAIL_MARK if fail else OK_MARK)
+
+
+def marked_value(index: int, size: int, mark: bytes) -> bytes:
+    """A value of exactly `size` bytes (at least 1): `mark`, index, padding."""
+    head = mark + b"%d:" % index
     if size <= len(head):
         return head[: max(size, 1)]
     return head + b"x" * (size - len(head))

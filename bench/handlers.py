@@ -3,7 +3,9 @@
 Input values start with a marker byte: `FAIL_MARK` for records chosen to fail (see
 `bench.data.marked_to_fail`), `OK_MARK` for the rest. `trivial` ignores the marker;
 `flaky` fails a marked record on its first delivery only (attempt 0), so a failure rate
-puts that share of the input on the retry path and every retry would succeed.
+puts that share of the input on the retry path and every retry would succeed. The soak
+(`bench.soak`) marks a further share `DEAD_MARK`: `soak` fails those on every attempt, so
+they end in the dead letter.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 
 FAIL_MARK = b"F"
 OK_MARK = b"S"
+DEAD_MARK = b"D"
 
 OUTPUT_DDL = "partition INT, offset BIGINT, size INT"
 LATENESS_DDL = "partition INT, offset BIGINT, attempt INT, handled_at_ms BIGINT"
@@ -19,6 +22,10 @@ LATENESS_DDL = "partition INT, offset BIGINT, attempt INT, handled_at_ms BIGINT"
 
 class BenchTransientError(Exception):
     """The failure `flaky` and `late_stamp` raise on a marked record's first delivery."""
+
+
+class BenchPoisonError(Exception):
+    """The failure `soak` raises on every delivery of a `DEAD_MARK` record."""
 
 
 def trivial(record) -> dict:
@@ -31,6 +38,13 @@ def flaky(record) -> dict:
     if record.attempt == 0 and record.value[:1] == FAIL_MARK:
         raise BenchTransientError("marked to fail once")
     return {"partition": record.partition, "offset": record.offset, "size": len(record.value)}
+
+
+def soak(record) -> dict:
+    """`flaky`, except that a `DEAD_MARK` record fails on every attempt (a dead letter)."""
+    if record.value[:1] == DEAD_MARK:
+        raise BenchPoisonError("marked to fail on every attempt")
+    return flaky(record)
 
 
 def late_stamp(record) -> dict:
@@ -58,4 +72,4 @@ def trivial_arrow(batch):
     )
 
 
-HANDLERS = {"trivial": trivial, "flaky": flaky, "late_stamp": late_stamp}
+HANDLERS = {"trivial": trivial, "flaky": flaky, "soak": soak, "late_stamp": late_stamp}

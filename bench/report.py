@@ -162,3 +162,27 @@ def full_batch_rate(batches: Sequence[tuple[int, float]], share: float = 0.5) ->
     largest = max(n for n, _ in batches)
     full = [(n, s) for n, s in batches if n >= share * largest]
     return rate(sum(n for n, _ in full), sum(s for _, s in full))
+
+
+FLAT_TOLERANCE = 0.10
+"""How far (as a share) the last third's mean may be from the middle third's and be flat."""
+
+
+def trend(values: Sequence[float | None]) -> str:
+    """Whether a figure sampled over a long run stays put: "flat", "bounded" or "growing".
+
+    The samples are cut in thirds; the first third (warm-up) is left out. "flat": the last
+    third's mean is within `FLAT_TOLERANCE` of the middle third's. "growing": every sample
+    of the last third is above every sample of the middle third (the level keeps rising).
+    "bounded": neither (a saw-tooth, such as files between compactions, or noise around a
+    level). "-" with fewer than 3 samples or a missing one.
+    """
+    if len(values) < 3 or any(v is None for v in values):
+        return "-"
+    numbers = [float(v) for v in values]  # type: ignore[arg-type]
+    n = len(numbers)
+    middle, last = numbers[n // 3 : 2 * n // 3], numbers[2 * n // 3 :]
+    middle_mean, last_mean = sum(middle) / len(middle), sum(last) / len(last)
+    if abs(last_mean - middle_mean) <= FLAT_TOLERANCE * abs(middle_mean):
+        return "flat"
+    return "growing" if min(last) > max(middle) else "bounded"

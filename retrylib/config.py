@@ -103,12 +103,15 @@ class OutputConfig(_ReadOnlyMappings):
 
     `partition_by` and `properties` apply when the job creates the table; with
     `schema_evolution`, columns the output schema has and the table lacks are added.
+    `optimize_every_ms`, when set, is how often the job compacts its tables (Delta's
+    OPTIMIZE; see `compaction`).
     """
 
     table: str
     partition_by: tuple[str, ...] = ()
     properties: Mapping[str, str] = field(default_factory=dict)
     schema_evolution: bool = False
+    optimize_every_ms: int | None = None
 
     def table_ref(self) -> TableRef:
         return TableRef.parse(self.table, "output.table")  # checked when the config loaded
@@ -790,6 +793,7 @@ def _output(t: _Table, schema: OutputSchema | None) -> OutputConfig | None:
         t.table("properties", '[output.properties] "delta.appendOnly" = "true"', required=False)
     )
     evolve = t.get("schema_evolution", _BOOL, "schema_evolution = false", False)
+    optimize_every = t.duration("optimize_every", 'optimize_every = "1h"', None, positive=True)
     t.finish()
     if schema is not None and partition_by:
         columns = {name.lower() for name in schema.names}
@@ -802,7 +806,13 @@ def _output(t: _Table, schema: OutputSchema | None) -> OutputConfig | None:
                 )
     if not t.ok:
         return None
-    return OutputConfig(table, tuple(partition_by or ()), properties, bool(evolve))
+    return OutputConfig(
+        table,
+        tuple(partition_by or ()),
+        properties,
+        bool(evolve),
+        None if optimize_every is None else round(optimize_every * 1000),
+    )
 
 
 def _check_table_name(t: _Table, key: str, table: str | None) -> None:

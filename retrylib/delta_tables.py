@@ -470,6 +470,20 @@ def _delta_table(spark: SparkSession, target: TableRef) -> DeltaTable:
     return DeltaTable.forName(spark, target.text)
 
 
+def compact(spark: SparkSession, ref: TableRef) -> tuple[int, int]:
+    """Compact the small data files of the table at `ref` (Delta's OPTIMIZE, bin-packing).
+
+    Rows are unchanged; only files change. Returns (files removed, files added). Raises
+    Spark's `AnalysisException` when there is no such table, and Delta's concurrent
+    modification errors when another writer's commit conflicts with the compaction.
+    """
+    result = _delta_table(spark, ref.resolved()).optimize().executeCompaction().first()
+    metrics = result["metrics"] if result is not None else None
+    if metrics is None:
+        return 0, 0
+    return int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"])
+
+
 def update_where(
     spark: SparkSession,
     ref: TableRef,

@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib.batch_task import TaskPlan
+from retrylib.compaction import Compactor
 from retrylib.config import Config
 from retrylib.dead_letter import dead_letter_struct
 from retrylib.delta_tables import ensure_table
@@ -286,6 +287,12 @@ def start_query(
     metrics = MetricsRecorder(config, app_id, forward=on_result)
     metrics.prepare(spark)
     limits, producer_options = record_limits(config, partitions)
+    compactor = None
+    if config.output.optimize_every_ms is not None:
+        tables = [("output", output), ("dead-letter", dead_letter)]
+        if config.metrics.table_ref() is not None:
+            tables.append(("metrics", config.metrics.table_ref()))
+        compactor = Compactor(state_dir, config.output.optimize_every_ms, tables)
     router = BatchRouter(
         task_plan(config, partitions, signing_key(spark, state_dir)),
         state_dir=state_dir,
@@ -297,6 +304,7 @@ def start_query(
         dead_letter_table=dead_letter,
         record_limits=limits,
         on_result=metrics.on_result,
+        compactor=compactor,
     )
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
     # back-to-back triggers instead, the tier source held to the target, until it is reached.

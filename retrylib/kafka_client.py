@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 # range and of the control topic end at the partition's end, and librdkafka reports that end
 # (EOF) only after such an empty fetch: measured on Apache Kafka 4.1, EOF came 0.1 s after
 # the last record with 100 ms and 0.5 s with librdkafka's default of 500 ms.
+_METADATA_POLL_S = 0.2
 _CONSUMER_DEFAULTS = {
     "enable.auto.commit": False,
     "enable.partition.eof": False,
@@ -217,7 +218,9 @@ def ensure_topics(
     Missing topics are created when `create` is true, with their `configs` (topic -> topic
     configs) where given; otherwise `TopicError` names them. A broker that does not know a
     config gets the topic without it, with a warning. A topic created concurrently by
-    someone else counts as existing.
+    someone else counts as existing. Returns once the broker's metadata shows every created
+    topic, so that a look-up right after finds it; raises `TopicError` when it does not
+    within `timeout`.
     """
     missing = sorted(set(wanted) - set(partition_counts(admin, wanted)))
     if not missing:
@@ -240,23 +243,27 @@ def ensure_topics(
                 e,
             )
             _create_topic(admin, topic, wanted[topic], {}, timeout)
-    _await_topics(admin, missing, timeout)
+    _await_metadata(admin, missing, timeout)
 
 
-def _await_topics(admin: AdminClient, topics: list[str], timeout: float) -> None:
-    """Wait until the brokers' metadata lists every one of `topics`.
+def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> None:
+    """Wait until the broker's metadata lists every topic of `topics`.
 
-    A created topic reaches the metadata a moment after its creation is acknowledged; a
-    look-up in between finds it missing (seen: a task then had no partition count for it).
+    A broker answers CreateTopics once its controller has recorded the topic; its metadata
+    cache follows a little later (seconds on a busy machine), and until then a metadata
+    look-up leaves the topic out.
     """
     deadline = time.monotonic() + timeout
     while True:
-        absent = set(topics) - set(partition_counts(admin, topics))
-        if not absent:
+        unseen = sorted(set(topics) - set(partition_counts(admin, topics)))
+        if not unseen:
             return
-        if time.monotonic() > deadline:
-            raise TopicError(f"created topic(s) {sorted(absent)} are not in the metadata yet")
-        time.sleep(0.1)
+        if time.monotonic() >= deadline:
+            raise TopicError(
+                f"created topic(s) {unseen}, but the broker's metadata still does not list "
+                f"them after {timeout:.0f}s; check the broker's health and start again"
+            )
+        time.sleep(_METADATA_POLL_S)
 
 
 def _create_topic(

@@ -12,6 +12,8 @@ A batch runs in steps, each safe to repeat after a crash:
 3. The output and dead-letter rows are appended to their Delta tables by Spark's Delta
    writer with the app transaction (`txnAppId` = the checkpoint's app id, `txnVersion` =
    batch id), so they are committed once (`delta_tables`).
+4. With `[output] optimize_every`, the tables are compacted when that period has passed
+   (`compaction`).
 
 A batch's staging folder is removed once the next batch has run: Spark replays at most the
 last batch, and a replay of it may still need its staged rows.
@@ -35,6 +37,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -43,6 +46,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import collect_list, count
 
 from retrylib.batch_task import TaskPlan, run_task
+from retrylib.compaction import Compactor
 from retrylib.delta_tables import TableRef, append_once, committed_version
 from retrylib.errors import RetrylibError, TableWriteError
 from retrylib.faults import crash_point
@@ -86,6 +90,7 @@ class BatchRouter:
         record_limits: RecordLimits,
         evolve_output: bool = False,
         on_result=None,
+        compactor: Compactor | None = None,
     ) -> None:
         self._template = plan_template
         self._state_dir = state_dir
@@ -105,6 +110,7 @@ class BatchRouter:
         self.failure: RetrylibError | None = None
         """The error that failed the last batch when retrylib detected it itself (a table it
         cannot write, ...): the job reports it instead of Spark's wrapping of it."""
+        self._compactor = compactor
         self._checked_tables = False
         self.batch_finished = threading.Event()
         """Set whenever a batch has done all its work (a graceful stop waits for it)."""
@@ -139,6 +145,8 @@ class BatchRouter:
         log.info("batch %s", json.dumps(_summary(result)))
         if self._on_result is not None:
             self._on_result(result)
+        if self._compactor is not None:  # after every commit of the batch, metrics included
+            self._compactor.after_batch(spark)
         self.batch_finished.set()
 
     def _route(self, df: DataFrame, batch_id: int) -> dict[str, Any]:
@@ -247,18 +255,11 @@ class BatchRouter:
         return join(self._state_dir, "staged", str(batch_id))
 
     def _clean_up(self, spark: SparkSession, batch_id: int) -> None:
-        """Drop the staging folders of batches before this one (a replay of this one may
-        still read its own), and manifests older than the last few."""
-        for name in list_names(spark, join(self._state_dir, "staged")):
-            if name.isdigit() and int(name) < batch_id:
-                delete_tree(spark, join(self._state_dir, "staged", name))
-        for name in list_names(spark, join(self._state_dir, "manifests")):
-            number, _, rest = name.partition(".json")
-            if not number.isdigit():
-                continue
-            leftover = rest.startswith(".tmp") and int(number) <= batch_id  # a crashed write
-            if leftover or int(number) < batch_id - _MANIFESTS_KEPT:
-                delete_tree(spark, join(self._state_dir, "manifests", name))
+        """Delete the batch state `expired_state` names, so that it stays a few files."""
+        for folder in ("staged", "manifests"):
+            names = list_names(spark, join(self._state_dir, folder))
+            for name in expired_state(folder, names, batch_id):
+                delete_tree(spark, join(self._state_dir, folder, name))
 
     def close(self) -> None:
         self._producer.close()
@@ -291,6 +292,27 @@ def signing_key(spark: SparkSession, state_dir: str) -> bytes:
     if stored is None:  # two instances starting at once agree on the first one's key
         stored = claim_json(spark, uri, {"key": secrets.token_hex(32)})
     return bytes.fromhex(stored["key"])
+
+
+def expired_state(folder: str, names: Iterable[str], batch_id: int) -> list[str]:
+    """The entries of retrylib's `folder` ("staged" or "manifests") to delete once batch
+    `batch_id` is done: staging folders of earlier batches (a replay of this one may still
+    read its own), manifests older than the last `_MANIFESTS_KEPT`, and temporary files of
+    manifest writes that crashed. Names retrylib does not write are left alone.
+    """
+    expired = []
+    for name in names:
+        if folder == "staged":
+            if name.isdigit() and int(name) < batch_id:
+                expired.append(name)
+            continue
+        number, _, rest = name.partition(".json")
+        if not number.isdigit():
+            continue
+        leftover = rest.startswith(".tmp") and int(number) <= batch_id  # a crashed write
+        if leftover or int(number) < batch_id - _MANIFESTS_KEPT:
+            expired.append(name)
+    return expired
 
 
 def _run_tasks(df: DataFrame, plan: TaskPlan, staging: str) -> None:

@@ -116,6 +116,32 @@ def claim_json(spark: SparkSession, uri: str, content: dict[str, Any]) -> dict[s
     return content
 
 
+def replace_json(spark: SparkSession, uri: str, content: dict[str, Any]) -> None:
+    """Write `content` at `uri`, replacing what is there.
+
+    On a local path the file is written beside and renamed into place, so a reader sees the
+    old content or the new, never a part. Elsewhere Hadoop's create with overwrite writes it
+    (a single PUT on object stores; on HDFS a crash while writing can leave the file short,
+    so callers must treat unreadable content as absent).
+    """
+    data = json.dumps(content).encode()
+    if not _is_local(uri):
+        fs, path = _hadoop(spark, uri)
+        out = fs.create(path, True)
+        try:
+            out.write(bytearray(data))
+        finally:
+            out.close()
+        return
+    os.makedirs(os.path.dirname(uri) or ".", exist_ok=True)
+    temporary = f"{uri}.tmp-{os.getpid()}"
+    with open(temporary, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, uri)
+
+
 def delete_tree(spark: SparkSession, uri: str) -> None:
     """Delete a file, or a directory and all below it; a missing one is fine."""
     if _is_local(uri):

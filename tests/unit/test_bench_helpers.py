@@ -12,8 +12,8 @@ import pytest
 # bench/ is not an installed package: import it from the repository root, as its README does.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.data import make_value, marked_to_fail
-from bench.handlers import FAIL_MARK, OK_MARK, flaky, trivial
+from bench.data import make_value, marked_to_fail, soak_mark
+from bench.handlers import DEAD_MARK, FAIL_MARK, OK_MARK, BenchPoisonError, flaky, soak, trivial
 from bench.instrument import _add_counters
 from bench.procmem import (
     classify,
@@ -23,7 +23,8 @@ from bench.procmem import (
     parse_kb,
     parse_stat,
 )
-from bench.report import fmt, lateness_ms, percentile, rate, ratio, sum_counters, table
+from bench.report import fmt, lateness_ms, percentile, rate, ratio, sum_counters, table, trend
+from bench.soak import JobLog, heap_used_mb, process_role
 from bench.spy_summary import charge, parse_line, role
 from retrylib.record import Record
 
@@ -180,3 +181,73 @@ def test_full_batch_rate_leaves_out_a_small_tail_batch():
 
     assert full_batch_rate([(1000, 2.0), (1000, 2.0), (16, 1.5)]) == pytest.approx(500.0)
     assert full_batch_rate([]) is None
+
+
+def test_soak_marks_spread_dead_letters_and_failures():
+    marks = [soak_mark(i, 0.05, 0.002) for i in range(10_000)]
+    assert marks.count(DEAD_MARK) == 20
+    assert 480 <= marks.count(FAIL_MARK) <= 500
+    assert marks.count(OK_MARK) == 10_000 - marks.count(DEAD_MARK) - marks.count(FAIL_MARK)
+
+
+def test_soak_handler_fails_dead_marks_always_and_fail_marks_once():
+    with pytest.raises(BenchPoisonError):
+        soak(record(DEAD_MARK + b"1:xx", attempt=5))
+    with pytest.raises(Exception, match="marked to fail once"):
+        soak(record(FAIL_MARK + b"1:xx"))
+    assert soak(record(FAIL_MARK + b"1:xx", attempt=1))["size"] == 5
+
+
+@pytest.mark.parametrize(
+    ("values", "verdict"),
+    [
+        ([100, 300, 500, 505, 498, 502], "flat"),  # warm-up then steady
+        ([1, 20, 10, 30, 5, 25], "bounded"),  # a saw-tooth
+        ([6, 1, 1, 3, 7, 1], "bounded"),  # files between compactions: back down to 1
+        ([3, 6, 7, 11, 11, 11], "bounded"),  # reached its cap
+        ([100, 200, 300, 400, 500, 600], "growing"),
+        ([5, 5, 0, 0, 0, 0], "flat"),
+        ([1, 2, 3, 4, 5, None], "-"),
+        ([1, 2], "-"),
+    ],
+)
+def test_trend_compares_the_last_third_with_the_middle_third(values, verdict):
+    assert trend(values) == verdict
+
+
+@pytest.mark.parametrize(
+    ("comm", "cmdline", "expected"),
+    [
+        ("java", "/usr/bin/java -cp x org.apache.spark.deploy.SparkSubmit", "jvm"),
+        ("python", "/w/.venv/bin/python /w/jobs/run_job.py soak.toml", "driver"),
+        ("python3", "/w/.venv/bin/python -m pyspark.daemon", "workers"),
+        ("python", "python -m pyspark.sql.streaming.python_streaming_source_runner", "source"),
+        ("bash", "bash /w/spark-submit.sh soak.toml", None),
+    ],
+)
+def test_soak_groups_the_jobs_processes(comm, cmdline, expected):
+    assert process_role(comm, cmdline) == expected
+
+
+def test_soak_sums_the_jobs_metrics_lines_as_they_come(tmp_path):
+    path = tmp_path / "job.log"
+    line = "2026-11-23 10:00:00,000 INFO retrylib.metrics: " + json.dumps(
+        {"batch_id": 1, "duration_ms": 1500, "records_main": 10, "succeeded": 9}
+    )
+    path.write_text(line + "\n" + "x INFO retrylib.compaction: compacted the output table\n")
+    log = JobLog(path)
+    assert log.read() == [1500]
+    with open(path, "a") as f:
+        f.write(line.replace('"batch_id": 1', '"batch_id": 2') + "\n" + line[:30])
+    assert log.read() == [1500]  # the half-written line waits for the next read
+    assert (log.batches, log.compactions, log.totals["records_main"]) == (2, 1, 20)
+
+
+def test_soak_reads_the_heap_in_use_from_jcmd():
+    text = (
+        "12345:\n garbage-first heap   total 262144K, used 102400K [0x0, 0x0)\n"
+        "  region size 1024K, 10 young (10240K), 2 survivors (2048K)\n"
+        " Metaspace       used 90000K, committed 91000K, reserved 1114112K\n"
+    )
+    assert heap_used_mb(text) == 100.0
+    assert heap_used_mb("12345:\nAttachNotSupportedException") is None

@@ -665,6 +665,24 @@ def test_output_defaults_create_a_plain_table(tmp_path: Path) -> None:
         {},
         False,
     )
+    assert output.optimize_every_ms is None  # no scheduled compaction unless asked
+
+
+def test_optimize_every_is_read_in_milliseconds(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path, {"output.optimize_every": '"1h30m"'}))
+    assert config.output.optimize_every_ms == 5_400_000
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ('"30"', r'output\.optimize_every: bad duration "30": write a number and a unit'),
+        ('"0s"', r'output\.optimize_every: expected a duration above zero, got "0s"'),
+        ("30", r"output\.optimize_every: bad duration 30: write a number and a unit"),
+    ],
+)
+def test_a_bad_optimize_every_is_named_with_the_fix(tmp_path: Path, value, says) -> None:
+    assert re.match(says, problem_for(tmp_path, {"output.optimize_every": value}))
 
 
 @pytest.mark.parametrize(

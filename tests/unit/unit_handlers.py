@@ -19,9 +19,17 @@ def by_key(record: Record) -> dict | None:
         raise Skip("not ours")
     if key.startswith("after-"):  # "after-<seconds>": ask to be retried that much later
         raise RetryAfter(float(key.removeprefix("after-")))
+    if key.startswith("deep"):  # fails on every attempt, with a long message and a deep stack
+        _fail_deep(200, "a long reason " * 1000)
     if key.startswith("headers"):  # fails once, with the headers it was given as the message
         raise RuntimeError(repr(record.headers))
     return {"key": key, "topic": record.topic, "offset": record.offset, "attempt": record.attempt}
+
+
+def _fail_deep(depth: int, message: str) -> None:
+    if depth:
+        _fail_deep(depth - 1, message)
+    raise RuntimeError(message)
 
 
 def arrow_table(batch):
