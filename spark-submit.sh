@@ -30,9 +30,12 @@ submit=$(dirname "$PYSPARK_PYTHON")/spark-submit
 jvm_flags=()
 if [[ -x "$submit" ]]; then
   jars=$("$PYSPARK_PYTHON" -m retrylib.jars spark --classpath)
+  # The snapshot partitions as retrylib.session sets them for a local Spark: Delta's
+  # default of 50 tasks per table-state rebuild costs a local run a second per append.
   jvm_flags=(--jars "$jars"
     --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
-    --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog)
+    --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog
+    --conf spark.databricks.delta.snapshotPartitions=2)
 else
   submit=$(command -v spark-submit)
 fi
