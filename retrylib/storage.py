@@ -93,12 +93,7 @@ def claim_json(spark: SparkSession, uri: str, content: dict[str, Any]) -> dict[s
         finally:
             out.close()
         return content
-    os.makedirs(os.path.dirname(uri) or ".", exist_ok=True)
-    temporary = f"{uri}.tmp-{os.getpid()}"
-    with open(temporary, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
+    temporary = _synced_beside(uri, data)
     try:
         os.link(temporary, uri)
     except FileExistsError:
@@ -133,13 +128,18 @@ def replace_json(spark: SparkSession, uri: str, content: dict[str, Any]) -> None
         finally:
             out.close()
         return
+    os.replace(_synced_beside(uri, data), uri)
+
+
+def _synced_beside(uri: str, data: bytes) -> str:
+    """Write `data` to a temporary file next to the local path `uri`, synced; its path."""
     os.makedirs(os.path.dirname(uri) or ".", exist_ok=True)
     temporary = f"{uri}.tmp-{os.getpid()}"
     with open(temporary, "wb") as out:
         out.write(data)
         out.flush()
         os.fsync(out.fileno())
-    os.replace(temporary, uri)
+    return temporary
 
 
 def delete_tree(spark: SparkSession, uri: str) -> None:
