@@ -115,16 +115,23 @@ def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float
         finally:
             stop_gracefully(query, router)
             router.close()
-        _print_results(spark, config.output.table, config.dead_letter.table)
+        landed = _print_results(spark, config.output.table, config.dead_letter.table)
         spark.stop()
-    if settled[0] != len(orders):
-        print(f"demo did not settle: {settled[0]} of {len(orders)} orders accounted for")
+    wanted = sorted(key.decode() for key, _ in orders)
+    if landed != wanted:
+        missing, doubled = set(wanted) - set(landed), len(landed) - len(set(landed))
+        print(
+            f"demo did not settle: {len(wanted) - len(missing)} of {len(wanted)} orders "
+            f"accounted for, {doubled} written twice"
+        )
         return 1
     print(f"all {len(orders)} orders accounted for: output or dead letter, each exactly once")
     return 0
 
 
-def _print_results(spark, output_table: str, dead_letter_table: str) -> None:
+def _print_results(spark, output_table: str, dead_letter_table: str) -> list[str]:
+    """Print both tables; return the order ids found in them, sorted (repeats kept)."""
+
     def read_table(path: str):
         return spark.read.format("delta").load(path).toArrow()
 
@@ -139,3 +146,4 @@ def _print_results(spark, output_table: str, dead_letter_table: str) -> None:
     frame["key"] = [k.decode(errors="replace") for k in frame["key"]]
     frame["error_message"] = frame["error_message"].str.slice(0, 40)
     print(frame.to_string(index=False))
+    return sorted([*output.column("order_id").to_pylist(), *frame["key"]])
