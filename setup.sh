@@ -28,4 +28,4 @@ command -v mvn >/dev/null 2>&1 || { echo "setup.sh: Maven is needed once to fetc
 [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q -e ".[spark,test]" "${pins[@]}"
-"$venv/bin/python" -m retrylib.jars
+"$venv/bin/python" -m retrylib.spark.jars

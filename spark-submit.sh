@@ -5,7 +5,7 @@
 #
 # Ships the retrylib package to the executors with --py-files (the handler's own package
 # is shipped by the job itself). With the project's own Spark (.venv, installed from PyPI)
-# it adds Spark's Kafka connector and Delta Lake, resolved once by `python -m retrylib.jars`;
+# it adds Spark's Kafka connector and Delta Lake, resolved once by `python -m retrylib.spark.jars`;
 # a cluster's spark-submit (EMR, Databricks) brings its own and gets none. Extra
 # spark-submit flags go in SPARK_SUBMIT_OPTS_EXTRA, e.g. on EMR
 # SPARK_SUBMIT_OPTS_EXTRA="--master yarn --packages org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.2".
@@ -29,8 +29,8 @@ export PYSPARK_PYTHON PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$PYSPARK_P
 submit=$(dirname "$PYSPARK_PYTHON")/spark-submit
 jvm_flags=()
 if [[ -x "$submit" ]]; then
-  jars=$("$PYSPARK_PYTHON" -m retrylib.jars spark --classpath)
-  # The snapshot partitions as retrylib.session sets them for a local Spark: Delta's
+  jars=$("$PYSPARK_PYTHON" -m retrylib.spark.jars spark --classpath)
+  # The snapshot partitions as retrylib.spark.session sets them for a local Spark: Delta's
   # default of 50 tasks per table-state rebuild costs a local run a second per append.
   jvm_flags=(--jars "$jars"
     --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension

@@ -7,7 +7,7 @@ The pipeline is `spark.readStream.format("kafka")` on the topic, the trivial han
 output columns computed in the JVM (`partition, offset, length(value) AS size`: the same
 table retrylib writes), `writeStream.format("delta")` with `Trigger.AvailableNow` and the
 same `maxOffsetsPerTrigger` as retrylib. The session comes from
-`retrylib.session.build_spark_session`, so it has the same jars and settings. Run in a
+`retrylib.spark.session.build_spark_session`, so it has the same jars and settings. Run in a
 process of its own by bench/run.py; the result JSON has the same fields as
 bench/retrylib_driver.py's, batches taken from the query's progress.
 """
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.procmem import cpu_between, tree_cpu_by_group
     from bench.retrylib_driver import progress_of
-    from retrylib.session import build_spark_session
+    from retrylib.spark.session import build_spark_session
 
     spark = build_spark_session("bench-bare", master=args.master)
     session_ready = time.time()

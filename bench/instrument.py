@@ -46,8 +46,8 @@ DRIVER_STEPS = {
 
 
 def timed_run_task(plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """`retrylib.batch_task.run_task` with per-task timers added to its counters row."""
-    from retrylib import batch_task
+    """`retrylib.task.run_task` with per-task timers added to its counters row."""
+    from retrylib import task
 
     clock = time.perf_counter
     started = clock()
@@ -66,7 +66,7 @@ def timed_run_task(plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Recor
             yield batch
 
     handed = 0.0
-    for out in batch_task.run_task(plan, timed_batches()):
+    for out in task.run_task(plan, timed_batches()):
         if _is_counters_row(out):
             out = _add_counters(
                 out,

@@ -18,7 +18,7 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from retrylib.headers import NOT_BEFORE, ORIGIN_OFFSET, ORIGIN_PARTITION
+from retrylib.retry.headers import NOT_BEFORE, ORIGIN_OFFSET, ORIGIN_PARTITION
 
 
 def not_before_by_origin(bootstrap: str, topic: str, timeout: float = 30.0) -> dict:

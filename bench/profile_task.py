@@ -5,10 +5,10 @@
     python -m bench.profile_task ranges [--records 200000] [--partitions 6] [--profile]
 
 `route` feeds synthetic RecordBatches in the source's exact Arrow schema through
-`retrylib.batch_task.run_task` (what each `mapInArrow` task runs: per-record routing, the
+`retrylib.task.run_task` (what each `mapInArrow` task runs: per-record routing, the
 handler, result rows for Spark to stage) and, for comparison, through a bare loop that only
 converts the columns and calls the handler. `read` produces records to an embedded broker and reads
-them back with `retrylib.kafka_source.read_range` (what a source task emitting records
+them back with `retrylib.kafka.tier_source.read_range` (what a source task emitting records
 runs). `ranges` produces likewise and runs `run_task` on offset ranges, as the job's tasks
 do: read and route in one pass. All print microseconds per record; `--profile` adds the
 top functions by own time (cProfile).
@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def synthetic_batches(records: int, rate: float, size: int, rows: int = 10_000):
-    from retrylib.kafka_source import KAFKA_ARROW_SCHEMA
+    from retrylib.kafka.tier_source import KAFKA_ARROW_SCHEMA
 
     now_us = int(time.time() * 1_000_000)
     batches = []
@@ -64,7 +64,7 @@ def synthetic_batches(records: int, rate: float, size: int, rows: int = 10_000):
 
 
 def make_plan(workdir: Path, handler: str):
-    from retrylib.config import load_config
+    from retrylib.config.model import load_config
     from retrylib.job import task_plan
 
     config_path = workdir / "profile.toml"
@@ -127,7 +127,7 @@ def profiled(function, *args, top: int, enabled: bool):
 
 
 def route(args: argparse.Namespace) -> None:
-    from retrylib.batch_task import run_task
+    from retrylib.task import run_task
 
     batches = synthetic_batches(args.records, args.failure_rate, args.record_bytes)
     for name in ("trivial", "flaky"):
@@ -156,7 +156,7 @@ def route(args: argparse.Namespace) -> None:
 
 
 def read(args: argparse.Namespace) -> None:
-    from retrylib.kafka_source import KafkaInputPartition, read_range
+    from retrylib.kafka.tier_source import KafkaInputPartition, read_range
 
     with input_on_broker(args) as bootstrap:
         per = args.records // args.partitions
@@ -172,8 +172,8 @@ def read(args: argparse.Namespace) -> None:
 
 
 def ranges(args: argparse.Namespace) -> None:
-    from retrylib.batch_task import run_task
-    from retrylib.kafka_source import RANGE_SCHEMA, to_arrow_schema
+    from retrylib.kafka.tier_source import RANGE_SCHEMA, to_arrow_schema
+    from retrylib.task import run_task
 
     with input_on_broker(args) as bootstrap, tempfile.TemporaryDirectory() as tmp:
         per = args.records // args.partitions
@@ -198,8 +198,8 @@ def ranges(args: argparse.Namespace) -> None:
 def input_on_broker(args: argparse.Namespace):
     """An embedded broker holding `--records` bench records on topic bench-main."""
     from bench.data import produce_input
-    from retrylib.broker import EmbeddedBroker
-    from retrylib.kafka_client import ensure_topics, make_admin
+    from retrylib.kafka.broker import EmbeddedBroker
+    from retrylib.kafka.clients import ensure_topics, make_admin
 
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap_servers

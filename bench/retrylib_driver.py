@@ -48,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.time()
 
-    from retrylib.config import load_config
+    from retrylib.config.model import load_config
     from retrylib.job import start_query, stop_gracefully
     from retrylib.logs import configure_logging
-    from retrylib.session import build_spark_session
+    from retrylib.spark.session import build_spark_session
 
     configure_logging()
     config = load_config(args.config)

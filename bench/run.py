@@ -5,7 +5,7 @@ Run by hand (not a test):
     .venv/bin/python -m bench.run                    # 1,000,000 records, 200 B, 6 partitions
     .venv/bin/python -m bench.run --records 200000 --max-offsets-per-trigger 50000
 
-One embedded Apache Kafka broker (`retrylib.broker.EmbeddedBroker`, a JVM process) and one
+One embedded Apache Kafka broker (`retrylib.kafka.broker.EmbeddedBroker`, a JVM process) and one
 input topic serve every contender; each contender runs in a process of its own while this
 process samples its memory (PSS of the process tree) and CPU time. See bench/README.md for
 what each number means.
@@ -288,7 +288,7 @@ table = "{root}/dead_letter"
     # -- the parts ----------------------------------------------------------------------
 
     def produce(self) -> None:
-        from retrylib.kafka_client import ensure_topics, make_admin
+        from retrylib.kafka.clients import ensure_topics, make_admin
 
         a = self.args
         ensure_topics(make_admin(self.bootstrap, {}), {MAIN_TOPIC: a.partitions}, create=True)
@@ -306,7 +306,7 @@ table = "{root}/dead_letter"
         if "bare" in a.only:
             self.bare("bare", cap)
         if "baseline" in a.only:
-            from retrylib.kafka_client import ensure_topics, make_admin
+            from retrylib.kafka.clients import ensure_topics, make_admin
 
             admin = make_admin(self.bootstrap, {})
             for label, handler in (("baseline-trivial", "trivial"), ("baseline-fail", "flaky")):
@@ -335,7 +335,7 @@ table = "{root}/dead_letter"
                 self.retrylib(f"retrylib-cap{memory_cap}", "trivial", cap=memory_cap)
 
     def run_lateness(self) -> None:
-        from retrylib.kafka_client import ensure_topics, make_admin
+        from retrylib.kafka.clients import ensure_topics, make_admin
 
         a = self.args
         ensure_topics(make_admin(self.bootstrap, {}), {LATE_TOPIC: a.partitions}, create=True)
@@ -948,7 +948,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.bootstrap:
             bootstrap, broker_pid = args.bootstrap, None
         else:
-            from retrylib.broker import EmbeddedBroker
+            from retrylib.kafka.broker import EmbeddedBroker
 
             broker = EmbeddedBroker(data_dir=workdir / "broker").start()
             bootstrap = broker.bootstrap_servers

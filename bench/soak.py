@@ -414,8 +414,8 @@ def stop_job(job: subprocess.Popen, root_groups: dict[str, list[int]]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from retrylib.broker import EmbeddedBroker
-    from retrylib.kafka_client import ensure_topics, make_admin
+    from retrylib.kafka.broker import EmbeddedBroker
+    from retrylib.kafka.clients import ensure_topics, make_admin
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="retrylib-soak-"))
     workdir.mkdir(parents=True, exist_ok=True)

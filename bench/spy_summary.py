@@ -52,7 +52,7 @@ def role(frames: list[str]) -> str:
         if "streaming" in code and "source" in code:
             return "source planning (driver side)"
         return "worker, outside a task"
-    if "retrylib_driver" in process or "retrylib.cli" in process:
+    if "retrylib_driver" in process or "-m retrylib " in process:
         return "driver process"
     return "other"
 

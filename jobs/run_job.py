@@ -2,7 +2,7 @@
 
 import sys
 
-from retrylib.cli import main
+from retrylib.ops.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["run", *sys.argv[1:]]))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from retrylib.importing import import_object
+from retrylib.config.importing import import_object
 from retrylib.record import Record
 
 log = logging.getLogger(__name__)

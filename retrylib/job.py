@@ -11,20 +11,23 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from retrylib.batch_task import TaskPlan
-from retrylib.compaction import Compactor
-from retrylib.config import Config
-from retrylib.dead_letter import dead_letter_struct
-from retrylib.delta_tables import ensure_table
+from retrylib.checkpoint import join
+from retrylib.config.model import Config
+from retrylib.delta.compaction import Compactor
+from retrylib.delta.dead_letter import dead_letter_struct
+from retrylib.delta.tables import ensure_table
 from retrylib.errors import TopicError
-from retrylib.kafka_client import (
+from retrylib.kafka.clients import (
     TIER_CLIENT_OPTIONS,
     RecordLimits,
     ensure_topics,
     make_admin,
     partition_counts,
 )
-from retrylib.kafka_source import (
+from retrylib.kafka.offsets import Offsets, offsets_to_json, progress_end_offsets, reached
+from retrylib.kafka.record_size import producer_batch_bytes
+from retrylib.kafka.staging import control_topic
+from retrylib.kafka.tier_source import (
     ENGINE_LIMITS_PYTHON_SOURCES,
     OPTION_AVAILABLE_NOW_OFFSETS,
     KafkaStreamReader,
@@ -32,14 +35,11 @@ from retrylib.kafka_source import (
 )
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder, spark_checkpoint
-from retrylib.offsets import Offsets, offsets_to_json, progress_end_offsets, reached
-from retrylib.record_size import producer_batch_bytes
 from retrylib.router import BatchResult, BatchRouter, checkpoint_identity, signing_key
-from retrylib.session import build_spark_session
-from retrylib.shipping import ship_handler
-from retrylib.signals import stop_requests
-from retrylib.staging import control_topic
-from retrylib.storage import join
+from retrylib.spark.session import build_spark_session
+from retrylib.spark.shipping import ship_handler
+from retrylib.spark.signals import stop_requests
+from retrylib.task import TaskPlan
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ as one JSON object per line. Every line passes a `RedactingFilter` that replaces
 values of the loaded config (see `config_secrets`) with "***", tracebacks included; the CLI
 runs what it prints through `redact` too. Processes where nothing sets logging up (Spark's
 Python workers) mask as well: the same filter sits on librdkafka's logger and on Python's
-last-resort handler, and `retrylib.kafka_client` registers each client's secret options.
+last-resort handler, and `retrylib.kafka.clients` registers each client's secret options.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from retrylib.errors import RetrylibError
 
 if TYPE_CHECKING:  # every Kafka client imports this module; the config parser is not needed
-    from retrylib.config import Config
+    from retrylib.config.model import Config
 
 _QUIET = ("py4j", "pyspark", "urllib3")
 _PY4J_CALLBACKS = "py4j.clientserver"

@@ -46,11 +46,11 @@ import pyarrow as pa
 from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from retrylib.config import Config
-from retrylib.delta_tables import append_once, ensure_table
-from retrylib.kafka_client import client_config, topic_partitions
-from retrylib.offsets import PartitionKey, delay_frontier
-from retrylib.storage import join, list_names, read_text
+from retrylib.checkpoint import join, list_names, read_text
+from retrylib.config.model import Config
+from retrylib.delta.tables import append_once, ensure_table
+from retrylib.kafka.clients import client_config, topic_partitions
+from retrylib.kafka.offsets import PartitionKey, delay_frontier
 
 if TYPE_CHECKING:
     from retrylib.router import BatchResult

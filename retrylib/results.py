@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from retrylib.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.staging import STAGED_SCHEMA
+from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
+from retrylib.kafka.staging import STAGED_SCHEMA
 
 KINDS = ("output", "dead_letter", "staged")
 

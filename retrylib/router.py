@@ -3,7 +3,7 @@
 A batch runs in steps, each safe to repeat after a crash:
 
 1. Unless this batch already has a manifest: executors route every record (see
-   `batch_task`), and Spark writes their decisions (`results`) to the batch's staging folder
+   `task`), and Spark writes their decisions (`results`) to the batch's staging folder
    in the checkpoint; the driver then records the batch's clock and counters in a manifest.
    The manifest is the commit point of the batch's decisions: a replay after it reads them
    back instead of calling the handler again.
@@ -45,15 +45,15 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import collect_list, count
 
-from retrylib.batch_task import TaskPlan, run_task
-from retrylib.compaction import Compactor
-from retrylib.delta_tables import TableRef, append_once, committed_version
+from retrylib.checkpoint import claim_json, delete_tree, join, list_names, read_json
+from retrylib.delta.compaction import Compactor
+from retrylib.delta.tables import TableRef, append_once, committed_version
 from retrylib.errors import RetrylibError, TableWriteError
 from retrylib.faults import crash_point
-from retrylib.kafka_client import RecordLimits
+from retrylib.kafka.clients import RecordLimits
+from retrylib.kafka.staging import StagedProducer
 from retrylib.results import result_struct
-from retrylib.staging import StagedProducer
-from retrylib.storage import claim_json, delete_tree, join, list_names, read_json
+from retrylib.task import TaskPlan, run_task
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retrylib.dead_letter import HEADERS_TYPE
+from retrylib.delta.dead_letter import HEADERS_TYPE
 from retrylib.handler import BadHandlerResult
-from retrylib.headers import RESERVED
 from retrylib.record import Record
+from retrylib.retry.headers import RESERVED
 
 INPUT_SCHEMA = pa.schema(
     [

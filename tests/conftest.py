@@ -2,7 +2,7 @@
 
 The broker is, in order: an external cluster named by RETRYLIB_TEST_BOOTSTRAP_SERVERS;
 testcontainers' Kafka where a Docker engine answers; else an embedded Apache Kafka broker
-(`retrylib.broker`).
+(`retrylib.kafka.broker`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from retrylib.kafka_client import ensure_topics, make_admin
+from retrylib.kafka.clients import ensure_topics, make_admin
 
 
 def _docker_answers() -> bool:
@@ -39,7 +39,7 @@ def bootstrap_servers(request: pytest.FixtureRequest, tmp_path_factory) -> Itera
         with KafkaContainer() as kafka:
             yield kafka.get_bootstrap_server()
         return
-    from retrylib.broker import EmbeddedBroker
+    from retrylib.kafka.broker import EmbeddedBroker
 
     # Under pytest's base temp dir, which keeps the last runs: the log outlives the run.
     broker = EmbeddedBroker(data_dir=tmp_path_factory.mktemp("broker")).start()
@@ -68,7 +68,7 @@ def make_topic(bootstrap_servers: str) -> Callable[..., str]:
 def spark(tmp_path_factory):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from retrylib.session import build_spark_session
+    from retrylib.spark.session import build_spark_session
 
     session = build_spark_session(
         "retrylib-tests",

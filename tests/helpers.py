@@ -12,12 +12,12 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from retrylib.config import Config, load_config
+from retrylib.config.model import Config, load_config
 
 
 def tests_session() -> SparkSession:
     """The test process's SparkSession (the `spark` fixture's, or one made like it)."""
-    from retrylib.session import build_spark_session
+    from retrylib.spark.session import build_spark_session
 
     active = SparkSession.getActiveSession()
     if active is not None:

@@ -2,7 +2,7 @@
 
 Each round produces a wave of input records (successes, transient failures that succeed on
 the 2nd or 3rd call, failures that always fail, non-retryable failures), then runs the job
-as a subprocess (`python -m retrylib.cli run CONF --master local[2]`, processing-time
+as a subprocess (`python -m retrylib run CONF --master local[2]`, processing-time
 trigger) from the same checkpoint, and ends it in one of three ways:
 
 - point: RETRYLIB_CRASH_AT names a crash point; the job SIGKILLs its whole process group
@@ -49,10 +49,10 @@ from pathlib import Path
 import pyarrow as pa
 from confluent_kafka import KafkaError, TopicPartition
 
-from retrylib.broker import EmbeddedBroker
 from retrylib.faults import CRASH_POINTS
-from retrylib.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, record_id
-from retrylib.kafka_client import ensure_topics, make_admin, make_consumer, make_producer
+from retrylib.kafka.broker import EmbeddedBroker
+from retrylib.kafka.clients import ensure_topics, make_admin, make_consumer, make_producer
+from retrylib.retry.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, record_id
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -312,7 +312,7 @@ table = "{self.dead_letter_table}"
         command = [
             sys.executable,
             "-m",
-            "retrylib.cli",
+            "retrylib",
             "run",
             str(self.config_path),
             "--master",
@@ -675,7 +675,7 @@ def read_table(path: str) -> pa.Table:
 
 
 def _local_spark():
-    from retrylib.session import build_spark_session
+    from retrylib.spark.session import build_spark_session
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return build_spark_session(

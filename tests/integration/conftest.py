@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from retrylib.config import Config, load_config
-from retrylib.kafka_client import make_producer
+from retrylib.config.model import Config, load_config
+from retrylib.kafka.clients import make_producer
 
 HANDLERS_DIR = Path(__file__).parent / "handlers"
 

@@ -29,10 +29,10 @@ from confluent_kafka import TopicPartition
 from delta.tables import DeltaTable
 from helpers import read_table
 
-import retrylib.redrive as redrive_module
-from retrylib.cli import main
-from retrylib.config import load_config
-from retrylib.kafka_client import make_consumer, make_producer
+import retrylib.ops.redrive as redrive_module
+from retrylib.config.model import load_config
+from retrylib.kafka.clients import make_consumer, make_producer
+from retrylib.ops.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -452,7 +452,7 @@ def test_status_and_redrive_as_a_process_of_their_own(job, bootstrap_servers):
     own Spark (local[1]) to read the dead-letter table; stdout carries only the JSON.
     """
     chosen = dead_letter_ids(job, "stop-")[3]
-    command = [sys.executable, "-m", "retrylib.cli"]
+    command = [sys.executable, "-m", "retrylib"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
 
     status = subprocess.run(

@@ -21,13 +21,13 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from retrylib import staging
+from retrylib.checkpoint import claim_json, read_json
 from retrylib.errors import RetrylibError
 from retrylib.faults import CRASH_POINTS
-from retrylib.kafka_client import ensure_topics, make_admin, make_consumer, make_producer
+from retrylib.kafka import staging
+from retrylib.kafka.clients import ensure_topics, make_admin, make_consumer, make_producer
+from retrylib.kafka.staging import STAGED_SCHEMA, ProduceError, StagedProducer, control_topic
 from retrylib.router import checkpoint_identity
-from retrylib.staging import STAGED_SCHEMA, ProduceError, StagedProducer, control_topic
-from retrylib.storage import claim_json, read_json
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 REPO = FAULTS_DIR.parents[1]
@@ -241,7 +241,7 @@ def test_a_crash_before_the_commit_then_replay_produces_once(bootstrap_servers, 
     job, tier = topics
     crashed = _python(
         "import pyarrow as pa\n"
-        "from retrylib.staging import STAGED_SCHEMA, StagedProducer\n"
+        "from retrylib.kafka.staging import STAGED_SCHEMA, StagedProducer\n"
         f"rows = {_rows('b5', tier, 6)!r}\n"
         f"p = StagedProducer({job!r}, 'app-1', {bootstrap_servers!r}, {{}})\n"
         "p.produce_once(5, lambda: [pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)])\n",
@@ -298,7 +298,7 @@ def test_a_zombie_fenced_inside_its_transaction_commits_nothing(bootstrap_server
 @pytest.fixture
 def own_broker(tmp_path):
     """A broker of this test's own, to restart; its data under tmp_path."""
-    from retrylib.broker import EmbeddedBroker
+    from retrylib.kafka.broker import EmbeddedBroker
 
     with EmbeddedBroker(data_dir=tmp_path / "broker") as broker:
         ensure_topics(

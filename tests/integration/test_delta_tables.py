@@ -1,4 +1,4 @@
-"""`retrylib.delta_tables` against real Delta tables, by path and by catalog name, in local Spark.
+"""`retrylib.delta.tables` against real Delta tables, by path and by catalog name, in local Spark.
 
 Transactions are checked where Delta keeps them: the `txn` action of each commit file in the
 table's `_delta_log`, read as plain JSON.
@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from retrylib.delta_tables import (
+from retrylib.delta.tables import (
     TableRef,
     append_once,
     committed_version,

@@ -15,7 +15,7 @@ def test_the_demo_accounts_for_every_order(tmp_path):
         [
             sys.executable,
             "-m",
-            "retrylib.cli",
+            "retrylib",
             "demo",
             "--records",
             "60",

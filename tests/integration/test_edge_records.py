@@ -7,8 +7,8 @@ import pytest
 from helpers import read_table
 from test_retries import run_until, settled_count
 
-from retrylib.headers import MAX_ERROR_MESSAGE_BYTES
-from retrylib.kafka_client import make_producer
+from retrylib.kafka.clients import make_producer
+from retrylib.retry.headers import MAX_ERROR_MESSAGE_BYTES
 
 pytestmark = pytest.mark.slow
 

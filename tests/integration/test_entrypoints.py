@@ -15,7 +15,7 @@ import pytest
 from conftest import produce
 from helpers import read_table
 
-from retrylib.config import load_config
+from retrylib.config.model import load_config
 from retrylib.errors import TopicError
 from retrylib.job import start_query
 
@@ -53,7 +53,7 @@ def test_sigterm_stops_after_the_batch_and_exits_zero(bootstrap_servers, make_to
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
     config = write_config([topic], kafka="max_offsets_per_trigger = 50")  # a long backlog
     job = subprocess.Popen(
-        [sys.executable, "-m", "retrylib.cli", "run", config.source_path, "--master", "local[2]"],
+        [sys.executable, "-m", "retrylib", "run", config.source_path, "--master", "local[2]"],
         env=child_env(),
         stderr=subprocess.PIPE,
         text=True,

@@ -71,7 +71,7 @@ def test_restart_processes_only_new_records(
 
 
 def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topic, write_config):
-    from retrylib.kafka_source import KAFKA_SCHEMA
+    from retrylib.kafka.tier_source import KAFKA_SCHEMA
 
     topic = make_topic("orders", partitions=1)
     config = write_config([topic])
@@ -83,7 +83,7 @@ def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topi
 
     router(frame, 7)
     router(frame, 7)  # replay with the manifest in place: decisions reused
-    from retrylib.storage import delete_tree, join
+    from retrylib.checkpoint import delete_tree, join
 
     delete_tree(spark, join(config.job.checkpoint, "retrylib", "manifests"))
     router(frame, 7)  # replay from scratch: the Delta txn refuses a second commit

@@ -16,10 +16,10 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from retrylib import kafka_source
-from retrylib.batch_task import TaskPlan, run_task
-from retrylib.kafka_client import make_admin, make_consumer
-from retrylib.kafka_source import (
+from retrylib.config.schema import parse_schema
+from retrylib.kafka import tier_source
+from retrylib.kafka.clients import make_admin, make_consumer
+from retrylib.kafka.tier_source import (
     KAFKA_ARROW_SCHEMA,
     KAFKA_SCHEMA,
     RANGE_SCHEMA,
@@ -31,7 +31,7 @@ from retrylib.kafka_source import (
     parse_source_options,
     read_range,
 )
-from retrylib.schema import parse_schema
+from retrylib.task import TaskPlan, run_task
 
 pytestmark = pytest.mark.slow
 
@@ -361,7 +361,7 @@ def test_latest_offset_without_arguments_as_on_spark_4_0(bootstrap_servers, make
 def test_read_range_yields_bounded_arrow_batches(
     bootstrap_servers, make_topic, monkeypatch
 ) -> None:
-    monkeypatch.setattr(kafka_source, "BATCH_ROWS", 7)
+    monkeypatch.setattr(tier_source, "BATCH_ROWS", 7)
     topic = make_topic("arrow", partitions=1)
     produced = produce(bootstrap_servers, topic, 30, [0])
     part = KafkaInputPartition(topic, 0, 4, 25, bootstrap_servers, {})
@@ -404,7 +404,7 @@ def test_read_range_skips_offset_gaps_of_transaction_markers(bootstrap_servers, 
 def test_read_range_fails_clearly_when_records_never_arrive(
     bootstrap_servers, make_topic, monkeypatch
 ) -> None:
-    monkeypatch.setattr(kafka_source, "STALL_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(tier_source, "STALL_TIMEOUT_S", 1.0)
     topic = make_topic("stall", partitions=1)
     produce(bootstrap_servers, topic, 3, [0])
     part = KafkaInputPartition(topic, 0, 0, 10, bootstrap_servers, {})
@@ -435,7 +435,7 @@ def test_read_range_ends_at_aborted_transactions_and_counts_the_gap(
         part = KafkaInputPartition(topic, 0, start, 15, bootstrap_servers, committed)
         return [row["value"] for batch in read_range(part) for row in batch.to_pylist()]
 
-    caplog.set_level("DEBUG", logger=kafka_source.__name__)
+    caplog.set_level("DEBUG", logger=tier_source.__name__)
     started = time.monotonic()
     # offsets 0-3 committed, 4 its marker, 5-8 and 10-13 aborted, 9 and 14 their markers
     assert read(0) == [f"0-{i}".encode() for i in range(4)]

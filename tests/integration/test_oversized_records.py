@@ -21,10 +21,10 @@ from helpers import read_table
 from test_handler_failures import run_until_settled
 from test_retries import read_topic
 
-from retrylib import headers as h
-from retrylib.kafka_client import make_admin
-from retrylib.record_size import wire_size
-from retrylib.staging import STAGED_SCHEMA, RecordTooLargeError, StagedProducer, control_topic
+from retrylib.kafka.clients import make_admin
+from retrylib.kafka.record_size import wire_size
+from retrylib.kafka.staging import STAGED_SCHEMA, RecordTooLargeError, StagedProducer, control_topic
+from retrylib.retry import headers as h
 
 pytestmark = pytest.mark.slow
 

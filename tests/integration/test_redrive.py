@@ -18,12 +18,12 @@ from confluent_kafka import TopicPartition
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-import retrylib.redrive as redrive_module
-from retrylib.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.delta_tables import TableRef, append_once, ensure_table, read_table
-from retrylib.kafka_client import make_consumer
-from retrylib.redrive import Selection, redrive
-from retrylib.status import collect_status, preflight
+import retrylib.ops.redrive as redrive_module
+from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
+from retrylib.delta.tables import TableRef, append_once, ensure_table, read_table
+from retrylib.kafka.clients import make_consumer
+from retrylib.ops.redrive import Selection, redrive
+from retrylib.ops.status import collect_status, preflight
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ from confluent_kafka import TopicPartition
 from conftest import produce
 from helpers import read_table, table_frame
 
-from retrylib.headers import split_headers
 from retrylib.job import start_query, stop_gracefully
-from retrylib.kafka_client import make_consumer, make_producer
+from retrylib.kafka.clients import make_consumer, make_producer
+from retrylib.retry.headers import split_headers
 from retrylib.router import BatchResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.every_spark]

@@ -11,10 +11,10 @@ from conftest import produce
 from delta.tables import DeltaTable
 from helpers import read_table
 
-from retrylib.compaction import STATE_FILE
-from retrylib.config import load_config
+from retrylib.checkpoint import read_json, replace_json
+from retrylib.config.model import load_config
+from retrylib.delta.compaction import STATE_FILE
 from retrylib.job import start_query
-from retrylib.storage import read_json, replace_json
 
 pytestmark = pytest.mark.slow
 

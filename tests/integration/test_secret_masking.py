@@ -36,7 +36,7 @@ def test_a_value_from_the_environment_is_masked_in_the_workers_output(
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
     done = subprocess.run(
-        [sys.executable, "-m", "retrylib.cli", "run", config.source_path, "--available-now"]
+        [sys.executable, "-m", "retrylib", "run", config.source_path, "--available-now"]
         + ["--master", "local[2]"],
         env=env,
         capture_output=True,

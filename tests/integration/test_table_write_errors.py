@@ -25,7 +25,7 @@ def run_job(config_path: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     env.pop("RETRYLIB_LOG_LEVEL", None)
     return subprocess.run(
-        [sys.executable, "-m", "retrylib.cli", "run", config_path, "--available-now"]
+        [sys.executable, "-m", "retrylib", "run", config_path, "--available-now"]
         + ["--master", "local[2]"],
         env=env,
         capture_output=True,

@@ -12,8 +12,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from retrylib.batch_task import TaskPlan, run_task
-from retrylib.headers import (
+from retrylib.kafka.tier_source import KAFKA_ARROW_SCHEMA
+from retrylib.results import result_schema
+from retrylib.retry.headers import (
     RetryState,
     decode_retry_state,
     encode_retry_headers,
@@ -21,8 +22,7 @@ from retrylib.headers import (
     sign,
     split_headers,
 )
-from retrylib.kafka_source import KAFKA_ARROW_SCHEMA
-from retrylib.results import result_schema
+from retrylib.task import TaskPlan, run_task
 
 OUTPUT = pa.schema(
     [("key", pa.string()), ("topic", pa.string()), ("offset", pa.int64()), ("attempt", pa.int32())]
@@ -293,7 +293,7 @@ def test_a_forged_retry_never_shadows_the_genuine_one(plan, kind):
         (90, "unverified_retry_record"),
         (91, "unverified_retry_record"),
     ]
-    assert all(d["error_class"] == "retrylib.headers.UnverifiedRetryRecord" for d in dead)
+    assert all(d["error_class"] == "retrylib.retry.headers.UnverifiedRetryRecord" for d in dead)
     assert [d["key"] for d in dead] == [b"ok-forged", b"ok-plain"]
     assert all(s["topic"] == "orders.dlt" and is_signed(plan, s) for s in written["staged"])
 

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from test_batch_task import TIER, plan, route  # noqa: F401 (plan: the fixture used here)
 
-from retrylib import headers as h
-from retrylib.batch_task import TaskPlan
-from retrylib.record_size import wire_size
+from retrylib.kafka.record_size import wire_size
+from retrylib.retry import headers as h
+from retrylib.task import TaskPlan
 
 TIER_LIMIT, DEAD_LETTER_LIMIT = 20_000, 18_000
 

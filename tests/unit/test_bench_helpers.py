@@ -134,13 +134,13 @@ def test_timers_are_added_to_the_counters_row():
 def test_spy_lines_are_put_in_roles_and_charged_to_our_frames():
     line = (
         'process 1:"python -m bench.retrylib_driver";process 2:"python -m pyspark.daemon";'
-        "main (worker.py:1);run_task (retrylib/batch_task.py:372);"
-        "record_id (retrylib/headers.py:92);dumps (json/__init__.py:234) 7"
+        "main (worker.py:1);run_task (retrylib/task.py:372);"
+        "record_id (retrylib/retry/headers.py:92);dumps (json/__init__.py:234) 7"
     )
     frames, count = parse_line(line)
     assert count == 7
     assert role(frames) == "routing task (mapInArrow)"
-    assert charge(frames) == "record_id (retrylib/headers.py)"
+    assert charge(frames) == "record_id (retrylib/retry/headers.py)"
     assert parse_line("") is None
 
 
@@ -234,7 +234,7 @@ def test_soak_sums_the_jobs_metrics_lines_as_they_come(tmp_path):
     line = "2026-11-23 10:00:00,000 INFO retrylib.metrics: " + json.dumps(
         {"batch_id": 1, "duration_ms": 1500, "records_main": 10, "succeeded": 9}
     )
-    path.write_text(line + "\n" + "x INFO retrylib.compaction: compacted the output table\n")
+    path.write_text(line + "\n" + "x INFO retrylib.delta.compaction: compacted the output table\n")
     log = JobLog(path)
     assert log.read() == [1500]
     with open(path, "a") as f:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from retrylib.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, main
+from retrylib.ops.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, main
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +105,7 @@ def test_show_prints_the_config_with_secrets_masked(tmp_path, capsys, monkeypatc
 
 
 def test_tables_are_not_checked_without_the_flag(tmp_path, capsys, monkeypatch):
-    import retrylib.status as status_module
+    import retrylib.ops.status as status_module
 
     def no_spark(app_name):
         raise AssertionError("check started Spark without --tables")
@@ -120,8 +120,8 @@ def test_tables_are_not_checked_without_the_flag(tmp_path, capsys, monkeypatch):
 
 
 def test_tables_flag_reports_the_table_findings(tmp_path, capsys, monkeypatch):
-    import retrylib.status as status_module
-    from retrylib.status import Finding
+    import retrylib.ops.status as status_module
+    from retrylib.ops.status import Finding
 
     sessions = []
     monkeypatch.setattr(status_module, "tool_session", lambda name: sessions.append(name) or name)
@@ -177,7 +177,7 @@ def test_check_as_a_user_runs_it_lists_each_late_failure_as_a_config_error(tmp_p
     )
 
     done = subprocess.run(
-        [sys.executable, "-m", "retrylib.cli", "check", str(path), "--timeout", "1"],
+        [sys.executable, "-m", "retrylib", "check", str(path), "--timeout", "1"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -198,7 +198,7 @@ def test_check_as_a_user_runs_it_lists_each_late_failure_as_a_config_error(tmp_p
 
 
 def test_status_warns_of_a_tier_whose_records_are_long_overdue() -> None:
-    from retrylib.status import overdue_tiers
+    from retrylib.ops.status import overdue_tiers
 
     def tier(due_in: float | None) -> dict:
         return {"tier": 1, "delay": "10s", "delay_seconds": 10.0, "next_due_in_seconds": due_in}

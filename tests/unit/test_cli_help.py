@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrylib.cli import EXIT_CONFIG, EXIT_OK, main
+from retrylib.ops.cli import EXIT_CONFIG, EXIT_OK, main
 
 COMMANDS = ("run", "check", "status", "redrive", "demo")
 

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from delta.exceptions import ConcurrentAppendException, ConcurrentDeleteReadException
 
-import retrylib.redrive as redrive_module
-from retrylib.delta_tables import TableRef
-from retrylib.redrive import Selection
+import retrylib.ops.redrive as redrive_module
+from retrylib.delta.tables import TableRef
+from retrylib.ops.redrive import Selection
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 UNCLAIMED = "redrive_id IS NULL AND redriven_at IS NULL"

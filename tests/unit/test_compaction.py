@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from retrylib import compaction
-from retrylib.compaction import STATE_FILE, Compactor, compaction_due
-from retrylib.delta_tables import TableRef
+from retrylib.delta import compaction
+from retrylib.delta.compaction import STATE_FILE, Compactor, compaction_due
+from retrylib.delta.tables import TableRef
 
 MINUTE = 60_000
 TABLES = [("output", TableRef("/t/out", True)), ("dead-letter", TableRef("/t/dlq", True))]
@@ -84,7 +84,7 @@ def test_a_failing_table_is_logged_and_the_others_still_compact(
     compactor = Compactor(str(tmp_path), 30 * MINUTE, TABLES)
     compactor.after_batch(None, now_ms=0)
 
-    with caplog.at_level(logging.WARNING, logger="retrylib.compaction"):
+    with caplog.at_level(logging.WARNING, logger="retrylib.delta.compaction"):
         assert compactor.after_batch(None, now_ms=30 * MINUTE) is True
 
     assert calls == ["/t/out", "/t/dlq"]
@@ -101,7 +101,7 @@ def test_an_unwritable_clock_never_fails_the_batch(
     blocker.write_text("")
     compactor = Compactor(str(blocker), 30 * MINUTE, TABLES)
 
-    with caplog.at_level(logging.WARNING, logger="retrylib.compaction"):
+    with caplog.at_level(logging.WARNING, logger="retrylib.delta.compaction"):
         assert compactor.after_batch(None, now_ms=0) is False
 
     assert "scheduled compaction not done" in caplog.text
@@ -113,7 +113,7 @@ def test_an_unreadable_clock_starts_again(
     (tmp_path / STATE_FILE).write_text('{"last_')  # a write cut short
     compactor = Compactor(str(tmp_path), 30 * MINUTE, TABLES)
 
-    with caplog.at_level(logging.WARNING, logger="retrylib.compaction"):
+    with caplog.at_level(logging.WARNING, logger="retrylib.delta.compaction"):
         assert compactor.after_batch(None, now_ms=100 * MINUTE) is False
 
     assert "the compaction clock starts now" in caplog.text

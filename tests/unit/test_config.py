@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from retrylib.config import (
+from retrylib.config.model import (
     Config,
     RetryTier,
     collect_config_errors,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from test_config import REPO, problem_for, write_config
 
-from retrylib.config import collect_config_errors, load_config
-from retrylib.kafka_client import option_problem
+from retrylib.config.model import collect_config_errors, load_config
+from retrylib.kafka.clients import option_problem
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from retrylib.durations import format_duration, parse_duration
+from retrylib.config.durations import format_duration, parse_duration
 from retrylib.errors import ConfigError
 
 

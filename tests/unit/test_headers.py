@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from retrylib import headers as h
-from retrylib.headers import (
+from retrylib.retry import headers as h
+from retrylib.retry.headers import (
     HEADER_DOCS,
     MAX_ERROR_MESSAGE_BYTES,
     MAX_STACK_TRACE_BYTES,

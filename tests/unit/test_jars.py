@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from retrylib.jars import (
+from retrylib.spark.jars import (
     JarsError,
     artifact_id,
     delta_artifact,

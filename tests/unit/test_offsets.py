@@ -1,4 +1,4 @@
-"""Offset arithmetic of the Kafka source (retrylib.offsets) and its option parsing; no Spark."""
+"""Offset arithmetic of the Kafka source (retrylib.kafka.offsets) and its options; no Spark."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from retrylib.kafka_source import KAFKA_SCHEMA, RANGE_SCHEMA, parse_source_options
-from retrylib.offsets import (
+from retrylib.kafka.offsets import (
     EARLIEST,
     LATEST,
     OffsetRange,
@@ -28,6 +27,7 @@ from retrylib.offsets import (
     split_ranges,
     with_new_partitions,
 )
+from retrylib.kafka.tier_source import KAFKA_SCHEMA, RANGE_SCHEMA, parse_source_options
 
 A0, A1, A2, B0 = ("a", 0), ("a", 1), ("a", 2), ("b", 0)
 

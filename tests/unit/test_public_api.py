@@ -22,13 +22,13 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 
 
 def test_reading_kafka_does_not_import_the_job() -> None:
-    """Every Spark streaming source process imports retrylib.kafka_source; the job's modules
+    """Every Spark streaming source process imports retrylib.kafka.tier_source; the job's modules
     (Delta, the router, the config parser) would add ~0.1-0.2 s to each one's start."""
     loaded = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys, retrylib.kafka_source; "
+            "import sys, retrylib.kafka.tier_source; "
             "print(sorted(m for m in sys.modules if m.startswith('retrylib')))",
         ],
         capture_output=True,
@@ -36,4 +36,4 @@ def test_reading_kafka_does_not_import_the_job() -> None:
         check=True,
     ).stdout
     assert "retrylib.job" not in loaded
-    assert "retrylib.config" not in loaded
+    assert "retrylib.config.model" not in loaded

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from retrylib import headers as h
 from retrylib.errors import ConfigError
-from retrylib.record_size import (
+from retrylib.kafka.record_size import (
     BATCH_OVERHEAD_BYTES,
     HEADER_OVERHEAD_BYTES,
     LIBRDKAFKA_MESSAGE_MAX_BYTES,
@@ -18,6 +17,7 @@ from retrylib.record_size import (
     producer_limit,
     wire_size,
 )
+from retrylib.retry import headers as h
 
 FRAMING = BATCH_OVERHEAD_BYTES + RECORD_OVERHEAD_BYTES
 OWN = [(h.ID, b"0" * 32), (h.DEAD_LETTER_REASON, b"record_too_large")]

@@ -9,7 +9,7 @@ import dataclasses
 
 from test_batch_task import TIER, plan, route, staged_headers  # noqa: F401  (plan: fixture)
 
-from retrylib.headers import (
+from retrylib.retry.headers import (
     ERROR_STACK_TRACE,
     MAX_STACK_TRACE_BYTES,
     decode_retry_state,

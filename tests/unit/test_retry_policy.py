@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 
 from retrylib.errors import NonRetryable, RetryAfter
-from retrylib.headers import MAX_ERROR_MESSAGE_BYTES, MAX_STACK_TRACE_BYTES
-from retrylib.retry_policy import (
+from retrylib.retry.headers import MAX_ERROR_MESSAGE_BYTES, MAX_STACK_TRACE_BYTES
+from retrylib.retry.policy import (
     DeadLetterDecision,
     RetryDecision,
     RetryPolicy,

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as st
 
-from retrylib.kafka_source import utc_arrow_schema
-from retrylib.schema import OutputSchema, parse_schema
+from retrylib.config.schema import OutputSchema, parse_schema
+from retrylib.kafka.tier_source import utc_arrow_schema
 
 # (DDL type, normalized DDL, Arrow type, Spark type)
 ATOMIC_CASES = [

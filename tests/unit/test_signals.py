@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from py4j.protocol import Py4JError
 
-from retrylib import signals
+from retrylib.spark import signals
 
 
 class FakeSignalClass:

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from retrylib import staging
 from retrylib.errors import RetrylibError
-from retrylib.staging import STAGED_SCHEMA, ProduceError, StagedProducer, control_topic
+from retrylib.kafka import staging
+from retrylib.kafka.staging import STAGED_SCHEMA, ProduceError, StagedProducer, control_topic
 
 JOB, APP = "orders", "orders-0123456789ab"
 

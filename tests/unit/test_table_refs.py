@@ -1,4 +1,4 @@
-"""Table references and schema checks of `retrylib.delta_tables`: pure, no Spark session."""
+"""Table references and schema checks of `retrylib.delta.tables`: pure, no Spark session."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from retrylib.delta_tables import TableRef, column_differences
+from retrylib.delta.tables import TableRef, column_differences
 from retrylib.errors import ConfigError
 
 KEY = "output.table"

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from retrylib import kafka_client
 from retrylib.errors import TopicError
-from retrylib.kafka_client import ensure_topics, partition_counts
+from retrylib.kafka import clients
+from retrylib.kafka.clients import ensure_topics, partition_counts
 
 
 class LaggingAdmin:
@@ -42,7 +42,7 @@ class LaggingAdmin:
 
 @pytest.fixture(autouse=True)
 def _no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kafka_client, "_METADATA_POLL_S", 0.0, raising=False)
+    monkeypatch.setattr(clients, "_METADATA_POLL_S", 0.0, raising=False)
 
 
 def test_created_topics_are_listed_when_ensure_topics_returns() -> None:

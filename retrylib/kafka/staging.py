@@ -43,11 +43,11 @@ from collections.abc import Callable, Iterable, Mapping
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from retrylib.dead_letter import HEADERS_TYPE
+from retrylib.delta.dead_letter import HEADERS_TYPE
 from retrylib.errors import RetrylibError
 from retrylib.faults import crash_point
-from retrylib.kafka_client import make_consumer, make_producer
-from retrylib.record_size import producer_limit, wire_size
+from retrylib.kafka.clients import make_consumer, make_producer
+from retrylib.kafka.record_size import producer_limit, wire_size
 
 log = logging.getLogger(__name__)
 

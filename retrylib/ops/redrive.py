@@ -23,7 +23,7 @@ see the records of an aborted send read with `isolation.level = read_committed`,
 job does on every topic it reads (unless `[kafka.options]` overrides it).
 
 The dead-letter table (a path or a catalog name) is read and updated through Spark's Delta
-(`retrylib.delta_tables`); an UPDATE that loses a race with another commit (an OPTIMIZE, a
+(`retrylib.delta.tables`); an UPDATE that loses a race with another commit (an OPTIMIZE, a
 second redrive) is run again, a few times. The job's own appends of dead letters are blind
 appends, which Delta lets an UPDATE commit beside. A table the job has not created yet holds
 nothing to redrive.
@@ -58,11 +58,11 @@ from delta.exceptions import (
     ProtocolChangedException,
 )
 
-from retrylib.config import Config
-from retrylib.delta_tables import TableRef, read_table, table_exists, update_where
+from retrylib.config.model import Config
+from retrylib.delta.tables import TableRef, read_table, table_exists, update_where
 from retrylib.errors import RetrylibError
-from retrylib.headers import without_reserved
-from retrylib.kafka_client import ensure_topics, make_admin, make_consumer, make_producer
+from retrylib.kafka.clients import ensure_topics, make_admin, make_consumer, make_producer
+from retrylib.retry.headers import without_reserved
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -177,7 +177,7 @@ def redrive(
 ) -> RedriveReport:
     """Redrive the rows `selection` picks, to `to` or each row's origin topic; see the module
     docstring. With `dry_run`, change nothing and report what would go. The table is read
-    and updated through `spark`, or through `retrylib.status.tool_session()` when it is None.
+    and updated through `spark`, or through `retrylib.ops.status.tool_session()` when it is None.
 
     Raises `RedriveError` for a bad `to`, a missing target topic, or a failed send, and
     `TopicError` when the control topic is missing and may not be created.
@@ -187,7 +187,7 @@ def redrive(
     table = config.dead_letter.table_ref()
     report = RedriveReport(dry_run=dry_run)
     if spark is None:
-        from retrylib.status import tool_session
+        from retrylib.ops.status import tool_session
 
         spark = tool_session(f"retrylib-redrive-{config.job.name}")
     if not table_exists(spark, table):

@@ -1,7 +1,7 @@
 """How many bytes a record takes on the wire, and cutting a dead-letter record to a limit.
 
 Pure decisions, no Kafka client: the driver looks up each destination topic's limit once per
-batch (`kafka_client.RecordLimits`) and ships it in the task plan; the task sizes every
+batch (`kafka.clients.RecordLimits`) and ships it in the task plan; the task sizes every
 retry and dead-letter record with `wire_size` before staging it, so a record no topic would
 accept never reaches the producer (where it would fail the batch, and every replay of it).
 
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from retrylib.errors import ConfigError
-from retrylib.headers import (
+from retrylib.retry.headers import (
     HEADERS_DROPPED,
     KEY_TRUNCATED,
     RESERVED,

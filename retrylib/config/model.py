@@ -21,13 +21,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from retrylib.delta_tables import TableRef
-from retrylib.durations import format_duration, parse_duration
+from retrylib.config.durations import format_duration, parse_duration
+from retrylib.config.importing import import_object
+from retrylib.config.schema import OutputSchema, parse_schema
+from retrylib.delta.tables import TableRef
 from retrylib.errors import ConfigError
-from retrylib.importing import import_object
-from retrylib.kafka_client import JOB_OWNED_OPTIONS, is_secret_key, option_problem
-from retrylib.schema import OutputSchema, parse_schema
-from retrylib.staging import control_topic
+from retrylib.kafka.clients import JOB_OWNED_OPTIONS, is_secret_key, option_problem
+from retrylib.kafka.staging import control_topic
 
 _DEFAULT_DELAYS = ("10s", "1m", "10m")
 _DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"

@@ -33,20 +33,20 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from retrylib import headers
-from retrylib.config import Config, RetryTier
-from retrylib.durations import format_duration
+from retrylib.checkpoint import join, list_names, read_json
+from retrylib.config.durations import format_duration
+from retrylib.config.model import Config, RetryTier
 from retrylib.errors import RetrylibError
-from retrylib.kafka_client import make_consumer
+from retrylib.kafka.clients import make_consumer
+from retrylib.kafka.offsets import PartitionKey
+from retrylib.kafka.staging import control_topic
 from retrylib.metrics import KafkaOffsets, batch_offsets, last_committed_batch
-from retrylib.offsets import PartitionKey
-from retrylib.staging import control_topic
-from retrylib.storage import join, list_names, read_json
+from retrylib.retry import headers
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from retrylib.delta_tables import TableRef
+    from retrylib.delta.tables import TableRef
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,9 @@ def tool_session(app_name: str) -> SparkSession:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    from retrylib.jars import runs_on_cluster_spark
     from retrylib.logs import spark_log_conf
-    from retrylib.session import build_spark_session
+    from retrylib.spark.jars import runs_on_cluster_spark
+    from retrylib.spark.session import build_spark_session
 
     if SparkContext._active_spark_context is not None:
         return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
@@ -268,7 +268,7 @@ def dead_letter_summary(spark: SparkSession, table: TableRef) -> dict[str, Any]:
     """
     from pyspark.sql import functions as F
 
-    from retrylib.delta_tables import read_table, table_exists
+    from retrylib.delta.tables import read_table, table_exists
 
     if not table_exists(spark, table):
         return {
@@ -335,7 +335,7 @@ def last_batches(
     if metrics is not None:
         from pyspark.sql import functions as F
 
-        from retrylib.delta_tables import read_table, table_exists
+        from retrylib.delta.tables import read_table, table_exists
 
         if table_exists(spark, metrics):
             rows = (
@@ -619,8 +619,8 @@ def _table_findings(spark: SparkSession, config: Config) -> list[Finding]:
     """One finding per table: missing (a note: the job creates it), matching, unreadable (a
     warning), or not what the job writes (an error naming every column difference).
     """
-    from retrylib.dead_letter import dead_letter_struct
-    from retrylib.delta_tables import column_differences, read_table, table_exists
+    from retrylib.delta.dead_letter import dead_letter_struct
+    from retrylib.delta.tables import column_differences, read_table, table_exists
     from retrylib.metrics import metrics_struct
 
     wanted = [

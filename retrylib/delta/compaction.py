@@ -26,9 +26,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from retrylib.delta_tables import TableRef, compact
-from retrylib.durations import format_duration
-from retrylib.storage import join, read_json, replace_json
+from retrylib.checkpoint import join, read_json, replace_json
+from retrylib.config.durations import format_duration
+from retrylib.delta.tables import TableRef, compact
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

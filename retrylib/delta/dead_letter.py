@@ -44,7 +44,7 @@ read from.
 
 The last three are null until `retrylib redrive` sends the record back: `redrive_id` and
 `redrive_topic` are set when a redrive claims the row, `redriven_at` once the record is
-committed to `redrive_topic` (see `retrylib.redrive`)."""
+committed to `redrive_topic` (see `retrylib.ops.redrive`)."""
 
 
 def dead_letter_struct():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from retrylib.config import HandlerConfig
+from retrylib.config.model import HandlerConfig
 from retrylib.errors import ConfigError
 
 log = logging.getLogger(__name__)

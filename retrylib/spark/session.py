@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from retrylib.jars import DELTA_SQL_CONF, runs_on_cluster_spark, spark_jars
+from retrylib.spark.jars import DELTA_SQL_CONF, runs_on_cluster_spark, spark_jars
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def build_spark_session(
 
     `master` is only applied when given (spark-submit and clusters set their own). On a
     Spark installed from PyPI (a laptop, CI) the session gets Spark's Kafka connector and
-    Delta Lake from `retrylib.jars` (fetched once); a cluster's Spark or spark-submit
+    Delta Lake from `retrylib.spark.jars` (fetched once); a cluster's Spark or spark-submit
     brings its own. The retrylib Kafka data source is registered on the session.
     Raises `JarsError` when the jars are needed and cannot be resolved.
     """
@@ -47,7 +47,7 @@ def build_spark_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    from retrylib.kafka_source import KafkaDataSource
+    from retrylib.kafka.tier_source import KafkaDataSource
 
     spark.dataSource.register(KafkaDataSource)
     return spark

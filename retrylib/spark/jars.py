@@ -228,8 +228,8 @@ def runs_on_cluster_spark() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m retrylib.jars [spark|kafka ...] [--classpath]`: resolve and print the jars."""
-    parser = argparse.ArgumentParser(prog="python -m retrylib.jars", description=main.__doc__)
+    """`python -m retrylib.spark.jars [spark|kafka ...] [--classpath]`: resolve, print the jars."""
+    parser = argparse.ArgumentParser(prog="python -m retrylib.spark.jars", description=main.__doc__)
     parser.add_argument("sets", nargs="*", metavar="spark|kafka", help="default: both")
     parser.add_argument(
         "--classpath", action="store_true", help="print the jars comma-separated (for --jars)"

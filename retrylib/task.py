@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 
-from retrylib.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
+from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
 from retrylib.errors import Skip
 from retrylib.handler import (
     BadHandlerResult,
@@ -32,7 +32,18 @@ from retrylib.handler import (
     load_handler,
     result_rows,
 )
-from retrylib.headers import (
+from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
+from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
+from retrylib.kafka.staging import STAGED_SCHEMA
+from retrylib.kafka.tier_source import (
+    RANGE_SCHEMA,
+    KafkaInputPartition,
+    read_messages,
+    read_range,
+)
+from retrylib.record import Record
+from retrylib.results import ResultRows
+from retrylib.retry.headers import (
     JOB,
     CorruptRetryHeaders,
     RetryState,
@@ -46,17 +57,7 @@ from retrylib.headers import (
     split_headers,
     without_reserved,
 )
-from retrylib.kafka_client import TIER_CLIENT_OPTIONS
-from retrylib.kafka_source import (
-    RANGE_SCHEMA,
-    KafkaInputPartition,
-    read_messages,
-    read_range,
-)
-from retrylib.record import Record
-from retrylib.record_size import SIGNATURE_BYTES, fit, wire_size
-from retrylib.results import ResultRows
-from retrylib.retry_policy import (
+from retrylib.retry.policy import (
     RetryDecision,
     RetryPolicy,
     decide,
@@ -64,7 +65,6 @@ from retrylib.retry_policy import (
     is_due,
     tier_timestamp_ms,
 )
-from retrylib.staging import STAGED_SCHEMA
 from retrylib.vectorized import (
     as_output_table,
     carries_reserved_headers,

@@ -66,9 +66,8 @@ from pyspark.sql.types import (
 )
 
 from retrylib.errors import RetrylibError, TopicError
-from retrylib.kafka_client import make_consumer
-from retrylib.logs import redact
-from retrylib.offsets import (
+from retrylib.kafka.clients import make_consumer
+from retrylib.kafka.offsets import (
     EARLIEST,
     LATEST,
     Offsets,
@@ -87,6 +86,7 @@ from retrylib.offsets import (
     split_ranges,
     with_new_partitions,
 )
+from retrylib.logs import redact
 
 try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python stream readers
     from pyspark.sql.streaming.datasource import (
@@ -165,7 +165,7 @@ OPTION_RANGE_GROUPS = "retrylib.rangeGroups"
 OPTION_SECRET_OPTIONS = "retrylib.secretOptions"
 """JSON list of the `kafka.*` options (names without the prefix) whose values are secret:
 masked in this source's log lines and errors, in every process that reads (see
-`retrylib.kafka_client.client_config`)."""
+`retrylib.kafka.clients.client_config`)."""
 
 OPTION_AVAILABLE_NOW_OFFSETS = "retrylib.availableNowOffsets"
 _EMIT_VALUES = ("records", "ranges")

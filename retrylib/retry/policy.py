@@ -13,9 +13,9 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from retrylib.config.importing import import_object
 from retrylib.errors import NonRetryable, RetryAfter
-from retrylib.headers import MAX_ERROR_MESSAGE_BYTES, MAX_STACK_TRACE_BYTES, bound_text
-from retrylib.importing import import_object
+from retrylib.retry.headers import MAX_ERROR_MESSAGE_BYTES, MAX_STACK_TRACE_BYTES, bound_text
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ def _moment(text: str) -> datetime:
 
 def _load(path: str, *, check_imports: bool = True):
     """Load the config and register its secrets for redaction."""
-    from retrylib.config import load_config
+    from retrylib.config.model import load_config
     from retrylib.logs import config_secrets, redact_secrets
 
     config = load_config(path, check_imports=check_imports)
@@ -187,7 +187,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from retrylib.config import collect_config_errors
+    from retrylib.config.model import collect_config_errors
 
     problems = collect_config_errors(args.config)
     if problems:
@@ -200,7 +200,7 @@ def _check(args: argparse.Namespace) -> int:
     _out(f"config {args.config}: valid")
     if args.show:
         _out(json.dumps(config.redacted(), indent=2))
-    from retrylib.status import Finding, preflight
+    from retrylib.ops.status import Finding, preflight
 
     with _stops_new_spark() if args.tables else contextlib.nullcontext():
         reachable, findings = preflight(config, timeout=args.timeout, tables=args.tables)
@@ -221,7 +221,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from retrylib.status import collect_status, render_status, status_json
+    from retrylib.ops.status import collect_status, render_status, status_json
 
     config = _load(args.config, check_imports=False)
     with _stops_new_spark():
@@ -231,7 +231,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _redrive(args: argparse.Namespace) -> int:
-    from retrylib.redrive import Selection, redrive
+    from retrylib.ops.redrive import Selection, redrive
 
     config = _load(args.config, check_imports=False)
     selection = Selection(args.since, args.until, tuple(args.error_class), tuple(args.id))
@@ -340,7 +340,7 @@ class _Progress:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from retrylib.demo import run_demo
+    from retrylib.ops.demo import run_demo
 
     return run_demo(records=args.records, workdir=args.workdir)
 
@@ -396,7 +396,7 @@ def _from_spark(error: Exception) -> bool:
 
 def _brokers_of(args: argparse.Namespace) -> str:
     """ " at HOST:PORT (kafka.bootstrap_servers)" for a command's config, or "" if unknown."""
-    from retrylib.config import load_config
+    from retrylib.config.model import load_config
 
     path = getattr(args, "config", None)
     if path is None:
@@ -406,7 +406,3 @@ def _brokers_of(args: argparse.Namespace) -> str:
     except RetrylibError:
         return ""
     return f" at {servers} (kafka.bootstrap_servers in {path}; is the broker up?)"
-
-
-if __name__ == "__main__":
-    sys.exit(main())

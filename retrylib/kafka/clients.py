@@ -17,8 +17,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from retrylib.errors import TopicError
+from retrylib.kafka.record_size import MIN_RECORD_LIMIT_BYTES, largest_record, producer_limit
 from retrylib.logs import KAFKA_CLIENT_LOGGER, redact, redact_secrets
-from retrylib.record_size import MIN_RECORD_LIMIT_BYTES, largest_record, producer_limit
 
 _SECRET_MARKERS = (
     "password",

@@ -14,9 +14,9 @@ import shutil
 import time
 from pathlib import Path
 
-from retrylib.broker import EmbeddedBroker
-from retrylib.config import load_config
-from retrylib.kafka_client import ensure_topics, make_admin, make_producer
+from retrylib.config.model import load_config
+from retrylib.kafka.broker import EmbeddedBroker
+from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.router import BatchResult
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def _produce(bootstrap: str, orders: list[tuple[bytes, bytes]]) -> None:
 def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float = 180) -> int:
     """Run the demo end to end and print the results; returns 0, or 1 if it did not settle."""
     from retrylib.job import start_query, stop_gracefully
-    from retrylib.session import build_spark_session
+    from retrylib.spark.session import build_spark_session
 
     root = Path(workdir).resolve()
     shutil.rmtree(root, ignore_errors=True)
