@@ -56,11 +56,6 @@ def _settings() -> tuple[str | None, int | None, int]:
 _crash_at, _crash_batch, _skip = _settings()
 
 
-def armed(name: str) -> bool:
-    """True when a crash at `name` is asked for (for steps that only matter then)."""
-    return _crash_at == name
-
-
 def crash_point(name: str, batch_id: int) -> None:
     """SIGKILL this process if the environment asks for a crash at `name` (and `batch_id`)."""
     global _skip

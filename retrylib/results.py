@@ -81,3 +81,32 @@ class ResultRows:
         """The rows gathered so far; the buffer is empty after."""
         batches, self._batches = self._batches, []
         return batches
+
+
+def output_batch(rows: list[dict], schema: pa.Schema) -> pa.RecordBatch:
+    """`rows` as a RecordBatch of `schema`.
+
+    Raises `ValueError` naming a NOT NULL column (or struct field, list element, map key or
+    value) left empty: Arrow builds such a batch, but the Parquet writer refuses it, which
+    would fail the task, and every replay of the batch, instead of the one record.
+    """
+    batch = pa.RecordBatch.from_pylist(rows, schema=schema)
+    for column_field, column in zip(schema, batch.columns, strict=True):
+        _check_not_null(column_field, column, column_field.name)
+    return batch
+
+
+def _check_not_null(field: pa.Field, array: pa.Array, path: str) -> None:
+    if not field.nullable and array.null_count:
+        raise ValueError(f"column {path!r} is NOT NULL, but a row has no value for it")
+    kind = field.type
+    if pa.types.is_struct(kind):
+        present = array.filter(array.is_valid())
+        for i in range(kind.num_fields):
+            child = kind.field(i)
+            _check_not_null(child, present.field(i), f"{path}.{child.name}")
+    elif pa.types.is_map(kind):
+        _check_not_null(kind.key_field, array.keys, f"{path}.key")
+        _check_not_null(kind.item_field, array.items, f"{path}.value")
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        _check_not_null(kind.value_field, array.flatten(), f"{path}[]")

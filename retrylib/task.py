@@ -2,8 +2,9 @@
 
 For each record the task calls the handler and keeps the outcome as data (`results`):
 output rows, failures with attempts left staged for their retry tier, the rest staged for
-the dead-letter topic and as dead-letter rows, and the task's counters. The task only
-returns them to Spark; the driver stages them and applies them once (`router`).
+the dead-letter topic and as dead-letter rows (`retry_records`), and the task's counters.
+The task only returns them to Spark; the driver stages them and applies them once
+(`router`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from typing import TypeVar
 
 import pyarrow as pa
 
-from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
-from retrylib.errors import Skip
 from retrylib.handler import (
     BadHandlerResult,
     Handler,
@@ -33,8 +32,6 @@ from retrylib.handler import (
     result_rows,
 )
 from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
-from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
-from retrylib.kafka.staging import STAGED_SCHEMA
 from retrylib.kafka.tier_source import (
     RANGE_SCHEMA,
     KafkaInputPartition,
@@ -42,29 +39,10 @@ from retrylib.kafka.tier_source import (
     read_range,
 )
 from retrylib.record import Record
-from retrylib.results import ResultRows
-from retrylib.retry.headers import (
-    JOB,
-    CorruptRetryHeaders,
-    RetryState,
-    UnverifiedRetryRecord,
-    decode_retry_state,
-    encode_dead_letter_headers,
-    encode_retry_headers,
-    is_signed_by,
-    record_id,
-    sign,
-    split_headers,
-    without_reserved,
-)
-from retrylib.retry.policy import (
-    RetryDecision,
-    RetryPolicy,
-    decide,
-    describe_error,
-    is_due,
-    tier_timestamp_ms,
-)
+from retrylib.results import ResultRows, output_batch
+from retrylib.retry.headers import without_reserved
+from retrylib.retry.policy import RetryPolicy
+from retrylib.retry_records import Delivery, RetryRecords
 from retrylib.vectorized import (
     as_output_table,
     carries_reserved_headers,
@@ -147,28 +125,6 @@ def _cached_policy(
     )
 
 
-@dataclass
-class Delivery:
-    """A record that failed or is a retry, with what is known of its earlier failures.
-
-    A first delivery gets one only when it fails, and its id is computed only then: both
-    would cost more, record by record, than routing it.
-    """
-
-    record: Record
-    source_topic: str
-    job: str
-    known_id: str | None = None
-    first_failure_ms: int | None = None
-
-    @property
-    def id(self) -> str:
-        if self.known_id is None:
-            record = self.record
-            self.known_id = record_id(self.job, record.topic, record.partition, record.offset)
-        return self.known_id
-
-
 class TaskRouter:
     """Routes the records of one task; see the module docstring."""
 
@@ -178,7 +134,6 @@ class TaskRouter:
         self.invoke = bound_call(
             self.handler, TimedCall(plan.timeout_seconds), isolate=plan.isolate
         )
-        self.policy = _policy(plan)
         self.tier_of = _tier_index(plan.retry_topics)
         self.columns = frozenset(plan.output_schema.names)
         self.results = ResultRows(plan.output_schema)
@@ -188,11 +143,7 @@ class TaskRouter:
         # Successful calls whose rows are not yet written: (record, its Delivery if it
         # has one, rows). Written together; a record whose rows do not fit fails alone.
         self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
-        self.seen_retries: set[tuple[str, int]] = set()
-        self.job_header = plan.job.encode("utf-8")
-        self.dead_letter_topics = {plan.dead_letter_topic, *(t for _, t in plan.dead_letter_routes)}
-        self._staged_rows: list[dict] = []
-        self._dead_rows: list[dict] = []
+        self.retries = RetryRecords(plan, _policy(plan), self.tier_of, self.counters)
 
     def route(self, batch: pa.RecordBatch) -> None:
         """Route a RecordBatch of Kafka records (`KAFKA_ARROW_SCHEMA`)."""
@@ -288,7 +239,9 @@ class TaskRouter:
                 headers = self._main_headers(header_pairs)
                 main.append(Record(key, value, headers, topic, partition, offset, millis))
                 continue
-            delivery = self._retry(key, value, topic, partition, offset, millis, header_pairs)
+            delivery = self.retries.read_back(
+                key, value, topic, partition, offset, millis, header_pairs
+            )
             if delivery is not None:
                 retries.append(delivery)
         self.counters["records_main"] += len(main)
@@ -306,7 +259,7 @@ class TaskRouter:
 
     def _retries_of_messages(self, topic: str, partition: int, messages: list) -> list[Delivery]:
         deliveries = (
-            self._retry(
+            self.retries.read_back(
                 m.key(),
                 m.value(),
                 topic,
@@ -318,69 +271,6 @@ class TaskRouter:
             for m in messages
         )
         return [delivery for delivery in deliveries if delivery is not None]
-
-    def _retry(
-        self, key, value, topic, partition, offset, timestamp_ms, header_pairs
-    ) -> Delivery | None:
-        """The Delivery of a record read from a retry tier, or None when it is not handled
-        now: another job's (skipped and counted), not signed by this job or with corrupt
-        retry headers (dead-lettered), a duplicate, or not due yet (re-queued)."""
-        self.counters["records_retry"] += 1
-        user_headers, own = split_headers(header_pairs)
-        writer = own.get(JOB)
-        if writer is not None and writer != self.job_header:
-            # A neighbour sharing the tier topic handles its own records.
-            self.counters["skipped_other_job"] += 1
-            log.warning(
-                "skipped %s[%d]@%d on a retry tier: written by job %r, not this job %r",
-                topic,
-                partition,
-                offset,
-                writer.decode("utf-8", errors="replace"),
-                self.plan.job,
-            )
-            return None
-        signed = is_signed_by(
-            header_pairs, signing_key=self.plan.signing_key, topic=topic, key=key, value=value
-        )
-        try:
-            if not signed:
-                raise UnverifiedRetryRecord(
-                    "record on a retry topic is not signed by this job (retrylib.signature "
-                    "missing or wrong): written by someone else, changed after it was "
-                    "written, or written before the job's checkpoint was replaced"
-                )
-            state = decode_retry_state(own)
-        except (UnverifiedRetryRecord, CorruptRetryHeaders) as e:
-            reason = "unverified_retry_record" if not signed else "corrupt_retry_headers"
-            record = Record(key, value, user_headers, topic, partition, offset, timestamp_ms)
-            delivery = Delivery(record, topic, self.plan.job)
-            self._dead_letter(delivery, e, reason, 0, _now_ms())
-            return None
-        if (state.id, state.attempt) in self.seen_retries:
-            self.counters["duplicates_skipped"] += 1
-            return None
-        self.seen_retries.add((state.id, state.attempt))
-        record = Record(
-            key,
-            value,
-            user_headers,
-            state.origin_topic,
-            state.origin_partition,
-            state.origin_offset,
-            state.origin_timestamp_ms,
-            state.attempt,
-        )
-        delivery = Delivery(record, topic, self.plan.job, state.id, state.first_failure_ms)
-        if not is_due(state.not_before_ms, self.plan.now_ms):
-            # A wait longer than the tier holds in one pass, or clocks that disagree: never
-            # hand it over early, wait in the tier again.
-            self.counters["requeued_not_due"] += 1
-            delay_ms = self.plan.tier_delays_ms[self.tier_of[topic]]
-            timestamp = tier_timestamp_ms(state.not_before_ms, delay_ms, self.plan.now_ms)
-            self._stage(topic, partition, timestamp, record, header_pairs[:-1])
-            return None
-        return delivery
 
     # -- handling -----------------------------------------------------------------------
 
@@ -399,7 +289,7 @@ class TaskRouter:
                 result = invoke(record)
             except BaseException as raised:
                 spent += clock() - started
-                self._fail(self._delivery(record, deliveries, index), as_failure(raised))
+                self.retries.fail(self._delivery(record, deliveries, index), as_failure(raised))
                 continue
             spent += clock() - started
             if type(result) is dict and result.keys() <= columns:
@@ -408,7 +298,7 @@ class TaskRouter:
                 try:
                     rows = result_rows(result, columns)
                 except BadHandlerResult as error:
-                    self._fail(self._delivery(record, deliveries, index), error)
+                    self.retries.fail(self._delivery(record, deliveries, index), error)
                     continue
             pending.append((record, deliveries[index] if deliveries else None, rows))
         self.handler_ns += spent
@@ -416,6 +306,9 @@ class TaskRouter:
     def _delivery(self, record: Record, deliveries: list[Delivery] | None, index: int) -> Delivery:
         if deliveries is not None:
             return deliveries[index]
+        return self._first_delivery(record)
+
+    def _first_delivery(self, record: Record) -> Delivery:
         return Delivery(record, record.topic, self.plan.job)
 
     def _handle_batch(self, batch: pa.RecordBatch) -> None:
@@ -443,7 +336,7 @@ class TaskRouter:
         except BaseException as raised:
             error = as_failure(raised)
             for delivery in self._decoded(batch, deliveries):
-                self._fail(delivery, error)
+                self.retries.fail(delivery, error)
             return
         if table is not None:
             if deliveries is None:
@@ -454,20 +347,19 @@ class TaskRouter:
             return
         for delivery, outcome in zip(self._decoded(batch, deliveries), results, strict=True):
             if isinstance(outcome, BaseException):
-                self._fail(delivery, outcome)
+                self.retries.fail(delivery, outcome)
                 continue
             try:
                 rows = result_rows(outcome, self.columns)
             except BadHandlerResult as error:
-                self._fail(delivery, error)
+                self.retries.fail(delivery, error)
                 continue
             self.pending.append((delivery.record, delivery, rows))
 
     def _deliveries(self, batch: pa.RecordBatch) -> list[Delivery]:
         """A Delivery for every record of `batch` that is handled now."""
         main, retries = self._decode(batch)
-        job = self.plan.job
-        return [Delivery(record, record.topic, job) for record in main] + retries
+        return [self._first_delivery(record) for record in main] + retries
 
     def _decoded(self, batch: pa.RecordBatch, deliveries: list[Delivery] | None) -> list[Delivery]:
         """`deliveries`, decoded from `batch` now if the fast path skipped that."""
@@ -475,7 +367,7 @@ class TaskRouter:
 
     def _flush(self) -> None:
         self._flush_pending()
-        self._flush_side_outputs()
+        self.retries.hand_over(self.results)
 
     def _flush_pending(self) -> None:
         """Write the pending output rows; a record whose rows do not fit the schema fails."""
@@ -484,7 +376,7 @@ class TaskRouter:
             return
         all_rows = [row for _, _, rows in pending for row in rows]
         try:
-            batch = _output_batch(all_rows, self.plan.output_schema)
+            batch = output_batch(all_rows, self.plan.output_schema)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             batch = None
         if batch is not None:
@@ -493,10 +385,12 @@ class TaskRouter:
             return
         for record, delivery, rows in pending:
             try:
-                batch = _output_batch(list(rows), self.plan.output_schema)
+                batch = output_batch(list(rows), self.plan.output_schema)
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
                 failure = BadHandlerResult(f"rows do not fit the output schema: {e}")
-                self._fail(delivery or Delivery(record, record.topic, self.plan.job), failure)
+                self.retries.fail(
+                    delivery or Delivery(record, record.topic, self.plan.job), failure
+                )
                 continue
             self._write_output(batch)
             self.counters["succeeded"] += 1
@@ -504,210 +398,6 @@ class TaskRouter:
     def _write_output(self, batch: pa.RecordBatch) -> None:
         self.results.add("output", batch)
         self.counters["output_rows"] += batch.num_rows
-
-    def _fail(self, delivery: Delivery, error: BaseException) -> None:
-        """Route a failed record to its next retry tier or to the dead letter.
-
-        Delays count from the moment of this failure, so a record never waits less than
-        its tier's delay; the decision is fixed once the batch's manifest is written.
-        """
-        record = delivery.record
-        if isinstance(error, Skip):
-            self.counters["skipped_by_handler"] += 1
-            log.info(
-                "%s[%d]@%d skipped at the handler's request: %s",
-                record.topic,
-                record.partition,
-                record.offset,
-                describe_error(error, with_trace=False)[1],
-            )
-            return
-        failed_at = _now_ms()
-        decision = decide(
-            self.policy,
-            error=error,
-            attempt=record.attempt,
-            record_id=delivery.id,
-            now_ms=failed_at,
-            first_failure_ms=delivery.first_failure_ms,
-        )
-        tier_topics = self.plan.retry_topics.get(record.topic)
-        attempts = record.attempt + 1
-        if not isinstance(decision, RetryDecision):
-            self._dead_letter(delivery, error, decision.reason, attempts, failed_at)
-            return
-        if tier_topics is None:
-            self._dead_letter(delivery, error, "unknown_origin_topic", attempts, failed_at)
-            return
-        error_class, message, _ = describe_error(error, with_trace=False)
-        state = _state(delivery, attempts, decision.not_before_ms, failed_at, error_class, message)
-        topic = tier_topics[decision.tier]
-        headers = encode_retry_headers(record.headers, state)
-        if self._too_large(topic, record, headers):
-            self._dead_letter(delivery, error, "record_too_large", attempts, failed_at)
-            return
-        self._stage(topic, record.partition, decision.kafka_timestamp_ms, record, headers)
-        self.counters[f"retried_tier_{decision.tier}"] += 1
-
-    def _dead_letter(
-        self,
-        delivery: Delivery,
-        error: BaseException,
-        reason: str,
-        attempts: int,
-        failed_at: int,
-    ) -> None:
-        record = delivery.record
-        error_class, message, trace = describe_error(error)
-        state = _state(delivery, attempts, failed_at, failed_at, error_class, message)
-        dead = DeadLetter(
-            delivery.id,
-            record.topic,
-            record.partition,
-            record.offset,
-            record.timestamp,
-            delivery.source_topic,
-            attempts,
-            reason,
-            error_class,
-            message,
-            trace,
-            state.first_failure_ms,
-            failed_at,
-            record.key,
-            record.value,
-            record.headers,
-        )
-        self._dead_rows.append(dead.row(self.plan.job, self.plan.batch_id, failed_at))
-        headers = encode_dead_letter_headers(
-            record.headers, state, attempts=attempts, reason=reason, stack_trace=trace
-        )
-        topic = self.policy.dead_letter_topic(error, self.plan.dead_letter_topic)
-        self._stage(topic, record.partition, failed_at, record, headers)
-        self.counters["dead_lettered"] += 1
-
-    def _too_large(self, topic: str, record: Record, headers: list) -> bool:
-        """True (logged and counted) when the retry copy is more than `topic` accepts.
-
-        Producing it would fail the batch on every replay; it goes to the dead letter.
-        """
-        limit = self.plan.max_record_bytes.get(topic)
-        size = wire_size(record.key, record.value, headers) + SIGNATURE_BYTES
-        if limit is None or size <= limit:
-            return False
-        log.warning(
-            "%s[%d]@%d: retry copy of %d bytes is over the %d bytes %s accepts; "
-            "dead-lettered as record_too_large",
-            record.topic,
-            record.partition,
-            record.offset,
-            size,
-            limit,
-            topic,
-        )
-        self.counters["dead_lettered_too_large"] += 1
-        return True
-
-    def _stage(self, topic, partition, timestamp_ms, record, headers) -> None:
-        """Stage `record` for `topic` with `headers` and the signature that covers them; a
-        dead-letter record is first cut to fit its topic (the table keeps it in full)."""
-        key, value = record.key, record.value
-        limit = self.plan.max_record_bytes.get(topic)
-        if topic in self.dead_letter_topics and limit is not None:
-            fitted = fit(key, value, headers, limit - SIGNATURE_BYTES)
-            key, value, headers = fitted.key, fitted.value, fitted.headers
-            if fitted.cut:
-                log.warning(
-                    "%s[%d]@%d: dead-letter record of %d bytes is over the %d bytes %s "
-                    "accepts; produced cut to %d bytes (in full in the dead-letter table)",
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    fitted.original_bytes + SIGNATURE_BYTES,
-                    limit,
-                    topic,
-                    fitted.bytes + SIGNATURE_BYTES,
-                )
-                self.counters["dead_letter_truncated"] += 1
-        signed = sign(headers, signing_key=self.plan.signing_key, topic=topic, key=key, value=value)
-        self._staged_rows.append(
-            {
-                "topic": topic,
-                "partition": partition % self.plan.partition_counts[topic],
-                "timestamp_ms": timestamp_ms,
-                "key": key,
-                "value": value,
-                "headers": [{"key": k, "value": v} for k, v in signed],
-            }
-        )
-
-    def _flush_side_outputs(self) -> None:
-        if self._staged_rows:
-            staged = pa.RecordBatch.from_pylist(self._staged_rows, schema=STAGED_SCHEMA)
-            self.results.add("staged", staged)
-            self._staged_rows = []
-        if self._dead_rows:
-            dead = pa.RecordBatch.from_pylist(self._dead_rows, schema=DEAD_LETTER_SCHEMA)
-            self.results.add("dead_letter", dead)
-            self._dead_rows = []
-
-
-def _state(
-    delivery: Delivery,
-    attempt: int,
-    not_before_ms: int,
-    failed_at: int,
-    error_class: str,
-    message: str,
-) -> RetryState:
-    record = delivery.record
-    return RetryState(
-        job=delivery.job,
-        id=delivery.id,
-        attempt=attempt,
-        not_before_ms=not_before_ms,
-        origin_topic=record.topic,
-        origin_partition=record.partition,
-        origin_offset=record.offset,
-        origin_timestamp_ms=record.timestamp,
-        first_failure_ms=delivery.first_failure_ms or failed_at,
-        last_failure_ms=failed_at,
-        error_class=error_class,
-        error_message=message,
-    )
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _output_batch(rows: list[dict], schema: pa.Schema) -> pa.RecordBatch:
-    """`rows` as a RecordBatch of `schema`.
-
-    Raises `ValueError` naming a NOT NULL column (or struct field, list element, map key or
-    value) left empty: Arrow builds such a batch, but the Parquet writer refuses it, which
-    would fail the task, and every replay of the batch, instead of the one record.
-    """
-    batch = pa.RecordBatch.from_pylist(rows, schema=schema)
-    for column_field, column in zip(schema, batch.columns, strict=True):
-        _check_not_null(column_field, column, column_field.name)
-    return batch
-
-
-def _check_not_null(field: pa.Field, array: pa.Array, path: str) -> None:
-    if not field.nullable and array.null_count:
-        raise ValueError(f"column {path!r} is NOT NULL, but a row has no value for it")
-    kind = field.type
-    if pa.types.is_struct(kind):
-        present = array.filter(array.is_valid())
-        for i in range(kind.num_fields):
-            child = kind.field(i)
-            _check_not_null(child, present.field(i), f"{path}.{child.name}")
-    elif pa.types.is_map(kind):
-        _check_not_null(kind.key_field, array.keys, f"{path}.key")
-        _check_not_null(kind.item_field, array.items, f"{path}.value")
-    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        _check_not_null(kind.value_field, array.flatten(), f"{path}[]")
 
 
 def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

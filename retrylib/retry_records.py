@@ -1,0 +1,333 @@
+"""Retry records inside a routing task, both ways.
+
+Out: a failed record becomes a signed copy for its next retry tier, or a dead letter (a row
+for the dead-letter table and a signed record for the dead-letter topic). In: a record read
+back from a tier is checked (this job's, signed, not seen, due) before the handler sees it.
+Staged records and dead-letter rows wait here until the task hands them to Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
+from retrylib.errors import Skip
+from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
+from retrylib.kafka.staging import STAGED_SCHEMA
+from retrylib.record import Record
+from retrylib.results import ResultRows
+from retrylib.retry.headers import (
+    JOB,
+    CorruptRetryHeaders,
+    RetryState,
+    UnverifiedRetryRecord,
+    decode_retry_state,
+    encode_dead_letter_headers,
+    encode_retry_headers,
+    is_signed_by,
+    record_id,
+    sign,
+    split_headers,
+)
+from retrylib.retry.policy import (
+    RetryDecision,
+    RetryPolicy,
+    decide,
+    describe_error,
+    is_due,
+    tier_timestamp_ms,
+)
+
+if TYPE_CHECKING:
+    from retrylib.task import TaskPlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Delivery:
+    """A record that failed or is a retry, with what is known of its earlier failures.
+
+    A first delivery gets one only when it fails, and its id is computed only then: both
+    would cost more, record by record, than routing it.
+    """
+
+    record: Record
+    source_topic: str
+    job: str
+    known_id: str | None = None
+    first_failure_ms: int | None = None
+
+    @property
+    def id(self) -> str:
+        if self.known_id is None:
+            record = self.record
+            self.known_id = record_id(self.job, record.topic, record.partition, record.offset)
+        return self.known_id
+
+
+class RetryRecords:
+    """The retry and dead-letter records of one task: see the module docstring."""
+
+    def __init__(
+        self,
+        plan: TaskPlan,
+        policy: RetryPolicy,
+        tier_of: Mapping[str, int],
+        counters: Counter[str],
+    ) -> None:
+        self.plan = plan
+        self.policy = policy
+        self.tier_of = tier_of
+        self.counters = counters
+        self.seen: set[tuple[str, int]] = set()
+        self.job_header = plan.job.encode("utf-8")
+        self.dead_letter_topics = {plan.dead_letter_topic, *(t for _, t in plan.dead_letter_routes)}
+        self._staged_rows: list[dict] = []
+        self._dead_rows: list[dict] = []
+
+    def read_back(
+        self, key, value, topic, partition, offset, timestamp_ms, header_pairs
+    ) -> Delivery | None:
+        """The Delivery of a record read from a retry tier, or None when it is not handled
+        now: another job's (skipped and counted), not signed by this job or with corrupt
+        retry headers (dead-lettered), a duplicate, or not due yet (re-queued)."""
+        self.counters["records_retry"] += 1
+        user_headers, own = split_headers(header_pairs)
+        writer = own.get(JOB)
+        if writer is not None and writer != self.job_header:
+            # A neighbour sharing the tier topic handles its own records.
+            self.counters["skipped_other_job"] += 1
+            log.warning(
+                "skipped %s[%d]@%d on a retry tier: written by job %r, not this job %r",
+                topic,
+                partition,
+                offset,
+                writer.decode("utf-8", errors="replace"),
+                self.plan.job,
+            )
+            return None
+        signed = is_signed_by(
+            header_pairs, signing_key=self.plan.signing_key, topic=topic, key=key, value=value
+        )
+        try:
+            if not signed:
+                raise UnverifiedRetryRecord(
+                    "record on a retry topic is not signed by this job (retrylib.signature "
+                    "missing or wrong): written by someone else, changed after it was "
+                    "written, or written before the job's checkpoint was replaced"
+                )
+            state = decode_retry_state(own)
+        except (UnverifiedRetryRecord, CorruptRetryHeaders) as e:
+            reason = "unverified_retry_record" if not signed else "corrupt_retry_headers"
+            record = Record(key, value, user_headers, topic, partition, offset, timestamp_ms)
+            delivery = Delivery(record, topic, self.plan.job)
+            self.dead_letter(delivery, e, reason, 0, _now_ms())
+            return None
+        if (state.id, state.attempt) in self.seen:
+            self.counters["duplicates_skipped"] += 1
+            return None
+        self.seen.add((state.id, state.attempt))
+        record = Record(
+            key,
+            value,
+            user_headers,
+            state.origin_topic,
+            state.origin_partition,
+            state.origin_offset,
+            state.origin_timestamp_ms,
+            state.attempt,
+        )
+        delivery = Delivery(record, topic, self.plan.job, state.id, state.first_failure_ms)
+        if not is_due(state.not_before_ms, self.plan.now_ms):
+            # A wait longer than the tier holds in one pass, or clocks that disagree: never
+            # hand it over early, wait in the tier again.
+            self.counters["requeued_not_due"] += 1
+            delay_ms = self.plan.tier_delays_ms[self.tier_of[topic]]
+            timestamp = tier_timestamp_ms(state.not_before_ms, delay_ms, self.plan.now_ms)
+            self.stage(topic, partition, timestamp, record, header_pairs[:-1])
+            return None
+        return delivery
+
+    def fail(self, delivery: Delivery, error: BaseException) -> None:
+        """Route a failed record to its next retry tier or to the dead letter.
+
+        Delays count from the moment of this failure, so a record never waits less than
+        its tier's delay; the decision is fixed once the batch's manifest is written.
+        """
+        record = delivery.record
+        if isinstance(error, Skip):
+            self.counters["skipped_by_handler"] += 1
+            log.info(
+                "%s[%d]@%d skipped at the handler's request: %s",
+                record.topic,
+                record.partition,
+                record.offset,
+                describe_error(error, with_trace=False)[1],
+            )
+            return
+        failed_at = _now_ms()
+        decision = decide(
+            self.policy,
+            error=error,
+            attempt=record.attempt,
+            record_id=delivery.id,
+            now_ms=failed_at,
+            first_failure_ms=delivery.first_failure_ms,
+        )
+        tier_topics = self.plan.retry_topics.get(record.topic)
+        attempts = record.attempt + 1
+        if not isinstance(decision, RetryDecision):
+            self.dead_letter(delivery, error, decision.reason, attempts, failed_at)
+            return
+        if tier_topics is None:
+            self.dead_letter(delivery, error, "unknown_origin_topic", attempts, failed_at)
+            return
+        error_class, message, _ = describe_error(error, with_trace=False)
+        state = _state(delivery, attempts, decision.not_before_ms, failed_at, error_class, message)
+        topic = tier_topics[decision.tier]
+        headers = encode_retry_headers(record.headers, state)
+        if self._too_large(topic, record, headers):
+            self.dead_letter(delivery, error, "record_too_large", attempts, failed_at)
+            return
+        self.stage(topic, record.partition, decision.kafka_timestamp_ms, record, headers)
+        self.counters[f"retried_tier_{decision.tier}"] += 1
+
+    def dead_letter(
+        self,
+        delivery: Delivery,
+        error: BaseException,
+        reason: str,
+        attempts: int,
+        failed_at: int,
+    ) -> None:
+        record = delivery.record
+        error_class, message, trace = describe_error(error)
+        state = _state(delivery, attempts, failed_at, failed_at, error_class, message)
+        dead = DeadLetter(
+            delivery.id,
+            record.topic,
+            record.partition,
+            record.offset,
+            record.timestamp,
+            delivery.source_topic,
+            attempts,
+            reason,
+            error_class,
+            message,
+            trace,
+            state.first_failure_ms,
+            failed_at,
+            record.key,
+            record.value,
+            record.headers,
+        )
+        self._dead_rows.append(dead.row(self.plan.job, self.plan.batch_id, failed_at))
+        headers = encode_dead_letter_headers(
+            record.headers, state, attempts=attempts, reason=reason, stack_trace=trace
+        )
+        topic = self.policy.dead_letter_topic(error, self.plan.dead_letter_topic)
+        self.stage(topic, record.partition, failed_at, record, headers)
+        self.counters["dead_lettered"] += 1
+
+    def _too_large(self, topic: str, record: Record, headers: list) -> bool:
+        """True (logged and counted) when the retry copy is more than `topic` accepts.
+
+        Producing it would fail the batch on every replay; it goes to the dead letter.
+        """
+        limit = self.plan.max_record_bytes.get(topic)
+        size = wire_size(record.key, record.value, headers) + SIGNATURE_BYTES
+        if limit is None or size <= limit:
+            return False
+        log.warning(
+            "%s[%d]@%d: retry copy of %d bytes is over the %d bytes %s accepts; "
+            "dead-lettered as record_too_large",
+            record.topic,
+            record.partition,
+            record.offset,
+            size,
+            limit,
+            topic,
+        )
+        self.counters["dead_lettered_too_large"] += 1
+        return True
+
+    def stage(self, topic, partition, timestamp_ms, record, headers) -> None:
+        """Stage `record` for `topic` with `headers` and the signature that covers them; a
+        dead-letter record is first cut to fit its topic (the table keeps it in full)."""
+        key, value = record.key, record.value
+        limit = self.plan.max_record_bytes.get(topic)
+        if topic in self.dead_letter_topics and limit is not None:
+            fitted = fit(key, value, headers, limit - SIGNATURE_BYTES)
+            key, value, headers = fitted.key, fitted.value, fitted.headers
+            if fitted.cut:
+                log.warning(
+                    "%s[%d]@%d: dead-letter record of %d bytes is over the %d bytes %s "
+                    "accepts; produced cut to %d bytes (in full in the dead-letter table)",
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    fitted.original_bytes + SIGNATURE_BYTES,
+                    limit,
+                    topic,
+                    fitted.bytes + SIGNATURE_BYTES,
+                )
+                self.counters["dead_letter_truncated"] += 1
+        signed = sign(headers, signing_key=self.plan.signing_key, topic=topic, key=key, value=value)
+        self._staged_rows.append(
+            {
+                "topic": topic,
+                "partition": partition % self.plan.partition_counts[topic],
+                "timestamp_ms": timestamp_ms,
+                "key": key,
+                "value": value,
+                "headers": [{"key": k, "value": v} for k, v in signed],
+            }
+        )
+
+    def hand_over(self, results: ResultRows) -> None:
+        """Move the staged records and dead-letter rows gathered so far into `results`."""
+        if self._staged_rows:
+            staged = pa.RecordBatch.from_pylist(self._staged_rows, schema=STAGED_SCHEMA)
+            results.add("staged", staged)
+            self._staged_rows = []
+        if self._dead_rows:
+            dead = pa.RecordBatch.from_pylist(self._dead_rows, schema=DEAD_LETTER_SCHEMA)
+            results.add("dead_letter", dead)
+            self._dead_rows = []
+
+
+def _state(
+    delivery: Delivery,
+    attempt: int,
+    not_before_ms: int,
+    failed_at: int,
+    error_class: str,
+    message: str,
+) -> RetryState:
+    record = delivery.record
+    return RetryState(
+        job=delivery.job,
+        id=delivery.id,
+        attempt=attempt,
+        not_before_ms=not_before_ms,
+        origin_topic=record.topic,
+        origin_partition=record.partition,
+        origin_offset=record.offset,
+        origin_timestamp_ms=record.timestamp,
+        first_failure_ms=delivery.first_failure_ms or failed_at,
+        last_failure_ms=failed_at,
+        error_class=error_class,
+        error_message=message,
+    )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
