@@ -1,10 +1,21 @@
-"""retrylib's own files in the job's checkpoint, on whatever file system Spark writes it to.
+"""The job's checkpoint: what lives where in it, and reading and writing its files.
 
-A location with a URI scheme (`s3a://`, `abfss://`, `gs://`, `hdfs://`, `dbfs:/`, `file:/`)
-goes through Hadoop's FileSystem in Spark's JVM, the API Spark writes its own checkpoint
-with: the cluster's credentials apply and no Python process needs any. A plain local path
-is handled in Python, where a hard link gives `claim_json` an atomic create-if-absent.
-Only the driver calls these (they need the session's JVM).
+`Checkpoint(root)` is the one owner of the layout under the configured `job.checkpoint`:
+
+    <root>/spark/                      Spark's own checkpoint of the query
+        offsets/<N>, commits/<N>       read here for `status` and the metrics
+    <root>/retrylib/identity.json      the checkpoint's app id ("<job>-<random>")
+    <root>/retrylib/signing_key.json   the key that signs the job's Kafka records
+    <root>/retrylib/manifests/<N>.json batch N's clock, counters and staged rows
+    <root>/retrylib/staged/<N>/        batch N's decisions (Parquet) until batch N+1 ran
+    <root>/retrylib/compaction.json    when the tables were last compacted
+
+Files go to whatever file system Spark writes the checkpoint to. A location with a URI
+scheme (`s3a://`, `abfss://`, `gs://`, `hdfs://`, `dbfs:/`, `file:/`) goes through Hadoop's
+FileSystem in Spark's JVM, the API Spark writes its own checkpoint with: the cluster's
+credentials apply and no Python process needs any. A plain local path is handled in
+Python, where a hard link gives `claim_json` an atomic create-if-absent. Only the driver
+calls these (they need the session's JVM).
 """
 
 from __future__ import annotations
@@ -12,13 +23,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from retrylib.kafka.offsets import PartitionKey
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+MANIFESTS_KEPT = 20
 
 
 def join(base: str, *parts: str) -> str:
@@ -165,3 +183,124 @@ def list_names(spark: SparkSession, uri: str) -> list[str]:
     if not fs.exists(path):
         return []
     return [status.getPath().getName() for status in fs.listStatus(path)]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The checkpoint at `root` (the config's `job.checkpoint`); see the module docstring."""
+
+    root: str
+
+    @property
+    def spark(self) -> str:
+        """Spark's checkpoint of the query (its `checkpointLocation`)."""
+        return join(self.root, "spark")
+
+    @property
+    def state(self) -> str:
+        """retrylib's own folder."""
+        return join(self.root, "retrylib")
+
+    @property
+    def manifests(self) -> str:
+        return join(self.state, "manifests")
+
+    def manifest(self, batch_id: int) -> str:
+        return join(self.manifests, f"{batch_id}.json")
+
+    def staged(self, batch_id: int) -> str:
+        return join(self.state, "staged", str(batch_id))
+
+    @property
+    def compaction(self) -> str:
+        return join(self.state, "compaction.json")
+
+    def app_id(self, spark: SparkSession, job_name: str) -> str:
+        """The Delta app id and produce-marker id of this checkpoint: "<job>-<random>".
+
+        Created with the checkpoint and kept in it. Batch ids restart at 0 when a checkpoint
+        is deleted; a fresh id keeps the new run's batches from being mistaken for replays of
+        the old run's (which would skip their commits and lose their records).
+        """
+        uri = join(self.state, "identity.json")
+        identity = read_json(spark, uri)
+        if identity is None:  # two instances starting at once agree on the first one's id
+            identity = claim_json(spark, uri, {"app_id": f"{job_name}-{uuid.uuid4().hex[:12]}"})
+        return identity["app_id"]
+
+    def signing_key(self, spark: SparkSession) -> bytes:
+        """The key that signs the job's retry and dead-letter records (`headers.sign`).
+
+        Created at random with the checkpoint and kept in it, so only this job can write
+        records its tasks accept as retries. A new checkpoint makes a new key: retry records
+        still waiting from before then go to the dead letter as `unverified_retry_record`
+        (redrive brings them back).
+        """
+        uri = join(self.state, "signing_key.json")
+        stored = read_json(spark, uri)
+        if stored is None:  # two instances starting at once agree on the first one's key
+            stored = claim_json(spark, uri, {"key": secrets.token_hex(32)})
+        return bytes.fromhex(stored["key"])
+
+    def manifest_ids(self, spark: SparkSession) -> list[int]:
+        """The batch ids that have a manifest, in order."""
+        names = list_names(spark, self.manifests)
+        return sorted(int(name[:-5]) for name in names if name[:-5].isdigit())
+
+    def clean_up(self, spark: SparkSession, batch_id: int) -> None:
+        """Delete the batch state `expired_state` names, so that it stays a few files."""
+        for folder in ("staged", "manifests"):
+            names = list_names(spark, join(self.state, folder))
+            for name in expired_state(folder, names, batch_id):
+                delete_tree(spark, join(self.state, folder, name))
+
+    def last_committed_batch(self, spark: SparkSession | None) -> int | None:
+        """The id of the last batch Spark marked complete, or None."""
+        numbers = [int(n) for n in list_names(spark, join(self.spark, "commits")) if n.isdigit()]
+        return max(numbers, default=None)
+
+    def batch_offsets(
+        self, spark: SparkSession | None, batch_id: int
+    ) -> tuple[dict[PartitionKey, int], int | None]:
+        """End offsets of batch `batch_id` from Spark's offset log, every source merged (main
+        and tier topics are distinct), and the batch's trigger time in epoch ms.
+
+        Spark writes `offsets/<N>` before it runs batch N: a "v1" line, a metadata line, then
+        one JSON line per source ({"topic": {"partition": offset}}). Raises
+        `FileNotFoundError` when the file does not exist.
+        """
+        uri = join(self.spark, "offsets", str(batch_id))
+        text = read_text(spark, uri)
+        if text is None:
+            raise FileNotFoundError(uri)
+        lines = text.splitlines()
+        metadata = json.loads(lines[1]) if len(lines) > 1 else {}
+        offsets: dict[PartitionKey, int] = {}
+        for line in lines[2:]:
+            if not line.startswith("{"):
+                continue  # "-": a source with no offsets yet
+            for topic, partitions in json.loads(line).items():
+                for partition, offset in partitions.items():
+                    offsets[(topic, int(partition))] = int(offset)
+        return offsets, metadata.get("batchTimestampMs")
+
+
+def expired_state(folder: str, names: Iterable[str], batch_id: int) -> list[str]:
+    """The entries of retrylib's `folder` ("staged" or "manifests") to delete once batch
+    `batch_id` is done: staging folders of earlier batches (a replay of this one may still
+    read its own), manifests older than the last `MANIFESTS_KEPT`, and temporary files of
+    manifest writes that crashed. Names retrylib does not write are left alone.
+    """
+    expired = []
+    for name in names:
+        if folder == "staged":
+            if name.isdigit() and int(name) < batch_id:
+                expired.append(name)
+            continue
+        number, _, rest = name.partition(".json")
+        if not number.isdigit():
+            continue
+        leftover = rest.startswith(".tmp") and int(number) <= batch_id  # a crashed write
+        if leftover or int(number) < batch_id - MANIFESTS_KEPT:
+            expired.append(name)
+    return expired

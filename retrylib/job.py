@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from retrylib.checkpoint import join
+from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import Config
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.dead_letter import dead_letter_struct
@@ -34,8 +34,8 @@ from retrylib.kafka.tier_source import (
     parse_source_options,
 )
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
-from retrylib.metrics import MetricsRecorder, spark_checkpoint
-from retrylib.router import BatchResult, BatchRouter, checkpoint_identity, signing_key
+from retrylib.metrics import MetricsRecorder
+from retrylib.router import BatchResult, BatchRouter
 from retrylib.spark.session import build_spark_session
 from retrylib.spark.shipping import ship_handler
 from retrylib.spark.signals import stop_requests
@@ -282,8 +282,8 @@ def start_query(
         evolve=config.output.schema_evolution,
     )
     ensure_table(spark, dead_letter, dead_letter_struct(), what="dead-letter")
-    state_dir = join(config.job.checkpoint, "retrylib")
-    app_id = checkpoint_identity(spark, state_dir, config.job.name)
+    checkpoint = Checkpoint(config.job.checkpoint)
+    app_id = checkpoint.app_id(spark, config.job.name)
     metrics = MetricsRecorder(config, app_id, forward=on_result)
     metrics.prepare(spark)
     limits, producer_options = record_limits(config, partitions)
@@ -292,10 +292,10 @@ def start_query(
         tables = [("output", output), ("dead-letter", dead_letter)]
         if config.metrics.table_ref() is not None:
             tables.append(("metrics", config.metrics.table_ref()))
-        compactor = Compactor(state_dir, config.output.optimize_every_ms, tables)
+        compactor = Compactor(checkpoint.compaction, config.output.optimize_every_ms, tables)
     router = BatchRouter(
-        task_plan(config, partitions, signing_key(spark, state_dir)),
-        state_dir=state_dir,
+        task_plan(config, partitions, checkpoint.signing_key(spark)),
+        checkpoint=checkpoint,
         app_id=app_id,
         kafka_options=producer_options,
         bootstrap_servers=config.kafka.bootstrap_servers,
@@ -315,7 +315,7 @@ def start_query(
     writer = (
         source_frame(spark, config, target)
         .writeStream.queryName(config.job.name)
-        .option("checkpointLocation", spark_checkpoint(config))
+        .option("checkpointLocation", Checkpoint(config.job.checkpoint).spark)
         .foreachBatch(router)
     )
     if target is not None:

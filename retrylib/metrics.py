@@ -46,7 +46,7 @@ import pyarrow as pa
 from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from retrylib.checkpoint import join, list_names, read_text
+from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import Config
 from retrylib.delta.tables import append_once, ensure_table
 from retrylib.kafka.clients import client_config, topic_partitions
@@ -101,44 +101,6 @@ METRICS_SCHEMA = pa.schema(
 """Columns of the metrics Delta table, one row per batch (see the module docstring)."""
 
 _KAFKA_TIMEOUT_S = 10.0
-
-
-def spark_checkpoint(config: Config) -> str:
-    """Where Spark keeps the query's checkpoint (offset log, commit log)."""
-    return join(config.job.checkpoint, "spark")
-
-
-def last_committed_batch(spark, config: Config) -> int | None:
-    """The id of the last batch Spark marked complete in the checkpoint, or None."""
-    commits = join(spark_checkpoint(config), "commits")
-    numbers = [int(n) for n in list_names(spark, commits) if n.isdigit()]
-    return max(numbers, default=None)
-
-
-def batch_offsets(
-    spark, config: Config, batch_id: int
-) -> tuple[dict[PartitionKey, int], int | None]:
-    """End offsets of batch `batch_id` from the checkpoint's offset log, every source merged
-    (main and tier topics are distinct), and the batch's trigger time in epoch ms.
-
-    Spark writes `offsets/<N>` before it runs batch N: a "v1" line, a metadata line, then one
-    JSON line per source ({"topic": {"partition": offset}}). Raises `FileNotFoundError` when
-    the file does not exist.
-    """
-    uri = join(spark_checkpoint(config), "offsets", str(batch_id))
-    text = read_text(spark, uri)
-    if text is None:
-        raise FileNotFoundError(uri)
-    lines = text.splitlines()
-    metadata = json.loads(lines[1]) if len(lines) > 1 else {}
-    offsets: dict[PartitionKey, int] = {}
-    for line in lines[2:]:
-        if not line.startswith("{"):
-            continue  # "-": a source with no offsets yet
-        for topic, partitions in json.loads(line).items():
-            for partition, offset in partitions.items():
-                offsets[(topic, int(partition))] = int(offset)
-    return offsets, metadata.get("batchTimestampMs")
 
 
 class KafkaOffsets:
@@ -322,7 +284,7 @@ class MetricsRecorder:
 
     def _lag(self, batch_id: int, now_ms: int) -> dict[str, dict[str, int]] | None:
         try:
-            end, _ = batch_offsets(self._spark, self.config, batch_id)
+            end, _ = Checkpoint(self.config.job.checkpoint).batch_offsets(self._spark, batch_id)
             if self._kafka is None:
                 kafka = self.config.kafka
                 self._kafka = KafkaOffsets(kafka.bootstrap_servers, kafka.options)

@@ -18,7 +18,7 @@ A batch runs in steps, each safe to repeat after a crash:
 A batch's staging folder is removed once the next batch has run: Spark replays at most the
 last batch, and a replay of it may still need its staged rows.
 
-The manifest is claimed, not overwritten (`storage.claim_json`): it is created only if no
+The manifest is claimed, not overwritten (`checkpoint.claim_json`): it is created only if no
 manifest exists yet, and a loser of that race (a zombie instance of the job routing the
 same batch) adopts the winner's decisions. Object stores have no atomic create; there the
 job relies on the Kafka producer's fencing of zombies.
@@ -32,12 +32,9 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -45,7 +42,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import collect_list, count
 
-from retrylib.checkpoint import claim_json, delete_tree, join, list_names, read_json
+from retrylib.checkpoint import Checkpoint, claim_json, read_json
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.tables import TableRef, append_once, committed_version
 from retrylib.errors import RetrylibError, TableWriteError
@@ -58,7 +55,6 @@ from retrylib.task import TaskPlan, run_task
 log = logging.getLogger(__name__)
 
 _WORKER_DIED = "Python worker exited unexpectedly"
-_MANIFESTS_KEPT = 20
 
 
 @dataclass(frozen=True)
@@ -80,7 +76,7 @@ class BatchRouter:
     def __init__(
         self,
         plan_template: TaskPlan,
-        state_dir: str,
+        checkpoint: Checkpoint,
         app_id: str,
         kafka_options: dict[str, str],
         bootstrap_servers: str,
@@ -93,7 +89,7 @@ class BatchRouter:
         compactor: Compactor | None = None,
     ) -> None:
         self._template = plan_template
-        self._state_dir = state_dir
+        self._checkpoint = checkpoint
         self._output_table = output_table
         self._evolve_output = evolve_output
         self._dead_letter_table = dead_letter_table
@@ -128,7 +124,7 @@ class BatchRouter:
         if not self._checked_tables:
             self._check_tables_not_ahead(spark, batch_id)
             self._checked_tables = True
-        manifest_uri = join(self._state_dir, "manifests", f"{batch_id}.json")
+        manifest_uri = self._checkpoint.manifest(batch_id)
         manifest = read_json(spark, manifest_uri)
         replayed = manifest is not None
         if manifest is None:
@@ -140,7 +136,7 @@ class BatchRouter:
             crash_point("after_manifest", batch_id)
         result = self._apply(spark, manifest, batch_id, replayed, started)
         crash_point("before_batch_end", batch_id)
-        self._clean_up(spark, batch_id)
+        self._checkpoint.clean_up(spark, batch_id)
         crash_point("after_cleanup", batch_id)
         log.info("batch %s", json.dumps(_summary(result)))
         if self._on_result is not None:
@@ -157,7 +153,7 @@ class BatchRouter:
             now_ms=int(time.time() * 1000),
             max_record_bytes=self._record_limits.current(),
         )
-        staging = self._staging_dir(batch_id)
+        staging = self._checkpoint.staged(batch_id)
         _run_tasks(df, plan, staging)
         crash_point("after_handler", batch_id)
         counters: Counter[str] = Counter()
@@ -251,68 +247,8 @@ class BatchRouter:
                     "checkpoint, or start from a new one"
                 )
 
-    def _staging_dir(self, batch_id: int) -> str:
-        return join(self._state_dir, "staged", str(batch_id))
-
-    def _clean_up(self, spark: SparkSession, batch_id: int) -> None:
-        """Delete the batch state `expired_state` names, so that it stays a few files."""
-        for folder in ("staged", "manifests"):
-            names = list_names(spark, join(self._state_dir, folder))
-            for name in expired_state(folder, names, batch_id):
-                delete_tree(spark, join(self._state_dir, folder, name))
-
     def close(self) -> None:
         self._producer.close()
-
-
-def checkpoint_identity(spark: SparkSession, state_dir: str, job_name: str) -> str:
-    """The Delta app id and produce-marker id of this checkpoint: "<job>-<random>".
-
-    Created with the checkpoint and kept in it. Batch ids restart at 0 when a checkpoint is
-    deleted; a fresh id keeps the new run's batches from being mistaken for replays of the
-    old run's (which would skip their commits and lose their records).
-    """
-    uri = join(state_dir, "identity.json")
-    identity = read_json(spark, uri)
-    if identity is None:  # two instances starting at once agree on the first one's id
-        identity = claim_json(spark, uri, {"app_id": f"{job_name}-{uuid.uuid4().hex[:12]}"})
-    return identity["app_id"]
-
-
-def signing_key(spark: SparkSession, state_dir: str) -> bytes:
-    """The key that signs the job's retry and dead-letter records (`headers.sign`).
-
-    Created at random with the checkpoint and kept in it, so only this job can write records
-    its tasks accept as retries. A new checkpoint makes a new key: retry records still waiting
-    from before then go to the dead letter as `unverified_retry_record` (redrive brings them
-    back).
-    """
-    uri = join(state_dir, "signing_key.json")
-    stored = read_json(spark, uri)
-    if stored is None:  # two instances starting at once agree on the first one's key
-        stored = claim_json(spark, uri, {"key": secrets.token_hex(32)})
-    return bytes.fromhex(stored["key"])
-
-
-def expired_state(folder: str, names: Iterable[str], batch_id: int) -> list[str]:
-    """The entries of retrylib's `folder` ("staged" or "manifests") to delete once batch
-    `batch_id` is done: staging folders of earlier batches (a replay of this one may still
-    read its own), manifests older than the last `_MANIFESTS_KEPT`, and temporary files of
-    manifest writes that crashed. Names retrylib does not write are left alone.
-    """
-    expired = []
-    for name in names:
-        if folder == "staged":
-            if name.isdigit() and int(name) < batch_id:
-                expired.append(name)
-            continue
-        number, _, rest = name.partition(".json")
-        if not number.isdigit():
-            continue
-        leftover = rest.startswith(".tmp") and int(number) <= batch_id  # a crashed write
-        if leftover or int(number) < batch_id - _MANIFESTS_KEPT:
-            expired.append(name)
-    return expired
 
 
 def _run_tasks(df: DataFrame, plan: TaskPlan, staging: str) -> None:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from retrylib.checkpoint import join, read_json, replace_json
+from retrylib.checkpoint import read_json, replace_json
 from retrylib.config.durations import format_duration
 from retrylib.delta.tables import TableRef, compact
 
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "compaction.json"
 
 
 def compaction_due(last_ms: int | None, now_ms: int, every_ms: int) -> bool:
@@ -53,14 +51,14 @@ def compaction_due(last_ms: int | None, now_ms: int, every_ms: int) -> bool:
 class Compactor:
     """Compacts `tables` ((what, table) pairs: "output", "dead-letter", ...) every `every_ms`.
 
-    `state_dir` is retrylib's folder in the checkpoint, where the last time is kept. Only the
-    driver calls it, between batches.
+    The last time is kept in the file `state_uri` (`Checkpoint.compaction`). Only the driver
+    calls it, between batches.
     """
 
     def __init__(
-        self, state_dir: str, every_ms: int, tables: Sequence[tuple[str, TableRef]]
+        self, state_uri: str, every_ms: int, tables: Sequence[tuple[str, TableRef]]
     ) -> None:
-        self._uri = join(state_dir, STATE_FILE)
+        self._uri = state_uri
         self._every_ms = every_ms
         self._tables = tuple(tables)
         self._last_ms: int | None = None

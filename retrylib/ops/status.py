@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from retrylib.checkpoint import join, list_names, read_json
+from retrylib.checkpoint import Checkpoint, read_json
 from retrylib.config.durations import format_duration
 from retrylib.config.model import Config, RetryTier
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import make_consumer
 from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.staging import control_topic
-from retrylib.metrics import KafkaOffsets, batch_offsets, last_committed_batch
+from retrylib.metrics import KafkaOffsets
 from retrylib.retry import headers
 
 if TYPE_CHECKING:
@@ -98,11 +98,12 @@ def collect_status(
     if spark is None:
         spark = tool_session(f"retrylib-status-{config.job.name}")
     now_ms = int(time.time() * 1000)
-    committed = last_committed_batch(spark, config)
+    checkpoint = Checkpoint(config.job.checkpoint)
+    committed = checkpoint.last_committed_batch(spark)
     position: dict[PartitionKey, int] = {}
     last_batch = None
     if committed is not None:
-        position, triggered_ms = batch_offsets(spark, config, committed)
+        position, triggered_ms = checkpoint.batch_offsets(spark, committed)
         last_batch = {"id": committed, "triggered_at": _iso(triggered_ms)}
     errors: list[str] = []
     kafka = KafkaOffsets(
@@ -350,14 +351,10 @@ def last_batches(
                 for row in rows:
                     row["at"] = _iso_datetime(row.pop("finished_at"))
                 return {"source": "metrics_table", "batches": rows}
-    manifests = join(config.job.checkpoint, "retrylib", "manifests")
-    numbers = sorted(
-        (int(name[:-5]) for name in list_names(spark, manifests) if name[:-5].isdigit()),
-        reverse=True,
-    )
+    checkpoint = Checkpoint(config.job.checkpoint)
     batches = []
-    for number in numbers[:count]:
-        manifest = read_json(spark, join(manifests, f"{number}.json"))
+    for number in reversed(checkpoint.manifest_ids(spark)[-count:] if count else []):
+        manifest = read_json(spark, checkpoint.manifest(number))
         if manifest is None:  # removed by the job's clean-up since the listing
             continue
         counters = manifest.get("counters", {})

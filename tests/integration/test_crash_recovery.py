@@ -21,13 +21,12 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from retrylib.checkpoint import claim_json, read_json
+from retrylib.checkpoint import Checkpoint, claim_json, read_json
 from retrylib.errors import RetrylibError
 from retrylib.faults import CRASH_POINTS
 from retrylib.kafka import staging
 from retrylib.kafka.clients import ensure_topics, make_admin, make_consumer, make_producer
 from retrylib.kafka.staging import STAGED_SCHEMA, ProduceError, StagedProducer, control_topic
-from retrylib.router import checkpoint_identity
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 REPO = FAULTS_DIR.parents[1]
@@ -108,10 +107,10 @@ def test_the_first_manifest_wins(spark, tmp_path, scheme):
 
 @pytest.mark.parametrize("scheme", ["", "file:"])
 def test_the_checkpoint_identity_is_created_once(spark, tmp_path, scheme):
-    app_id = checkpoint_identity(spark, f"{scheme}{tmp_path}", "orders")
+    app_id = Checkpoint(f"{scheme}{tmp_path}").app_id(spark, "orders")
     assert re.fullmatch(r"orders-[0-9a-f]{12}", app_id)
-    assert checkpoint_identity(spark, f"{scheme}{tmp_path}", "orders") == app_id
-    assert checkpoint_identity(spark, str(tmp_path), "orders") == app_id
+    assert Checkpoint(f"{scheme}{tmp_path}").app_id(spark, "orders") == app_id
+    assert Checkpoint(str(tmp_path)).app_id(spark, "orders") == app_id
 
 
 # -- producing once -----------------------------------------------------------------------

@@ -13,8 +13,9 @@ from chispa import assert_df_equality
 from conftest import produce
 from helpers import read_table, table_frame
 
+from retrylib.checkpoint import Checkpoint
 from retrylib.job import start_query
-from retrylib.router import BatchResult, checkpoint_identity
+from retrylib.router import BatchResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
 
@@ -110,8 +111,8 @@ def test_each_batch_commits_with_its_own_transaction(
         actions = [json.loads(line) for line in commit.read_text().splitlines()]
         txns += [action["txn"] for action in actions if "txn" in action]
     assert [t["version"] for t in txns] == committed
-    state_dir = str(Path(config.job.checkpoint, "retrylib"))
-    assert {t["appId"] for t in txns} == {checkpoint_identity(spark, state_dir, config.job.name)}
+    app_id = Checkpoint(config.job.checkpoint).app_id(spark, config.job.name)
+    assert {t["appId"] for t in txns} == {app_id}
 
 
 def test_catalog_table_names(spark, bootstrap_servers, make_topic, write_config):

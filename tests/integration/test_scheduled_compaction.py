@@ -4,6 +4,7 @@ stack (Spark's Delta OPTIMIZE), and no row is lost or duplicated by it."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
@@ -11,9 +12,8 @@ from conftest import produce
 from delta.tables import DeltaTable
 from helpers import read_table
 
-from retrylib.checkpoint import read_json, replace_json
+from retrylib.checkpoint import Checkpoint, read_json, replace_json
 from retrylib.config.model import load_config
-from retrylib.delta.compaction import STATE_FILE
 from retrylib.job import start_query
 
 pytestmark = pytest.mark.slow
@@ -45,7 +45,7 @@ def test_a_short_optimize_every_compacts_the_output_table(
     files_now = DeltaTable.forPath(spark, config.output.table).detail().first()["numFiles"]
     assert files_now < sum(int(m["numFiles"]) for m in writes)
     assert files_now == 1  # the last batch compacted after its own append
-    assert (tmp_path / "checkpoint" / "retrylib" / STATE_FILE).exists()
+    assert Path(Checkpoint(config.job.checkpoint).compaction).exists()
 
     actual = spark.createDataFrame(read_table(config.output.table).to_pandas())
     expected = spark.createDataFrame(
@@ -60,9 +60,9 @@ def test_a_short_optimize_every_compacts_the_output_table(
 @pytest.mark.parametrize("scheme", ["", "file:"])
 def test_the_compaction_clock_is_replaced_in_place(spark, tmp_path, scheme):
     """A plain path is written beside and renamed; a URI through Hadoop's FileSystem."""
-    uri = f"{scheme}{tmp_path}/retrylib/{STATE_FILE}"
+    uri = Checkpoint(f"{scheme}{tmp_path}").compaction
     replace_json(spark, uri, {"last_ms": 1})
     replace_json(spark, uri, {"last_ms": 2})
     assert read_json(spark, uri) == {"last_ms": 2}
     left = [n for n in os.listdir(tmp_path / "retrylib") if not n.startswith(".")]
-    assert left == [STATE_FILE]  # no temporary file left
+    assert left == ["compaction.json"]  # no temporary file left

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from retrylib.delta import compaction
-from retrylib.delta.compaction import STATE_FILE, Compactor, compaction_due
+from retrylib.delta.compaction import Compactor, compaction_due
 from retrylib.delta.tables import TableRef
 
+STATE_FILE = "compaction.json"
 MINUTE = 60_000
 TABLES = [("output", TableRef("/t/out", True)), ("dead-letter", TableRef("/t/dlq", True))]
 
@@ -49,7 +50,7 @@ def compacted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_the_first_batch_starts_the_clock_and_a_period_later_all_tables_compact(
     tmp_path: Path, compacted: list[str]
 ) -> None:
-    compactor = Compactor(str(tmp_path), 30 * MINUTE, TABLES)
+    compactor = Compactor(str(tmp_path / STATE_FILE), 30 * MINUTE, TABLES)
 
     assert compactor.after_batch(None, now_ms=100 * MINUTE) is False
     assert compactor.after_batch(None, now_ms=129 * MINUTE) is False
@@ -61,9 +62,10 @@ def test_the_first_batch_starts_the_clock_and_a_period_later_all_tables_compact(
 
 
 def test_a_restart_keeps_the_clock(tmp_path: Path, compacted: list[str]) -> None:
-    Compactor(str(tmp_path), 30 * MINUTE, TABLES).after_batch(None, now_ms=100 * MINUTE)
+    first = Compactor(str(tmp_path / STATE_FILE), 30 * MINUTE, TABLES)
+    first.after_batch(None, now_ms=100 * MINUTE)
 
-    restarted = Compactor(str(tmp_path), 30 * MINUTE, TABLES)
+    restarted = Compactor(str(tmp_path / STATE_FILE), 30 * MINUTE, TABLES)
     assert restarted.after_batch(None, now_ms=129 * MINUTE) is False
     assert restarted.after_batch(None, now_ms=130 * MINUTE) is True
     assert compacted == ["/t/out", "/t/dlq"]
@@ -81,7 +83,7 @@ def test_a_failing_table_is_logged_and_the_others_still_compact(
         return 3, 1
 
     monkeypatch.setattr(compaction, "compact", fake)
-    compactor = Compactor(str(tmp_path), 30 * MINUTE, TABLES)
+    compactor = Compactor(str(tmp_path / STATE_FILE), 30 * MINUTE, TABLES)
     compactor.after_batch(None, now_ms=0)
 
     with caplog.at_level(logging.WARNING, logger="retrylib.delta.compaction"):
@@ -99,7 +101,7 @@ def test_an_unwritable_clock_never_fails_the_batch(
 ) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
-    compactor = Compactor(str(blocker), 30 * MINUTE, TABLES)
+    compactor = Compactor(str(blocker / STATE_FILE), 30 * MINUTE, TABLES)
 
     with caplog.at_level(logging.WARNING, logger="retrylib.delta.compaction"):
         assert compactor.after_batch(None, now_ms=0) is False
@@ -111,7 +113,7 @@ def test_an_unreadable_clock_starts_again(
     tmp_path: Path, compacted: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / STATE_FILE).write_text('{"last_')  # a write cut short
-    compactor = Compactor(str(tmp_path), 30 * MINUTE, TABLES)
+    compactor = Compactor(str(tmp_path / STATE_FILE), 30 * MINUTE, TABLES)
 
     with caplog.at_level(logging.WARNING, logger="retrylib.delta.compaction"):
         assert compactor.after_batch(None, now_ms=100 * MINUTE) is False

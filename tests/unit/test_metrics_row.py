@@ -9,10 +9,10 @@ import pytest
 from confluent_kafka import KafkaException
 from helpers import metrics_job_config
 
+from retrylib.checkpoint import Checkpoint
 from retrylib.metrics import (
     METRICS_SCHEMA,
     KafkaOffsets,
-    batch_offsets,
     input_lag,
     metrics_row,
     table_row,
@@ -60,7 +60,7 @@ def test_batch_offsets_merges_every_source(tmp_path):
         '{"orders":{"0":10,"1":12}}\n{"orders.m.retry.10s":{"0":3}}\n-\n'
     )
 
-    end, triggered = batch_offsets(None, cfg, 7)  # a local path needs no Spark session
+    end, triggered = Checkpoint(cfg.job.checkpoint).batch_offsets(None, 7)  # no Spark: local
 
     assert end == {("orders", 0): 10, ("orders", 1): 12, ("orders.m.retry.10s", 0): 3}
     assert triggered == 1234
