@@ -44,7 +44,8 @@ from pyspark.sql.functions import collect_list, count
 
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
 from retrylib.delta.compaction import Compactor
-from retrylib.delta.tables import TableRef, append_once, committed_version
+from retrylib.delta.table_ref import TableRef
+from retrylib.delta.tables import append_once, committed_version
 from retrylib.errors import RetrylibError, TableWriteError
 from retrylib.faults import crash_point
 from retrylib.kafka.clients import RecordLimits

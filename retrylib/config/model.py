@@ -24,7 +24,7 @@ from typing import Any
 from retrylib.config.durations import format_duration, parse_duration
 from retrylib.config.importing import import_object
 from retrylib.config.schema import OutputSchema, parse_schema
-from retrylib.delta.tables import TableRef
+from retrylib.delta.table_ref import TableRef
 from retrylib.errors import ConfigError
 from retrylib.kafka.clients import JOB_OWNED_OPTIONS, is_secret_key, option_problem
 from retrylib.kafka.staging import control_topic

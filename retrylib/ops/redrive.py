@@ -59,7 +59,8 @@ from delta.exceptions import (
 )
 
 from retrylib.config.model import Config
-from retrylib.delta.tables import TableRef, read_table, table_exists, update_where
+from retrylib.delta.table_ref import TableRef
+from retrylib.delta.tables import read_table, table_exists, update_where
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import ensure_topics, make_admin, make_consumer, make_producer
 from retrylib.retry.headers import without_reserved

@@ -46,7 +46,7 @@ from retrylib.retry import headers
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from retrylib.delta.tables import TableRef
+    from retrylib.delta.table_ref import TableRef
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import (
-    TableRef,
     append_once,
     committed_version,
     ensure_table,

@@ -12,7 +12,8 @@ import pytest
 from conftest import produce
 from helpers import read_table
 
-from retrylib.delta.tables import TableRef, append_once
+from retrylib.delta.table_ref import TableRef
+from retrylib.delta.tables import append_once
 from retrylib.job import start_query, stop_gracefully
 from retrylib.metrics import METRICS_SCHEMA, metrics_struct, table_row
 from retrylib.router import BatchResult

@@ -8,7 +8,8 @@ import pytest
 from chispa import assert_df_equality
 from helpers import metrics_job_config
 
-from retrylib.delta.tables import TableRef, read_table
+from retrylib.delta.table_ref import TableRef
+from retrylib.delta.tables import read_table
 from retrylib.metrics import MetricsRecorder
 from retrylib.router import BatchResult
 

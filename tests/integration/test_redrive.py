@@ -20,7 +20,8 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 import retrylib.ops.redrive as redrive_module
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.delta.tables import TableRef, append_once, ensure_table, read_table
+from retrylib.delta.table_ref import TableRef
+from retrylib.delta.tables import append_once, ensure_table, read_table
 from retrylib.kafka.clients import make_consumer
 from retrylib.ops.redrive import Selection, redrive
 from retrylib.ops.status import collect_status, preflight

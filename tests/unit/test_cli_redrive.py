@@ -11,7 +11,7 @@ import pytest
 from delta.exceptions import ConcurrentAppendException, ConcurrentDeleteReadException
 
 import retrylib.ops.redrive as redrive_module
-from retrylib.delta.tables import TableRef
+from retrylib.delta.table_ref import TableRef
 from retrylib.ops.redrive import Selection
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)

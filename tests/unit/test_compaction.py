@@ -12,7 +12,7 @@ import pytest
 
 from retrylib.delta import compaction
 from retrylib.delta.compaction import Compactor, compaction_due
-from retrylib.delta.tables import TableRef
+from retrylib.delta.table_ref import TableRef
 
 STATE_FILE = "compaction.json"
 MINUTE = 60_000

@@ -17,7 +17,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from retrylib.delta.tables import TableRef, column_differences
+from retrylib.delta.table_ref import TableRef
+from retrylib.delta.tables import column_differences
 from retrylib.errors import ConfigError
 
 KEY = "output.table"
