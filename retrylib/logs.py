@@ -161,7 +161,7 @@ class _StderrHandler(logging.StreamHandler):
         self._pinned = None
 
     @property
-    def stream(self):  # type: ignore[override]
+    def stream(self):
         return self._pinned if self._pinned is not None else sys.stderr
 
     @stream.setter
