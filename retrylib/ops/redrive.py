@@ -64,6 +64,7 @@ from retrylib.delta.tables import read_table, table_exists, update_where
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import ensure_topics, make_admin, make_consumer, make_producer
 from retrylib.retry.headers import without_reserved
+from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -178,7 +179,7 @@ def redrive(
 ) -> RedriveReport:
     """Redrive the rows `selection` picks, to `to` or each row's origin topic; see the module
     docstring. With `dry_run`, change nothing and report what would go. The table is read
-    and updated through `spark`, or through `retrylib.ops.status.tool_session()` when it is None.
+    and updated through `spark`, or through `tool_session()` when it is None.
 
     Raises `RedriveError` for a bad `to`, a missing target topic, or a failed send, and
     `TopicError` when the control topic is missing and may not be created.
@@ -188,8 +189,6 @@ def redrive(
     table = config.dead_letter.table_ref()
     report = RedriveReport(dry_run=dry_run)
     if spark is None:
-        from retrylib.ops.status import tool_session
-
         spark = tool_session(f"retrylib-redrive-{config.job.name}")
     if not table_exists(spark, table):
         log.info("no dead-letter table %s: nothing to redrive", table)

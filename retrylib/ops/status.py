@@ -42,6 +42,7 @@ from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.staging import control_topic
 from retrylib.metrics import KafkaOffsets
 from retrylib.retry import headers
+from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -52,30 +53,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SCAN_LIMIT = 10_000
 _CONSUME_BATCH = 500
-
-
-def tool_session(app_name: str) -> SparkSession:
-    """The SparkSession that `status`, `redrive` and `check --tables` read tables through.
-
-    The running one when this process has one (a notebook, a test, a caller's job), with
-    its settings untouched. Else a new one: under spark-submit or a cluster's Spark with the
-    master that launched it; on a PyPI pyspark `local[1]` without the UI, since one core
-    starts fastest and these reads are small. Raises `JarsError` when Delta's jars are
-    needed and cannot be resolved.
-    """
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
-
-    from retrylib.logs import spark_log_conf
-    from retrylib.spark.jars import runs_on_cluster_spark
-    from retrylib.spark.session import build_spark_session
-
-    if SparkContext._active_spark_context is not None:
-        return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
-    if runs_on_cluster_spark():
-        return build_spark_session(app_name, extra=spark_log_conf())
-    local = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"}
-    return build_spark_session(app_name, master="local[1]", extra={**local, **spark_log_conf()})
 
 
 def collect_status(

@@ -1,4 +1,4 @@
-"""Building the SparkSession the job runs in."""
+"""Building the SparkSession the job runs in, and the one the tools read tables through."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Mapping
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from retrylib.spark.jars import DELTA_SQL_CONF, runs_on_cluster_spark, spark_jars
@@ -51,3 +52,22 @@ def build_spark_session(
 
     spark.dataSource.register(KafkaDataSource)
     return spark
+
+
+def tool_session(app_name: str) -> SparkSession:
+    """The SparkSession that `status`, `redrive` and `check --tables` read tables through.
+
+    The running one when this process has one (a notebook, a test, a caller's job), with
+    its settings untouched. Else a new one: under spark-submit or a cluster's Spark with the
+    master that launched it; on a PyPI pyspark `local[1]` without the UI, since one core
+    starts fastest and these reads are small. Raises `JarsError` when Delta's jars are
+    needed and cannot be resolved.
+    """
+    from retrylib.logs import spark_log_conf
+
+    if SparkContext._active_spark_context is not None:
+        return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+    if runs_on_cluster_spark():
+        return build_spark_session(app_name, extra=spark_log_conf())
+    local = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"}
+    return build_spark_session(app_name, master="local[1]", extra={**local, **spark_log_conf()})
