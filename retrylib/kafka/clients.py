@@ -147,6 +147,14 @@ def _create(kind: type, config: Mapping[str, object]):
         raise KafkaException(KafkaError(error.code(), redact(error.str()))) from None
 
 
+def kafka_error_text(error: KafkaException) -> str:
+    """What a `KafkaException` says: librdkafka's message for the `KafkaError` it carries
+    (without the error code's name and number that `str()` adds), else `str()` of it.
+    """
+    first = error.args[0] if error.args else error
+    return first.str() if hasattr(first, "str") else str(first)
+
+
 def make_consumer(
     bootstrap_servers: str,
     options: Mapping[str, str],

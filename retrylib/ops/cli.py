@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from confluent_kafka import KafkaException
 
 from retrylib.errors import ConfigError, RetrylibError
+from retrylib.kafka.clients import kafka_error_text
 from retrylib.logs import configure_logging, redact
 
 EXIT_OK = 0
@@ -200,7 +201,7 @@ def _check(args: argparse.Namespace) -> int:
     _out(f"config {args.config}: valid")
     if args.show:
         _out(json.dumps(config.redacted(), indent=2))
-    from retrylib.ops.status import Finding, preflight
+    from retrylib.ops.check import Finding, preflight
 
     with _stops_new_spark() if args.tables else contextlib.nullcontext():
         reachable, findings = preflight(config, timeout=args.timeout, tables=args.tables)
@@ -372,9 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _out(f"error: {e}", sys.stderr)
         return EXIT_FAILED
     except KafkaException as e:
-        error = e.args[0] if e.args else e
-        reason = error.str() if hasattr(error, "str") else error
-        _out(f"error: Kafka{_brokers_of(args)}: {reason}", sys.stderr)
+        _out(f"error: Kafka{_brokers_of(args)}: {kafka_error_text(e)}", sys.stderr)
         return EXIT_FAILED
     except Exception as e:
         if not _from_spark(e):

@@ -23,8 +23,9 @@ from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
 from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once, ensure_table, read_table
 from retrylib.kafka.clients import make_consumer
+from retrylib.ops.check import preflight
 from retrylib.ops.redrive import Selection, redrive
-from retrylib.ops.status import collect_status, preflight
+from retrylib.ops.status import collect_status
 
 pytestmark = pytest.mark.slow
 

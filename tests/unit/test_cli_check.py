@@ -105,12 +105,12 @@ def test_show_prints_the_config_with_secrets_masked(tmp_path, capsys, monkeypatc
 
 
 def test_tables_are_not_checked_without_the_flag(tmp_path, capsys, monkeypatch):
-    import retrylib.ops.status as status_module
+    import retrylib.ops.check as check_module
 
     def no_spark(app_name):
         raise AssertionError("check started Spark without --tables")
 
-    monkeypatch.setattr(status_module, "tool_session", no_spark)
+    monkeypatch.setattr(check_module, "tool_session", no_spark)
     path = write(tmp_path, VALID)
 
     code = main(["check", str(path), "--timeout", "1"])
@@ -120,13 +120,13 @@ def test_tables_are_not_checked_without_the_flag(tmp_path, capsys, monkeypatch):
 
 
 def test_tables_flag_reports_the_table_findings(tmp_path, capsys, monkeypatch):
-    import retrylib.ops.status as status_module
-    from retrylib.ops.status import Finding
+    import retrylib.ops.check as check_module
+    from retrylib.ops.check import Finding
 
     sessions = []
-    monkeypatch.setattr(status_module, "tool_session", lambda name: sessions.append(name) or name)
+    monkeypatch.setattr(check_module, "tool_session", lambda name: sessions.append(name) or name)
     monkeypatch.setattr(
-        status_module,
+        check_module,
         "_table_findings",
         lambda spark, config: [Finding("error", f"output.table: differs (read with {spark})")],
     )

@@ -1,0 +1,148 @@
+"""`retrylib check`'s preflight: what would stop a valid config's job from starting.
+
+The broker answers; the main topics exist; the retry, dead-letter and control topics exist or
+the job may create them; with `tables`, existing Delta tables have the columns the job writes.
+Nothing here changes anything, and Spark is only started for the tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaException
+
+from retrylib.config.durations import format_duration
+from retrylib.config.model import Config
+from retrylib.errors import RetrylibError
+from retrylib.kafka.clients import kafka_error_text
+from retrylib.kafka.staging import control_topic
+from retrylib.metrics import KafkaOffsets
+from retrylib.spark.session import tool_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of `retrylib check`: level is "ok", "note", "warning" or "error"."""
+
+    level: str
+    message: str
+
+
+def preflight(
+    config: Config, *, timeout: float = 5.0, spark: SparkSession | None = None, tables: bool = False
+) -> tuple[bool, list[Finding]]:
+    """What would stop the job from starting, beyond the config itself: whether the broker
+    answers within `timeout`, the main topics exist and the other topics exist or may be
+    created; with `tables`, also that existing tables have the expected columns (read
+    through `spark`, or `tool_session()` when it is None: only then is Spark started).
+    Returns (broker reachable, findings); changes nothing.
+    """
+    reachable, findings = _topic_findings(config, timeout)
+    if tables:
+        if spark is None:
+            spark = tool_session(f"retrylib-check-{config.job.name}")
+        findings += _table_findings(spark, config)
+    return reachable, findings
+
+
+def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]]:
+    kafka = config.kafka
+    shown_servers = config.redacted()["kafka"]["bootstrap_servers"]
+    errors: list[str] = []
+    lookups = KafkaOffsets(kafka.bootstrap_servers, kafka.options, timeout=timeout, errors=errors)
+    tier_topics = {
+        topic: (tier, main) for tier in config.retry.tiers for main, topic in tier.topics.items()
+    }
+    internal = control_topic(config.job.name)
+    try:
+        found = lookups.partitions(
+            [*kafka.topics, *tier_topics, *config.dead_letter.topics(), internal]
+        )
+    except KafkaException as e:
+        reason = errors[0] if errors else kafka_error_text(e)
+        message = f"broker {shown_servers} not reachable within {timeout:g}s ({reason})"
+        return False, [Finding("warning", f"{message}; topics not checked")]
+    findings = [Finding("ok", f"broker {shown_servers} reachable")]
+    for i, topic in enumerate(kafka.topics):
+        if topic in found:
+            findings.append(Finding("ok", f"main topic {topic!r}: {len(found[topic])} partitions"))
+        else:
+            findings.append(
+                Finding(
+                    "error",
+                    f"kafka.topics[{i}]: topic {topic!r} does not exist on {shown_servers}; "
+                    "create it before starting the job",
+                )
+            )
+    others = [
+        *(
+            (
+                topic,
+                f"retry topic {topic!r} (tier {tier.index + 1}, "
+                f"{format_duration(tier.delay_seconds)}, for {main!r})",
+            )
+            for topic, (tier, main) in tier_topics.items()
+        ),
+        *((topic, f"dead-letter topic {topic!r}") for topic in config.dead_letter.topics()),
+        (internal, f"control topic {internal!r}"),
+    ]
+    for topic, label in others:
+        if topic in found:
+            findings.append(Finding("ok", f"{label}: {len(found[topic])} partitions"))
+        elif kafka.create_topics:
+            findings.append(Finding("note", f"{label} does not exist; created when the job starts"))
+        else:
+            findings.append(
+                Finding(
+                    "error",
+                    f"{label} does not exist and kafka.create_topics = false; create it "
+                    "or set kafka.create_topics = true",
+                )
+            )
+    return True, findings
+
+
+def _table_findings(spark: SparkSession, config: Config) -> list[Finding]:
+    """One finding per table: missing (a note: the job creates it), matching, unreadable (a
+    warning), or not what the job writes (an error naming every column difference).
+    """
+    from retrylib.delta.dead_letter import dead_letter_struct
+    from retrylib.delta.tables import column_differences, read_table, table_exists
+    from retrylib.metrics import metrics_struct
+
+    wanted = [
+        ("output.table", config.output.table_ref(), config.handler.output_schema.to_spark()),
+        ("dead_letter.table", config.dead_letter.table_ref(), dead_letter_struct()),
+    ]
+    metrics = config.metrics.table_ref()
+    if metrics is not None:
+        wanted.append(("metrics.table", metrics, metrics_struct()))
+    findings = []
+    for key, table, schema in wanted:
+        try:
+            if not table_exists(spark, table):
+                findings.append(Finding("note", f"{key}: no Delta table {table}; created on start"))
+                continue
+            differences = column_differences(read_table(spark, table).schema, schema)
+        except RetrylibError as e:  # a catalog table that is not a Delta table
+            findings.append(Finding("error", f"{key}: {e}"))
+            continue
+        except Exception as e:  # object-store credentials, permissions, a broken log
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            findings.append(Finding("warning", f"{key}: cannot read the table {table}: {reason}"))
+            continue
+        if not differences:
+            findings.append(Finding("ok", f"{key}: Delta table {table}"))
+        else:
+            findings.append(
+                Finding(
+                    "error",
+                    f"{key}: the table {table} {differences}; point {key} at a new table "
+                    "or migrate this one",
+                )
+            )
+    return findings
