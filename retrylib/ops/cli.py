@@ -222,7 +222,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from retrylib.ops.status import collect_status, render_status, status_json
+    from retrylib.ops.render import render_status, status_json
+    from retrylib.ops.status import collect_status
 
     config = _load(args.config, check_imports=False)
     with _stops_new_spark():

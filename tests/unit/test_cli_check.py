@@ -198,7 +198,7 @@ def test_check_as_a_user_runs_it_lists_each_late_failure_as_a_config_error(tmp_p
 
 
 def test_status_warns_of_a_tier_whose_records_are_long_overdue() -> None:
-    from retrylib.ops.status import overdue_tiers
+    from retrylib.ops.render import overdue_tiers
 
     def tier(due_in: float | None) -> dict:
         return {"tier": 1, "delay": "10s", "delay_seconds": 10.0, "next_due_in_seconds": due_in}

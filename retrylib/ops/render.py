@@ -1,0 +1,133 @@
+"""Text and JSON for the terminal: what `retrylib status` found."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from retrylib.config.durations import format_duration
+from retrylib.ops.status import BATCH_COUNTS
+
+
+def render_status(status: Mapping[str, Any]) -> str:
+    """`status` (from `collect_status`) as text for a terminal."""
+    lines = [f"job {status['job']}   checkpoint {status['checkpoint']}"]
+    batch = status["last_completed_batch"]
+    lines.append(
+        f"last completed batch: {batch['id']} (triggered {batch['triggered_at']})"
+        if batch
+        else "last completed batch: none yet"
+    )
+    broker = status["broker"]
+    if broker["reachable"]:
+        lines.append(f"broker {broker['bootstrap_servers']}: reachable")
+    else:
+        lines.append(f"broker {broker['bootstrap_servers']}: NOT reachable ({broker['error']})")
+    if status["main_topics"]:
+        lines += ["", "main topics"]
+        rows = [("topic", "partitions", "lag")]
+        for topic in status["main_topics"]:
+            lag = "-" if topic["lag"] is None else str(topic["lag"])
+            partitions = str(topic["partitions"]) if topic["exists"] else "missing"
+            rows.append((topic["topic"], partitions, lag))
+        lines += _table(rows)
+    if status["retry_tiers"]:
+        lines += ["", "retry tiers"]
+        rows = [("tier", "delay", "waiting", "due", "oldest waiting", "next due")]
+        for tier in status["retry_tiers"]:
+            waiting = str(tier["waiting"]) + ("" if tier["exact"] else "+")
+            rows.append(
+                (
+                    str(tier["tier"]),
+                    tier["delay"],
+                    waiting,
+                    str(tier["due"]),
+                    _ago(tier["oldest_waiting_age_seconds"]),
+                    _due(tier["next_due_in_seconds"]),
+                )
+            )
+        lines += _table(rows)
+        lines += [f"  warning: {text}" for text in overdue_tiers(status["retry_tiers"])]
+        missing = [t for tier in status["retry_tiers"] for t in tier["missing_topics"]]
+        if missing:
+            lines.append(f"  missing retry topics (created when the job starts): {missing}")
+    dead = status["dead_letters"]
+    lines.append("")
+    if not dead["exists"]:
+        lines.append(f"dead letters: no table {dead['table']} yet")
+    else:
+        lines.append(
+            f"dead letters: {dead['total']} in {dead['table']}, {dead['redriven']} redriven"
+        )
+        if dead["by_error_class"]:
+            rows = [("error class", "records", "redriven", "last")]
+            for c in dead["by_error_class"]:
+                rows.append(
+                    (
+                        c["error_class"] or "-",
+                        str(c["records"]),
+                        str(c["redriven"]),
+                        c["last_dead_lettered_at"] or "-",
+                    )
+                )
+            lines += _table(rows)
+    recent = status["last_batches"]
+    lines.append("")
+    if not recent["batches"]:
+        lines.append("last batches: none recorded")
+    else:
+        lines.append(f"last batches (from {recent['source'].replace('_', ' ')})")
+        rows = [("batch", "at", "in main", "in retry", "ok", "retried", "dead", "dup", "ms")]
+        for b in recent["batches"]:
+            figures = ("-" if b[k] is None else str(b[k]) for k in (*BATCH_COUNTS, "duration_ms"))
+            rows.append((str(b["batch_id"]), b["at"] or "-", *figures))
+        lines += _table(rows)
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  "
+        + "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+
+
+OVERDUE_ALERT_SECONDS = 60.0
+"""How long past due a tier's records may wait before `status` warns (beyond one delay)."""
+
+
+def overdue_tiers(tiers: list[Mapping[str, Any]]) -> list[str]:
+    """A warning for each tier whose earliest record has been due for longer than its delay
+    plus `OVERDUE_ALERT_SECONDS`: the job is not running, or something holds the tier up."""
+    warnings = []
+    for tier in tiers:
+        due_in = tier["next_due_in_seconds"]
+        if due_in is not None and -due_in > tier["delay_seconds"] + OVERDUE_ALERT_SECONDS:
+            warnings.append(
+                f"tier {tier['tier']} ({tier['delay']}) has records due for "
+                f"{format_duration(round(-due_in))} that the job has not taken: is the job "
+                "running and keeping up? (`retrylib status --json` for the figures)"
+            )
+    return warnings
+
+
+def _ago(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{format_duration(max(0, round(seconds)))} ago"
+
+
+def _due(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds <= 0:
+        return f"now (due {format_duration(round(-seconds))} ago)"
+    return f"in {format_duration(round(seconds))}"
+
+
+def status_json(status: Mapping[str, Any]) -> str:
+    return json.dumps(status, indent=2, default=str)
