@@ -8,10 +8,9 @@ import argparse
 import contextlib
 import json
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, TextIO
+from typing import TextIO
 
 from confluent_kafka import KafkaException
 
@@ -234,20 +233,18 @@ def _status(args: argparse.Namespace) -> int:
 
 def _redrive(args: argparse.Namespace) -> int:
     from retrylib.ops.redrive import Selection, redrive
+    from retrylib.ops.render import Progress, redrive_json, render_redrive
 
     config = _load(args.config, check_imports=False)
     selection = Selection(args.since, args.until, tuple(args.error_class), tuple(args.id))
-    progress = None if args.dry_run else _Progress("redrive: sent")
+    progress = None if args.dry_run else Progress("redrive: sent")
     try:
         with _stops_new_spark():
             report = redrive(config, selection, to=args.to, dry_run=args.dry_run, progress=progress)
     finally:
         if progress is not None:
             progress.close()
-    if args.json:
-        _out(json.dumps(report.as_json(), indent=2, default=str))
-    else:
-        _out(_render_redrive(report))
+    _out(redrive_json(report) if args.json else render_redrive(report))
     return EXIT_OK
 
 
@@ -266,79 +263,6 @@ def _stops_new_spark() -> Iterator[None]:
         started = SparkSession.getActiveSession()
         if not ran_before and started is not None:
             started.stop()
-
-
-def _render_redrive(report: Any) -> str:
-    lines = []
-    if report.dry_run:
-        lines.append(
-            f"dry run: {len(report.selected)} record(s) would be redriven; nothing was "
-            "sent or changed"
-        )
-    elif report.selected:
-        lines.append(f"redrive {report.redrive_id}: {len(report.selected)} record(s) sent")
-    else:
-        lines.append("nothing to redrive: no dead letter matches that was not redriven before")
-    lines += _rows_table(report.selected)
-    if report.resumed:
-        verb = "would be resent" if report.dry_run else "resent"
-        lines.append(f"{len(report.resumed)} record(s) of an interrupted redrive {verb}:")
-        lines += _rows_table(report.resumed)
-    if report.confirmed:
-        verb = "would be marked" if report.dry_run else "marked"
-        lines.append(
-            f"{len(report.confirmed)} record(s) sent by an interrupted redrive {verb} as "
-            "redriven (not sent again):"
-        )
-        lines += _rows_table(report.confirmed)
-    return "\n".join(lines)
-
-
-def _rows_table(rows: list[dict[str, Any]]) -> list[str]:
-    if not rows:
-        return []
-    table = [("id", "dead lettered at", "error class", "origin", "to")]
-    for row in rows:
-        at = row["dead_lettered_at"]
-        table.append(
-            (
-                row["id"],
-                at.isoformat(timespec="seconds") if at is not None else "-",
-                row["error_class"] or "-",
-                f"{row['origin_topic']}[{row['origin_partition']}]@{row['origin_offset']}",
-                row["redrive_topic"] or "-",
-            )
-        )
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table]
-
-
-class _Progress:
-    """Shows (done, total) on stderr: rewritten in place on a terminal, else a line every
-    few seconds and at the end.
-    """
-
-    def __init__(self, label: str, stream: TextIO | None = None, every: float = 5.0) -> None:
-        self.label = label
-        self.stream = stream or sys.stderr
-        self.every = every
-        self._last = 0.0
-        self._shown = False
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        text = f"{self.label} {done}/{total}"
-        if self.stream.isatty():
-            self.stream.write(f"\r{text}")
-            self.stream.flush()
-            self._shown = True
-        elif done == total or now - self._last >= self.every:
-            self.stream.write(text + "\n")
-            self._last = now
-
-    def close(self) -> None:
-        if self._shown:
-            self.stream.write("\n")
 
 
 def _demo(args: argparse.Namespace) -> int:

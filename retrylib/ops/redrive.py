@@ -149,19 +149,6 @@ class RedriveReport:
     confirmed: list[dict[str, Any]] = field(default_factory=list)  # sent by an earlier run
     sent: int = 0
 
-    def as_json(self) -> dict[str, Any]:
-        def rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            return [{k: _plain(v) for k, v in row.items()} for row in items]
-
-        return {
-            "dry_run": self.dry_run,
-            "redrive_id": self.redrive_id,
-            "sent": self.sent,
-            "selected": rows(self.selected),
-            "resumed": rows(self.resumed),
-            "confirmed": rows(self.confirmed),
-        }
-
 
 def control_topic(job_name: str) -> str:
     """The one-partition topic holding the id of every committed redrive of the job."""
@@ -457,7 +444,3 @@ def _timestamp(moment: datetime) -> str:
 def _utc(value: Any) -> Any:
     """Timestamps (Spark gives them in the session's time zone) in UTC; other values as is."""
     return value.astimezone(UTC) if isinstance(value, datetime) else value
-
-
-def _plain(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, datetime) else value

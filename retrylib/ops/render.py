@@ -1,13 +1,20 @@
-"""Text and JSON for the terminal: what `retrylib status` found."""
+"""Text and JSON for the terminal: what `retrylib status` found and `retrylib redrive` did,
+and a redrive's progress."""
 
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections.abc import Mapping
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TextIO
 
 from retrylib.config.durations import format_duration
 from retrylib.ops.status import BATCH_COUNTS
+
+if TYPE_CHECKING:
+    from retrylib.ops.redrive import RedriveReport
 
 
 def render_status(status: Mapping[str, Any]) -> str:
@@ -86,12 +93,14 @@ def render_status(status: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def _table(rows: list[tuple[str, ...]], *, right_aligned: bool = True) -> list[str]:
+    """`rows` (the first one the header) as indented lines of columns; with `right_aligned`,
+    every column but the first is aligned right, as figures are."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
         "  "
         + "  ".join(
-            cell.ljust(w) if i == 0 else cell.rjust(w)
+            cell.rjust(w) if right_aligned and i > 0 else cell.ljust(w)
             for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         ).rstrip()
         for row in rows
@@ -130,4 +139,102 @@ def _due(seconds: float | None) -> str:
 
 
 def status_json(status: Mapping[str, Any]) -> str:
+    """`status` (from `collect_status`) as JSON for scripts."""
     return json.dumps(status, indent=2, default=str)
+
+
+def render_redrive(report: RedriveReport) -> str:
+    """`report` (from `redrive`) as text for a terminal."""
+    lines = []
+    if report.dry_run:
+        lines.append(
+            f"dry run: {len(report.selected)} record(s) would be redriven; nothing was "
+            "sent or changed"
+        )
+    elif report.selected:
+        lines.append(f"redrive {report.redrive_id}: {len(report.selected)} record(s) sent")
+    else:
+        lines.append("nothing to redrive: no dead letter matches that was not redriven before")
+    lines += _rows_table(report.selected)
+    if report.resumed:
+        verb = "would be resent" if report.dry_run else "resent"
+        lines.append(f"{len(report.resumed)} record(s) of an interrupted redrive {verb}:")
+        lines += _rows_table(report.resumed)
+    if report.confirmed:
+        verb = "would be marked" if report.dry_run else "marked"
+        lines.append(
+            f"{len(report.confirmed)} record(s) sent by an interrupted redrive {verb} as "
+            "redriven (not sent again):"
+        )
+        lines += _rows_table(report.confirmed)
+    return "\n".join(lines)
+
+
+def _rows_table(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    table = [("id", "dead lettered at", "error class", "origin", "to")]
+    for row in rows:
+        at = row["dead_lettered_at"]
+        table.append(
+            (
+                row["id"],
+                at.isoformat(timespec="seconds") if at is not None else "-",
+                row["error_class"] or "-",
+                f"{row['origin_topic']}[{row['origin_partition']}]@{row['origin_offset']}",
+                row["redrive_topic"] or "-",
+            )
+        )
+    return _table(table, right_aligned=False)
+
+
+class Progress:
+    """Shows (done, total) on stderr: rewritten in place on a terminal, else a line every
+    few seconds and at the end.
+    """
+
+    def __init__(self, label: str, stream: TextIO | None = None, every: float = 5.0) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.every = every
+        self._last = 0.0
+        self._shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        text = f"{self.label} {done}/{total}"
+        if self.stream.isatty():
+            self.stream.write(f"\r{text}")
+            self.stream.flush()
+            self._shown = True
+        elif done == total or now - self._last >= self.every:
+            self.stream.write(text + "\n")
+            self._last = now
+
+    def close(self) -> None:
+        if self._shown:
+            self.stream.write("\n")
+
+
+def redrive_json(report: RedriveReport) -> str:
+    """`report` (from `redrive`) as JSON for scripts, times in ISO 8601."""
+
+    def rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: _plain(v) for k, v in row.items()} for row in items]
+
+    return json.dumps(
+        {
+            "dry_run": report.dry_run,
+            "redrive_id": report.redrive_id,
+            "sent": report.sent,
+            "selected": rows(report.selected),
+            "resumed": rows(report.resumed),
+            "confirmed": rows(report.confirmed),
+        },
+        indent=2,
+        default=str,
+    )
+
+
+def _plain(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
