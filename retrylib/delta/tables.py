@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -368,3 +369,15 @@ def update_where(
     condition or a value does not resolve against its columns.
     """
     _delta_table(spark, ref.resolved()).update(condition=condition, set=dict(set_values))
+
+
+def sql_string(text: str) -> str:
+    """`text` as a Spark SQL string literal (backslashes and quotes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def sql_timestamp(moment: datetime) -> str:
+    """A Spark SQL timestamp literal for `moment` (naive datetimes are taken as UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return f"TIMESTAMP'{moment.astimezone(UTC).isoformat()}'"

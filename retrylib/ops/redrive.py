@@ -23,10 +23,10 @@ see the records of an aborted send read with `isolation.level = read_committed`,
 job does on every topic it reads (unless `[kafka.options]` overrides it).
 
 The dead-letter table (a path or a catalog name) is read and updated through Spark's Delta
-(`retrylib.delta.tables`); an UPDATE that loses a race with another commit (an OPTIMIZE, a
-second redrive) is run again, a few times. The job's own appends of dead letters are blind
-appends, which Delta lets an UPDATE commit beside. A table the job has not created yet holds
-nothing to redrive.
+(`retrylib.delta.dead_letter_table`); an UPDATE that loses a race with another commit (an
+OPTIMIZE, a second redrive) is run again, a few times. The job's own appends of dead letters
+are blind appends, which Delta lets an UPDATE commit beside. A table the job has not created
+yet holds nothing to redrive.
 
 Run one redrive per job at a time; a second one fences the first, whose send then fails
 and is finished by the next run. Target topics are checked before rows are claimed; if a
@@ -42,25 +42,16 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from delta.exceptions import (
-    ConcurrentAppendException,
-    ConcurrentDeleteDeleteException,
-    ConcurrentDeleteReadException,
-    ConcurrentWriteException,
-    DeltaConcurrentModificationException,
-    MetadataChangedException,
-    ProtocolChangedException,
-)
 
 from retrylib.config.model import Config
-from retrylib.delta.table_ref import TableRef
-from retrylib.delta.tables import read_table, table_exists, update_where
+from retrylib.delta.dead_letter_table import SHOWN_COLUMNS, DeadLetterTable
+from retrylib.delta.tables import sql_string, sql_timestamp, table_exists
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import ensure_topics, make_admin, make_consumer, make_producer
 from retrylib.retry.headers import without_reserved
@@ -72,31 +63,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
-_COMMIT_ATTEMPTS = 5
-_CONFLICTS = (
-    ConcurrentAppendException,
-    ConcurrentDeleteReadException,
-    ConcurrentDeleteDeleteException,
-    ConcurrentWriteException,
-    MetadataChangedException,
-    ProtocolChangedException,
-    DeltaConcurrentModificationException,
-)
-"""Delta's commit conflicts: the UPDATE committed nothing and may run again. PySpark raises
-them as these classes once `delta.exceptions` is imported (importing it installs the
-conversion from the JVM's exceptions)."""
 _TRANSACTION_TIMEOUT_MS = 900_000  # Kafka's default transaction.max.timeout.ms
-_SHOWN_COLUMNS = (
-    "id",
-    "dead_lettered_at",
-    "error_class",
-    "reason",
-    "origin_topic",
-    "origin_partition",
-    "origin_offset",
-    "redrive_id",
-    "redrive_topic",
-)
 
 Progress = Callable[[int, int], None]
 """Called with (records sent so far, records to send) while sending."""
@@ -124,23 +91,23 @@ class Selection:
         """
         parts = ["redrive_id IS NULL", "redriven_at IS NULL"]
         if self.since is not None:
-            parts.append(f"dead_lettered_at >= {_timestamp(self.since)}")
+            parts.append(f"dead_lettered_at >= {sql_timestamp(self.since)}")
         if self.until is not None:
-            parts.append(f"dead_lettered_at < {_timestamp(self.until)}")
+            parts.append(f"dead_lettered_at < {sql_timestamp(self.until)}")
         if self.error_classes:
-            classes = ", ".join(_quote(c) for c in self.error_classes)
+            classes = ", ".join(sql_string(c) for c in self.error_classes)
             short = " OR ".join(
-                f"endswith(error_class, {_quote('.' + c)})" for c in self.error_classes
+                f"endswith(error_class, {sql_string('.' + c)})" for c in self.error_classes
             )
             parts.append(f"(error_class IN ({classes}) OR {short})")
         if self.ids:
-            parts.append(f"id IN ({', '.join(_quote(i) for i in self.ids)})")
+            parts.append(f"id IN ({', '.join(sql_string(i) for i in self.ids)})")
         return " AND ".join(parts)
 
 
 @dataclass
 class RedriveReport:
-    """What a redrive did (or, dry, would do). Rows are dicts of `_SHOWN_COLUMNS`."""
+    """What a redrive did (or, dry, would do). Rows are dicts of `SHOWN_COLUMNS`."""
 
     dry_run: bool
     redrive_id: str | None = None
@@ -180,7 +147,7 @@ def redrive(
     if not table_exists(spark, table):
         log.info("no dead-letter table %s: nothing to redrive", table)
         return report
-    dead = _DeadLetters(spark, table)
+    dead = DeadLetterTable(spark, table)
     if dry_run:
         return _dry_run(config, dead, selection, to, report)
     kafka = config.kafka
@@ -217,11 +184,11 @@ def redrive(
     dead.update(
         predicate,
         {
-            "redrive_id": _quote(report.redrive_id),
-            "redrive_topic": _quote(to) if to is not None else "origin_topic",
+            "redrive_id": sql_string(report.redrive_id),
+            "redrive_topic": sql_string(to) if to is not None else "origin_topic",
         },
     )
-    rows = dead.rows(f"redrive_id = {_quote(report.redrive_id)}", full=True)
+    rows = dead.rows(f"redrive_id = {sql_string(report.redrive_id)}", full=True)
     if rows:
         report.sent += sender.send(report.redrive_id, rows)
         _confirm(dead, report.redrive_id, int(time.time() * 1000))
@@ -231,7 +198,7 @@ def redrive(
 
 def _dry_run(
     config: Config,
-    dead: _DeadLetters,
+    dead: DeadLetterTable,
     selection: Selection,
     to: str | None,
     report: RedriveReport,
@@ -372,73 +339,16 @@ class _Sender:
                 self._producer.poll(0.1)
 
 
-class _DeadLetters:
-    """The dead-letter table, read and updated through Spark. Every read starts from the
-    table's latest version, so it sees the UPDATEs made before it.
-    """
-
-    def __init__(self, spark: SparkSession, table: TableRef) -> None:
-        self.spark = spark
-        self.table = table
-
-    def rows(self, predicate: str, *, full: bool = False) -> list[dict[str, Any]]:
-        """The rows `predicate` picks, oldest first, as dicts of `_SHOWN_COLUMNS` (and `key`,
-        `value`, `headers` with `full`)."""
-        columns = [*_SHOWN_COLUMNS, *(("key", "value", "headers") if full else ())]
-        frame = read_table(self.spark, self.table).where(predicate)
-        return frame.select(*columns).orderBy("dead_lettered_at", "id").toArrow().to_pylist()
-
-    def claimed(self) -> dict[str, list[dict[str, Any]]]:
-        """Rows claimed by a redrive but not confirmed, by redrive id."""
-        claimed: dict[str, list[dict[str, Any]]] = {}
-        for row in self.rows("redrive_id IS NOT NULL AND redriven_at IS NULL", full=True):
-            claimed.setdefault(row["redrive_id"], []).append(row)
-        return claimed
-
-    def origin_topics(self, predicate: str) -> list[str]:
-        """The distinct origin topics of the rows `predicate` picks (none when no row matches)."""
-        frame = read_table(self.spark, self.table).where(predicate)
-        return sorted(row[0] for row in frame.select("origin_topic").distinct().collect())
-
-    def update(self, predicate: str, set_values: Mapping[str, str]) -> None:
-        """UPDATE the rows `predicate` picks (`set_values` are SQL expressions), run again
-        when a concurrent commit wins the race, at most `_COMMIT_ATTEMPTS` times in all.
-
-        Raises the last conflict when every attempt lost one.
-        """
-        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
-            try:
-                update_where(self.spark, self.table, predicate, set_values)
-                return
-            except _CONFLICTS as e:
-                if attempt == _COMMIT_ATTEMPTS:
-                    raise
-                log.info("UPDATE of %s lost a race (%s); again", self.table, type(e).__name__)
-                time.sleep(0.2 * attempt)
-
-
 def _shown(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: _utc(row.get(k)) for k in _SHOWN_COLUMNS}
+    return {k: _utc(row.get(k)) for k in SHOWN_COLUMNS}
 
 
-def _confirm(dead: _DeadLetters, redrive_id: str, at_ms: int) -> None:
+def _confirm(dead: DeadLetterTable, redrive_id: str, at_ms: int) -> None:
     at = datetime.fromtimestamp(at_ms / 1000, UTC)
     dead.update(
-        f"redrive_id = {_quote(redrive_id)} AND redriven_at IS NULL",
-        {"redriven_at": _timestamp(at)},
+        f"redrive_id = {sql_string(redrive_id)} AND redriven_at IS NULL",
+        {"redriven_at": sql_timestamp(at)},
     )
-
-
-def _quote(text: str) -> str:
-    """`text` as a Spark SQL string literal (backslashes and quotes escaped)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _timestamp(moment: datetime) -> str:
-    """A Spark SQL timestamp literal for `moment` (naive datetimes are taken as UTC)."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return f"TIMESTAMP'{moment.astimezone(UTC).isoformat()}'"
 
 
 def _utc(value: Any) -> Any:

@@ -18,7 +18,7 @@ from confluent_kafka import TopicPartition
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-import retrylib.ops.redrive as redrive_module
+import retrylib.delta.dead_letter_table as table_module
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
 from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once, ensure_table, read_table
@@ -92,7 +92,7 @@ def test_the_claim_update_takes_rows_out_of_later_selections(spark, tmp_path):
             for i, c in [("a", "builtins.ValueError"), ("b", "x.KeyError")]
         ],
     )
-    dead = redrive_module._DeadLetters(spark, table)
+    dead = table_module.DeadLetterTable(spark, table)
 
     dead.update(
         Selection(error_classes=("ValueError",)).predicate(),
@@ -113,22 +113,22 @@ def test_updates_racing_each_other_all_land(spark, tmp_path, monkeypatch):
     ids = [f"r{i}" for i in range(3)]
     add_dead_letters(spark, table, [{"id": i} for i in ids])
     conflicts: list[str] = []
-    real_update = redrive_module.update_where
+    real_update = table_module.update_where
 
     def watched(*args, **kwargs):
         try:
             real_update(*args, **kwargs)
-        except redrive_module._CONFLICTS as e:
+        except table_module.COMMIT_CONFLICTS as e:
             conflicts.append(type(e).__name__)
             raise
 
-    monkeypatch.setattr(redrive_module, "update_where", watched)
+    monkeypatch.setattr(table_module, "update_where", watched)
     failures: list[BaseException] = []
 
     def claim(start: threading.Barrier, row_id: str, tag: str) -> None:
         start.wait()
         try:
-            redrive_module._DeadLetters(spark, table).update(
+            table_module.DeadLetterTable(spark, table).update(
                 f"id = '{row_id}'", {"redrive_id": f"'{tag}'"}
             )
         except BaseException as e:

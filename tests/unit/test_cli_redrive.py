@@ -10,7 +10,9 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from delta.exceptions import ConcurrentAppendException, ConcurrentDeleteReadException
 
+import retrylib.delta.dead_letter_table as table_module
 import retrylib.ops.redrive as redrive_module
+from retrylib.delta.dead_letter_table import DeadLetterTable
 from retrylib.delta.table_ref import TableRef
 from retrylib.ops.redrive import Selection
 
@@ -75,15 +77,15 @@ class FakeUpdates:
 def updates(monkeypatch):
     def install(*errors: Exception) -> FakeUpdates:
         fake = FakeUpdates(*errors)
-        monkeypatch.setattr(redrive_module, "update_where", fake)
-        monkeypatch.setattr(redrive_module.time, "sleep", lambda seconds: None)
+        monkeypatch.setattr(table_module, "update_where", fake)
+        monkeypatch.setattr(table_module.time, "sleep", lambda seconds: None)
         return fake
 
     return install
 
 
-def dead_letters() -> redrive_module._DeadLetters:
-    return redrive_module._DeadLetters(None, TableRef.parse("/tmp/dlq", "dead_letter.table"))
+def dead_letters() -> DeadLetterTable:
+    return DeadLetterTable(None, TableRef.parse("/tmp/dlq", "dead_letter.table"))
 
 
 def test_an_update_that_loses_a_race_runs_again(updates):

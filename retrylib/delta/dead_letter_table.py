@@ -1,0 +1,100 @@
+"""The dead-letter table read and updated through Spark, for `retrylib redrive`: rows that a
+SQL predicate picks, the redrives' claims, and UPDATEs run again when they lose a race with
+another commit. The rows' format is `retrylib.delta.dead_letter`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from delta.exceptions import (
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentDeleteReadException,
+    ConcurrentWriteException,
+    DeltaConcurrentModificationException,
+    MetadataChangedException,
+    ProtocolChangedException,
+)
+
+from retrylib.delta.table_ref import TableRef
+from retrylib.delta.tables import read_table, update_where
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+_COMMIT_ATTEMPTS = 5
+COMMIT_CONFLICTS = (
+    ConcurrentAppendException,
+    ConcurrentDeleteReadException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentWriteException,
+    MetadataChangedException,
+    ProtocolChangedException,
+    DeltaConcurrentModificationException,
+)
+"""Delta's commit conflicts: the UPDATE committed nothing and may run again. PySpark raises
+them as these classes once `delta.exceptions` is imported (importing it installs the
+conversion from the JVM's exceptions)."""
+SHOWN_COLUMNS = (
+    "id",
+    "dead_lettered_at",
+    "error_class",
+    "reason",
+    "origin_topic",
+    "origin_partition",
+    "origin_offset",
+    "redrive_id",
+    "redrive_topic",
+)
+"""The columns `DeadLetterTable.rows` reads of each row: what `retrylib redrive` reports."""
+
+
+class DeadLetterTable:
+    """The dead-letter table, read and updated through Spark. Every read starts from the
+    table's latest version, so it sees the UPDATEs made before it.
+    """
+
+    def __init__(self, spark: SparkSession, table: TableRef) -> None:
+        self.spark = spark
+        self.table = table
+
+    def rows(self, predicate: str, *, full: bool = False) -> list[dict[str, Any]]:
+        """The rows `predicate` picks, oldest first, as dicts of `SHOWN_COLUMNS` (and `key`,
+        `value`, `headers` with `full`)."""
+        columns = [*SHOWN_COLUMNS, *(("key", "value", "headers") if full else ())]
+        frame = read_table(self.spark, self.table).where(predicate)
+        return frame.select(*columns).orderBy("dead_lettered_at", "id").toArrow().to_pylist()
+
+    def claimed(self) -> dict[str, list[dict[str, Any]]]:
+        """Rows claimed by a redrive but not confirmed, by redrive id."""
+        claimed: dict[str, list[dict[str, Any]]] = {}
+        for row in self.rows("redrive_id IS NOT NULL AND redriven_at IS NULL", full=True):
+            claimed.setdefault(row["redrive_id"], []).append(row)
+        return claimed
+
+    def origin_topics(self, predicate: str) -> list[str]:
+        """The distinct origin topics of the rows `predicate` picks (none when no row matches)."""
+        frame = read_table(self.spark, self.table).where(predicate)
+        return sorted(row[0] for row in frame.select("origin_topic").distinct().collect())
+
+    def update(self, predicate: str, set_values: Mapping[str, str]) -> None:
+        """UPDATE the rows `predicate` picks (`set_values` are SQL expressions), run again
+        when a concurrent commit wins the race, at most `_COMMIT_ATTEMPTS` times in all.
+
+        Raises the last conflict when every attempt lost one.
+        """
+        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+            try:
+                update_where(self.spark, self.table, predicate, set_values)
+                return
+            except COMMIT_CONFLICTS as e:
+                if attempt == _COMMIT_ATTEMPTS:
+                    raise
+                log.info("UPDATE of %s lost a race (%s); again", self.table, type(e).__name__)
+                time.sleep(0.2 * attempt)
