@@ -37,7 +37,10 @@ environment:
 
 
 def _parser() -> argparse.ArgumentParser:
-    def command(name: str, summary: str, details: str = "") -> argparse.ArgumentParser:
+    def command(
+        name: str, summary: str, details: str = "", *, config: bool = True
+    ) -> argparse.ArgumentParser:
+        """A subcommand; with `config`, its first argument is the job's config file."""
         sub = commands.add_parser(
             name,
             help=summary,
@@ -45,7 +48,14 @@ def _parser() -> argparse.ArgumentParser:
             epilog=_EXIT_CODES,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        if config:
+            sub.add_argument("config", help="path of the job's TOML config")
         return sub
+
+    def broker_timeout(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--timeout", type=_positive, default=5.0, help="seconds to wait for the broker (5)"
+        )
 
     parser = argparse.ArgumentParser(
         prog="retrylib",
@@ -56,7 +66,6 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = command("run", "run the job described by a config file")
-    run.add_argument("config", help="path of the job's TOML config")
     run.add_argument(
         "--available-now",
         action="store_true",
@@ -75,15 +84,12 @@ def _parser() -> argparse.ArgumentParser:
         "existing tables have the columns the job writes (a missing table is a note: the job\n"
         "creates it on start).",
     )
-    check.add_argument("config", help="path of the job's TOML config")
     check.add_argument(
         "--require-broker",
         action="store_true",
         help="fail (exit 1) when the broker does not answer",
     )
-    check.add_argument(
-        "--timeout", type=_positive, default=5.0, help="seconds to wait for the broker (5)"
-    )
+    broker_timeout(check)
     check.add_argument(
         "--show", action="store_true", help="print the resolved config (secrets as ***) as JSON"
     )
@@ -102,12 +108,9 @@ def _parser() -> argparse.ArgumentParser:
         "metrics table, else the checkpoint's manifests). Changes nothing. The tables are read\n"
         "through Spark (local[1] unless launched by spark-submit), a path or a catalog name.",
     )
-    status.add_argument("config", help="path of the job's TOML config")
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
     status.add_argument("--batches", type=int, default=5, help="how many last batches (5)")
-    status.add_argument(
-        "--timeout", type=_positive, default=5.0, help="seconds to wait for the broker (5)"
-    )
+    broker_timeout(status)
 
     redrive = command(
         "redrive",
@@ -120,7 +123,6 @@ def _parser() -> argparse.ArgumentParser:
         "unless they carry an offset. The table is read and updated through Spark (local[1]\n"
         "unless launched by spark-submit).",
     )
-    redrive.add_argument("config", help="path of the job's TOML config")
     redrive.add_argument("--to", metavar="TOPIC", help="send to this topic instead of the origin")
     redrive.add_argument(
         "--since", type=_moment, metavar="ISO", help="dead-lettered at or after this time"
@@ -141,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     redrive.add_argument("--json", action="store_true", help="print JSON for scripts")
 
-    demo = command("demo", "run the embedded end-to-end demo")
+    demo = command("demo", "run the embedded end-to-end demo", config=False)
     demo.add_argument("--records", type=int, default=200, help="sample orders to produce")
     demo.add_argument("--workdir", default=".retrylib/demo", help="where tables and state go")
     return parser
