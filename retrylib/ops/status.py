@@ -295,7 +295,7 @@ BATCH_COUNTS = (
     "dead_lettered",
     "duplicates_skipped",
 )
-"""The record counts of each of `last_batches`, in the order `retrylib status` shows them."""
+"""The record counts `last_batches` gives for each batch, in the order `status` shows them."""
 _BATCH_COLUMNS = ("batch_id", "replayed", "duration_ms", *BATCH_COUNTS)
 
 
@@ -330,19 +330,16 @@ def last_batches(
         if manifest is None:  # removed by the job's clean-up since the listing
             continue
         counters = manifest.get("counters", {})
-        retried = sum(v for k, v in counters.items() if k.startswith("retried_tier_"))
+        counts = {name: counters.get(name, 0) for name in BATCH_COUNTS}
+        # A manifest counts retries per tier.
+        counts["retried"] = sum(v for k, v in counters.items() if k.startswith("retried_tier_"))
         batches.append(
             {
                 "batch_id": number,
                 "at": _iso(manifest.get("now_ms")),
                 "replayed": None,
                 "duration_ms": None,
-                "records_main": counters.get("records_main", 0),
-                "records_retry": counters.get("records_retry", 0),
-                "succeeded": counters.get("succeeded", 0),
-                "retried": retried,
-                "dead_lettered": counters.get("dead_lettered", 0),
-                "duplicates_skipped": counters.get("duplicates_skipped", 0),
+                **counts,
             }
         )
     return {"source": "manifests" if batches else None, "batches": batches}
