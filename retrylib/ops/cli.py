@@ -235,11 +235,11 @@ def _status(args: argparse.Namespace) -> int:
 
 def _redrive(args: argparse.Namespace) -> int:
     from retrylib.ops.redrive import Selection, redrive
-    from retrylib.ops.render import Progress, redrive_json, render_redrive
+    from retrylib.ops.render import ProgressLine, redrive_json, render_redrive
 
     config = _load(args.config, check_imports=False)
     selection = Selection(args.since, args.until, tuple(args.error_class), tuple(args.id))
-    progress = None if args.dry_run else Progress("redrive: sent")
+    progress = None if args.dry_run else ProgressLine("redrive: sent")
     try:
         with _stops_new_spark():
             report = redrive(config, selection, to=args.to, dry_run=args.dry_run, progress=progress)

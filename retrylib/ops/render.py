@@ -188,7 +188,7 @@ def _rows_table(rows: list[dict[str, Any]]) -> list[str]:
     return _table(table, right_aligned=False)
 
 
-class Progress:
+class ProgressLine:
     """Shows (done, total) on stderr: rewritten in place on a terminal, else a line every
     few seconds and at the end.
     """
