@@ -66,18 +66,20 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
         reason = errors[0] if errors else kafka_error_text(e)
         message = f"broker {shown_servers} not reachable within {timeout:g}s ({reason})"
         return False, [Finding("warning", f"{message}; topics not checked")]
-    findings = [Finding("ok", f"broker {shown_servers} reachable")]
-    for i, topic in enumerate(kafka.topics):
-        if topic in found:
-            findings.append(Finding("ok", f"main topic {topic!r}: {len(found[topic])} partitions"))
-        else:
-            findings.append(
-                Finding(
-                    "error",
-                    f"kafka.topics[{i}]: topic {topic!r} does not exist on {shown_servers}; "
-                    "create it before starting the job",
-                )
-            )
+    # Each topic with what to say when it is missing: a main topic must exist; the others
+    # may be created by the job when kafka.create_topics allows it.
+    wanted = [
+        (
+            topic,
+            f"main topic {topic!r}",
+            Finding(
+                "error",
+                f"kafka.topics[{i}]: topic {topic!r} does not exist on {shown_servers}; "
+                "create it before starting the job",
+            ),
+        )
+        for i, topic in enumerate(kafka.topics)
+    ]
     others = [
         *(
             (
@@ -91,18 +93,21 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
         (internal, f"control topic {internal!r}"),
     ]
     for topic, label in others:
+        if kafka.create_topics:
+            missing = Finding("note", f"{label} does not exist; created when the job starts")
+        else:
+            missing = Finding(
+                "error",
+                f"{label} does not exist and kafka.create_topics = false; create it "
+                "or set kafka.create_topics = true",
+            )
+        wanted.append((topic, label, missing))
+    findings = [Finding("ok", f"broker {shown_servers} reachable")]
+    for topic, label, missing in wanted:
         if topic in found:
             findings.append(Finding("ok", f"{label}: {len(found[topic])} partitions"))
-        elif kafka.create_topics:
-            findings.append(Finding("note", f"{label} does not exist; created when the job starts"))
         else:
-            findings.append(
-                Finding(
-                    "error",
-                    f"{label} does not exist and kafka.create_topics = false; create it "
-                    "or set kafka.create_topics = true",
-                )
-            )
+            findings.append(missing)
     return True, findings
 
 
