@@ -64,7 +64,7 @@ def synthetic_batches(records: int, rate: float, size: int, rows: int = 10_000):
 
 
 def make_plan(workdir: Path, handler: str):
-    from retrylib.config.model import load_config
+    from retrylib.config.loader import load_config
     from retrylib.job import task_plan
 
     config_path = workdir / "profile.toml"

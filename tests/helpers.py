@@ -12,7 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from retrylib.config.model import Config, load_config
+from retrylib.config.loader import load_config
+from retrylib.config.model import Config
 
 
 def tests_session() -> SparkSession:

@@ -30,7 +30,7 @@ from delta.tables import DeltaTable
 from helpers import read_table
 
 import retrylib.ops.redrive as redrive_module
-from retrylib.config.model import load_config
+from retrylib.config.loader import load_config
 from retrylib.kafka.clients import make_consumer, make_producer
 from retrylib.ops.cli import main
 

@@ -15,7 +15,7 @@ from chispa import assert_df_equality
 from conftest import produce
 from helpers import read_table
 
-from retrylib.config.model import load_config
+from retrylib.config.loader import load_config
 from retrylib.job import start_query, stop_gracefully
 from retrylib.router import BatchResult
 

@@ -10,14 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from retrylib.config.model import (
-    Config,
-    RetryTier,
-    collect_config_errors,
-    is_secret_key,
-    load_config,
-)
+from retrylib.config.loader import collect_config_errors, load_config
+from retrylib.config.model import Config, RetryTier
 from retrylib.errors import ConfigError
+from retrylib.kafka.clients import is_secret_key
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaException
 
-from retrylib.config.model import load_config
+from retrylib.config.loader import load_config
 from retrylib.errors import TableWriteError
 from retrylib.kafka.clients import make_consumer
 from retrylib.kafka.tier_source import parse_source_options
