@@ -70,7 +70,7 @@ class TaskPlan:
     now_ms: int
     handler: str
     handler_paths: tuple[str, ...]
-    timeout_seconds: float | None
+    handler_timeout_ms: int | None
     output_schema: pa.Schema
     dead_letter_topic: str
     retry_topics: Mapping[str, tuple[str, ...]]  # main topic -> topic of each tier
@@ -132,7 +132,7 @@ class TaskRouter:
         self.plan = plan
         self.handler: Handler = load_handler(plan.handler, plan.handler_paths)
         self.invoke = bound_call(
-            self.handler, TimedCall(plan.timeout_seconds), isolate=plan.isolate
+            self.handler, TimedCall(plan.handler_timeout_ms), isolate=plan.isolate
         )
         self.tier_of = _tier_index(plan.retry_topics)
         self.columns = frozenset(plan.output_schema.names)

@@ -1,5 +1,7 @@
 """The job config as frozen dataclasses, one per TOML table; `loader.load_config` builds them.
 
+Every duration is in whole milliseconds (fields named `..._ms`), the unit the whole job works in.
+
 Values that came from `${env:NAME}`, and Kafka options whose names look secret, are hidden
 (`is_hidden`): `Config.redacted()` shows them as "***", and config messages never echo them.
 """
@@ -28,7 +30,7 @@ class JobConfig:
 
     name: str
     checkpoint: str
-    trigger_seconds: float
+    trigger_ms: int
 
 
 class _ReadOnlyMappings:
@@ -68,7 +70,7 @@ class HandlerConfig:
     function: str
     output_schema: OutputSchema
     paths: tuple[str, ...]
-    timeout_seconds: float | None
+    timeout_ms: int | None  # the longest one handler call may run; None: no limit
     kind: str = "record"  # "record": one call per record; "arrow"/"pandas": one per batch
 
 
@@ -94,10 +96,10 @@ class OutputConfig(_ReadOnlyMappings):
 
 @dataclass(frozen=True)
 class RetryTier(_ReadOnlyMappings):
-    """One delay tier: retry number `index + 1` waits `delay_seconds` in `topics[main_topic]`."""
+    """One delay tier: retry number `index + 1` waits `delay_ms` in `topics[main_topic]`."""
 
     index: int
-    delay_seconds: float
+    delay_ms: int
     topics: Mapping[str, str]
 
 
@@ -105,7 +107,7 @@ class RetryTier(_ReadOnlyMappings):
 class RetryConfig:
     """[retry]: delay tiers, how many handler calls a record gets, and what never retries."""
 
-    delays_seconds: tuple[float, ...]
+    delays_ms: tuple[int, ...]
     max_attempts: int
     jitter: float
     non_retryable: tuple[str, ...]
@@ -119,11 +121,7 @@ class RetryConfig:
 
     def tier_delays_ms(self) -> dict[str, int]:
         """The delay of every retry topic, in milliseconds."""
-        return {
-            topic: round(tier.delay_seconds * 1000)
-            for tier in self.tiers
-            for topic in tier.topics.values()
-        }
+        return {topic: tier.delay_ms for tier in self.tiers for topic in tier.topics.values()}
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from retrylib.kafka.clients import JOB_OWNED_OPTIONS, option_problem
 _DEFAULT_DELAYS = ("10s", "1m", "10m")
 _DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"
 _DEFAULT_DEAD_LETTER_TOPIC = "{topic}.{job}.dlt"
-_MIN_DEFAULT_MAX_RETRY_AFTER = 3600.0
+_MIN_DEFAULT_MAX_RETRY_AFTER_MS = 3_600_000
 
 
 def read_job(t: Table) -> JobConfig | None:
@@ -212,7 +212,7 @@ def read_output(t: Table, schema: OutputSchema | None) -> OutputConfig | None:
         tuple(partition_by or ()),
         properties,
         bool(evolve),
-        None if optimize_every is None else round(optimize_every * 1000),
+        optimize_every,
     )
 
 
@@ -245,15 +245,15 @@ def read_retry(
     if not t.ok or tiers is None:
         return None
     if max_retry_after is None:
-        max_retry_after = max(_MIN_DEFAULT_MAX_RETRY_AFTER, *delays)
+        max_retry_after = max(_MIN_DEFAULT_MAX_RETRY_AFTER_MS, *delays)
     return RetryConfig(
         tuple(delays),
         max_attempts,
         float(jitter[:-1]) / 100,
         non_retryable,
         tiers,
-        round(max_retry_after * 1000),
-        None if timeout is None else round(timeout * 1000),
+        max_retry_after,
+        timeout,
     )
 
 

@@ -16,7 +16,7 @@ _MAX_TOPIC_LENGTH = 249
 
 
 def explicit_tiers(
-    t: Table, delays: list[float], main_topics: tuple[str, ...], topics: tuple[str, ...]
+    t: Table, delays: list[int], main_topics: tuple[str, ...], topics: tuple[str, ...]
 ) -> tuple[RetryTier, ...]:
     """Tiers from retry.topics: one topic per delay, for a single main topic."""
     key = t.path("topics")
@@ -49,7 +49,7 @@ def explicit_tiers(
 
 
 def template_tiers(
-    t: Table, delays: list[float], main_topics: tuple[str, ...], job_name: str, template: str
+    t: Table, delays: list[int], main_topics: tuple[str, ...], job_name: str, template: str
 ) -> tuple[RetryTier, ...]:
     """Tiers named by retry.topic_template for every main topic and delay."""
     key = t.path("topic_template")
@@ -75,8 +75,8 @@ def template_tiers(
     return tiers
 
 
-def _tier_topic(template: str, main_topic: str, job_name: str, delay: float) -> str:
-    return template.format(topic=main_topic, job=job_name, delay=format_duration(delay))
+def _tier_topic(template: str, main_topic: str, job_name: str, delay_ms: int) -> str:
+    return template.format(topic=main_topic, job=job_name, delay=format_duration(delay_ms))
 
 
 def _check_distinct_topics(

@@ -140,20 +140,20 @@ class Problems:
         self.add(key, f"expected {kind.noun}, got {self.show(key, value)}; write it like {example}")
         return False
 
-    def duration(self, key: str, value: object, *, positive: bool) -> float | None:
-        """Seconds in the duration `value`, or None after recording why it is not one."""
+    def duration(self, key: str, value: object, *, positive: bool) -> int | None:
+        """Milliseconds in the duration `value`, or None after recording why it is not one."""
         try:
-            seconds = parse_duration(value, key)  # type: ignore[arg-type]  # checked there
+            ms = parse_duration(value, key)  # type: ignore[arg-type]  # checked there
         except ConfigError as e:
             self.add(key, str(e).removeprefix(f"{key}: "))
             return None
-        if positive and seconds <= 0:
+        if positive and ms <= 0:
             self.add(
                 key,
                 f'expected a duration above zero, got {self.show(key, value)}; write it like "5s"',
             )
             return None
-        return seconds
+        return ms
 
     def claim(self, owners: dict[str, str], key: str, name: str, hint: str) -> None:
         """Record `name` as used by `key` in `owners`, or a problem when another key has it."""
@@ -234,8 +234,8 @@ class Table:
 
     def duration(
         self, key: str, example: str, default: str | None, *, positive: bool
-    ) -> float | None:
-        """Seconds in the duration at `key` (or in `default`); None when absent or bad."""
+    ) -> int | None:
+        """Milliseconds in the duration at `key` (or in `default`); None when absent or bad."""
         _, value = self._lookup(key, example, default)
         if value is not None:
             value = self.problems.duration(self.path(key), value, positive=positive)

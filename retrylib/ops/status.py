@@ -173,13 +173,12 @@ def _tier(
     earliest = kafka.earliest(keys)
     latest = kafka.latest(keys)
     start = {key: max(position.get(key, earliest[key]), earliest[key]) for key in keys}
-    delay_ms = round(tier.delay_seconds * 1000)
-    scan = _scan(config, start, latest, delay_ms, now_ms, timeout, scan_limit)
+    scan = _scan(config, start, latest, tier.delay_ms, now_ms, timeout, scan_limit)
     oldest, next_due = scan["oldest_ms"], scan["next_due_ms"]
     return {
         "tier": tier.index + 1,
-        "delay": format_duration(tier.delay_seconds),
-        "delay_seconds": tier.delay_seconds,
+        "delay": format_duration(tier.delay_ms),
+        "delay_seconds": tier.delay_ms / 1000,
         "topics": topics,
         "missing_topics": [topic for topic in topics if topic not in found],
         "waiting": scan["waiting"],
@@ -508,22 +507,22 @@ def overdue_tiers(tiers: list[Mapping[str, Any]]) -> list[str]:
         if due_in is not None and -due_in > tier["delay_seconds"] + OVERDUE_ALERT_SECONDS:
             warnings.append(
                 f"tier {tier['tier']} ({tier['delay']}) has records due for "
-                f"{format_duration(round(-due_in))} that the job has not taken: is the job "
+                f"{format_duration(round(-due_in) * 1000)} that the job has not taken: is the job "
                 "running and keeping up? (`retrylib status --json` for the figures)"
             )
     return warnings
 
 
 def _ago(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{format_duration(max(0, round(seconds)))} ago"
+    return "-" if seconds is None else f"{format_duration(max(0, round(seconds)) * 1000)} ago"
 
 
 def _due(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     if seconds <= 0:
-        return f"now (due {format_duration(round(-seconds))} ago)"
-    return f"in {format_duration(round(seconds))}"
+        return f"now (due {format_duration(round(-seconds) * 1000)} ago)"
+    return f"in {format_duration(round(seconds) * 1000)}"
 
 
 def status_json(status: Mapping[str, Any]) -> str:
@@ -589,7 +588,7 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
             (
                 topic,
                 f"retry topic {topic!r} (tier {tier.index + 1}, "
-                f"{format_duration(tier.delay_seconds)}, for {main!r})",
+                f"{format_duration(tier.delay_ms)}, for {main!r})",
             )
             for topic, (tier, main) in tier_topics.items()
         ),

@@ -505,7 +505,7 @@ def test_ranges_read_in_the_task_give_the_handler_what_records_mode_gives(
         now_ms=int(time.time() * 1000),
         handler="job_handlers:echo",
         handler_paths=(str(Path(__file__).parent / "handlers"),),
-        timeout_seconds=None,
+        handler_timeout_ms=None,
         output_schema=output_schema,
         dead_letter_topic="unused.dlt",
         retry_topics={topic: (f"{topic}.retry",)},

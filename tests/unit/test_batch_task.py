@@ -38,7 +38,7 @@ def plan(tmp_path: Path) -> TaskPlan:
         now_ms=int(time.time() * 1000),
         handler="unit_handlers:by_key",
         handler_paths=(str(Path(__file__).parent),),
-        timeout_seconds=None,
+        handler_timeout_ms=None,
         output_schema=OUTPUT,
         dead_letter_topic="orders.dlt",
         retry_topics={"orders": (TIER, "orders.retry.1m")},
