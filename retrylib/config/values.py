@@ -89,9 +89,9 @@ def _is_starting_offsets(value: object) -> bool:
 TEXT = Kind("a non-empty string", _is_text)
 BOOL = Kind("true or false", lambda v: isinstance(v, bool))
 POSITIVE_INT = Kind("a whole number >= 1", lambda v: _is_int(v) and v >= 1)
-LIST = Kind("a list", lambda v: isinstance(v, list | tuple))
+_LIST = Kind("a list", lambda v: isinstance(v, list | tuple))
 NON_EMPTY_LIST = Kind("a non-empty list", lambda v: isinstance(v, list | tuple) and len(v) > 0)
-TABLE = Kind("a table", lambda v: isinstance(v, dict))
+_TABLE = Kind("a table", lambda v: isinstance(v, dict))
 SCALAR = Kind("a string, number or boolean", lambda v: isinstance(v, str | int | float))
 JOB_NAME = Kind("a name of letters, digits, '.', '_' and '-'", _matches(r"[A-Za-z0-9_.-]+"))
 TOPIC = Kind("a Kafka topic name (up to 249 letters, digits, '.', '_', '-')", is_topic)
@@ -195,7 +195,7 @@ class Table:
         """The sub-table `key`: empty when optional and absent; broken when required and absent
         or when not a table (both reported).
         """
-        data = self.get(key, TABLE, example, _REQUIRED if required else {})
+        data = self.get(key, _TABLE, example, _REQUIRED if required else {})
         return Table(self.problems, self.path(key), data)
 
     def get(self, key: str, kind: Kind, example: str, default: object = _REQUIRED) -> Any:
@@ -218,7 +218,7 @@ class Table:
         """The list at `key` as a tuple of distinct `item` values (non-empty unless `empty_ok`);
         None when absent without a default, or when it or any item is bad.
         """
-        values = self.get(key, LIST if empty_ok else NON_EMPTY_LIST, example, default)
+        values = self.get(key, _LIST if empty_ok else NON_EMPTY_LIST, example, default)
         if values is None:
             return None
         path = self.path(key)
