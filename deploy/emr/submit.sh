@@ -2,15 +2,25 @@
 # EMR step (see step.json): fetch the job's config and run jobs/run_job.py with the
 # cluster's spark-submit on YARN, the driver on the primary node (client mode), Spark's
 # Kafka connector and the Delta jars as --packages, and the Python that bootstrap.sh
-# installed into as PYSPARK_PYTHON.
+# installed into as PYSPARK_PYTHON. A failed run is started again (see below).
 #
 #   submit.sh s3://my-bucket/retrylib/conf/orders.toml [--available-now]
+#
+# Exit codes of a run (`retrylib run`): 0 done or stopped, 2 invalid config: both end the
+# step. Anything else (1 failed, a killed driver) is a failed run: it is started again
+# after RETRYLIB_RESTART_DELAY seconds, up to RETRYLIB_MAX_RESTARTS times in a row; a run
+# that lasted RETRYLIB_HEALTHY_AFTER seconds resets the count. The checkpoint makes every
+# restart resume exactly once. SIGTERM or SIGINT (cancel-steps) is passed to the running
+# spark-submit, which stops the query, and nothing is restarted.
 #
 # Settings (environment):
 #   RETRYLIB_HOME           the repository on the primary node (/home/hadoop/retrylib)
 #   PYSPARK_PYTHON          the interpreter (default: the one bootstrap.sh wrote to
 #                           /etc/retrylib/python)
 #   RETRYLIB_SPARK_EXTRA    more spark-submit flags, e.g. "--conf spark.executor.instances=4"
+#   RETRYLIB_MAX_RESTARTS   failed runs started again in a row (10)
+#   RETRYLIB_RESTART_DELAY  seconds between a failed run and the next (60)
+#   RETRYLIB_HEALTHY_AFTER  seconds after which a run's failure starts the count anew (3600)
 set -euo pipefail
 
 config_uri=${1:?usage: submit.sh s3://bucket/path/job.toml [--available-now]}
@@ -18,6 +28,9 @@ shift
 
 home=${RETRYLIB_HOME:-/home/hadoop/retrylib}
 etc=${RETRYLIB_ETC:-/etc/retrylib}
+max_restarts=${RETRYLIB_MAX_RESTARTS:-10}
+restart_delay=${RETRYLIB_RESTART_DELAY:-60}
+healthy_after=${RETRYLIB_HEALTHY_AFTER:-3600}
 # emr-spark-8.0.0: Spark 4.0.2, Scala 2.13, Delta 4.0.0 (versions must match the cluster's)
 packages=org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.2,io.delta:delta-spark_2.13:4.0.0
 
@@ -43,4 +56,44 @@ submit=(spark-submit --master yarn --deploy-mode client --packages "$packages"
 # shellcheck disable=SC2206
 submit+=(${RETRYLIB_SPARK_EXTRA:-} "$home/jobs/run_job.py" "$config" "$@")
 
-exec "${submit[@]}"
+child=
+stopping=
+interrupted=
+forward() {
+  stopping=1 interrupted=1
+  [[ -n $child ]] && kill -TERM "$child" 2>/dev/null
+  return 0
+}
+trap forward TERM INT
+
+failures=0
+while true; do
+  started=$SECONDS
+  "${submit[@]}" &
+  child=$!
+  # A trapped signal ends `wait` early (status > 128): wait again for the run's own status.
+  while true; do
+    interrupted= status=0
+    wait "$child" || status=$?
+    [[ -n $interrupted ]] && ((status > 128)) || break
+  done
+  child=
+  if [[ -n $stopping || $status -eq 0 || $status -eq 2 ]]; then
+    exit "$status"
+  fi
+  if ((SECONDS - started >= healthy_after)); then
+    failures=0
+  fi
+  failures=$((failures + 1))
+  if ((failures > max_restarts)); then
+    echo "submit.sh: run failed (exit $status) $failures times in a row; giving up" >&2
+    exit "$status"
+  fi
+  echo "submit.sh: run failed (exit $status); restart $failures of $max_restarts" \
+    "in ${restart_delay}s" >&2
+  sleep "$restart_delay" &
+  child=$!
+  wait "$child" || true
+  child=
+  [[ -z $stopping ]] || exit "$status"
+done
