@@ -33,6 +33,7 @@ import signal
 import stat
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,7 @@ def _job() -> dict:
 
 BUNDLE_TOP_LEVEL = {
     "bundle", "include", "variables", "artifacts", "targets", "resources", "sync",
-    "workspace", "permissions", "run_as", "experimental", "presets",
+    "workspace", "permissions", "run_as", "experimental", "presets", "scripts",
 }  # fmt: skip
 ARTIFACT_KEYS = {"type", "path", "build", "files", "executable", "dynamic_version"}
 VARIABLE_KEYS = {"description", "default", "type", "lookup"}
@@ -120,10 +121,11 @@ def test_every_wheel_the_job_installs_is_built_by_an_artifact_or_by_the_user():
     the only other one is the handler's, a variable with no default that the user must
     pass, documented as built by them."""
     bundle = _bundle()
-    built = {
-        (BUNDLE / a["path"]).resolve() / "dist" / "retrylib-*.whl"
-        for a in bundle["artifacts"].values()
-    }
+    built = set()
+    for artifact in bundle["artifacts"].values():
+        project = (BUNDLE / artifact["path"]).resolve()
+        name = tomllib.loads((project / "pyproject.toml").read_text())["project"]["name"]
+        built.add(project / "dist" / f"{name.replace('-', '_')}-*.whl")
     (task,) = _job()["tasks"]
     wheels = [library["whl"] for library in task["libraries"]]
     assert wheels == ["../../../dist/retrylib-*.whl", "${var.handler_wheel}"]
