@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from retrylib.config.model import collect_config_errors
+from retrylib.config.loader import collect_config_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
