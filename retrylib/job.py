@@ -26,13 +26,13 @@ from retrylib.kafka.clients import (
 )
 from retrylib.kafka.offsets import Offsets, offsets_to_json, progress_end_offsets, reached
 from retrylib.kafka.record_size import producer_batch_bytes
-from retrylib.kafka.staging import control_topic
 from retrylib.kafka.tier_source import (
     ENGINE_LIMITS_PYTHON_SOURCES,
     OPTION_AVAILABLE_NOW_OFFSETS,
     KafkaStreamReader,
     parse_source_options,
 )
+from retrylib.kafka.transactional_producer import control_topic
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder
 from retrylib.router import BatchResult, BatchRouter

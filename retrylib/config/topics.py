@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from retrylib.config.durations import format_duration
 from retrylib.config.model import RetryTier
 from retrylib.config.values import TOPIC, Problems, Table, is_topic
-from retrylib.kafka.staging import control_topic
+from retrylib.kafka.transactional_producer import control_topic
 
 _MAX_TOPIC_LENGTH = 249
 

@@ -31,15 +31,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
 from retrylib.checkpoint import Checkpoint, read_json
 from retrylib.config.durations import format_duration
 from retrylib.config.model import Config, RetryTier
 from retrylib.errors import RetrylibError
-from retrylib.kafka.clients import make_consumer
 from retrylib.kafka.offsets import PartitionKey
-from retrylib.kafka.staging import control_topic
+from retrylib.kafka.reading import ReadToEnd, reading_consumer
+from retrylib.kafka.transactional_producer import control_topic
 from retrylib.metrics import KafkaOffsets
 from retrylib.retry import headers
 
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_SCAN_LIMIT = 10_000
-_CONSUME_BATCH = 500
 
 
 def tool_session(app_name: str) -> SparkSession:
@@ -211,36 +210,23 @@ def _scan(
         "oldest_ms": None,
         "next_due_ms": None,
     }
-    pending = {key for key, offset in start.items() if latest[key] > offset}
-    if not pending:
+    if all(latest[key] <= offset for key, offset in start.items()):
         return summary
-    options = {
-        **config.kafka.options,
-        "isolation.level": "read_committed",
-        "enable.partition.eof": True,
-    }
-    consumer = make_consumer(config.kafka.bootstrap_servers, options, "retrylib-status")
-    next_offset = dict(start)
-    deadline = time.monotonic() + max(timeout, 1.0) * 3
+    consumer = reading_consumer(
+        config.kafka.bootstrap_servers, config.kafka.options, "retrylib-status"
+    )
     try:
-        consumer.assign([TopicPartition(t, p, start[(t, p)]) for t, p in sorted(pending)])
-        while pending and summary["waiting"] < limit and time.monotonic() < deadline:
-            wanted = min(_CONSUME_BATCH, limit - summary["waiting"])
-            for message in consumer.consume(wanted, timeout=0.2):
-                key = (message.topic(), message.partition())
-                error = message.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        raise KafkaException(error)
-                    pending.discard(key)
-                    continue
-                next_offset[key] = message.offset() + 1
-                _count(summary, message, delay_ms, now_ms)
+        read = ReadToEnd(consumer, start, latest)
+        for message in read.messages(timeout_s=max(timeout, 1.0) * 3, limit=limit):
+            _count(summary, message, delay_ms, now_ms)
     finally:
         consumer.close()
-    if pending:
+    unfinished = read.unfinished
+    if unfinished:
         summary["exact"] = False
-        summary["waiting"] += sum(max(0, latest[key] - next_offset[key]) for key in pending)
+        summary["waiting"] += sum(
+            max(0, latest[key] - offset) for key, offset in unfinished.items()
+        )
     return summary
 
 

@@ -23,7 +23,8 @@ from test_retries import read_topic
 
 from retrylib.kafka.clients import make_admin
 from retrylib.kafka.record_size import wire_size
-from retrylib.kafka.staging import STAGED_SCHEMA, RecordTooLargeError, StagedProducer, control_topic
+from retrylib.kafka.staged_records import STAGED_SCHEMA, RecordTooLargeError
+from retrylib.kafka.transactional_producer import StagedProducer, control_topic
 from retrylib.retry import headers as h
 
 pytestmark = pytest.mark.slow

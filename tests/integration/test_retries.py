@@ -8,12 +8,11 @@ from collections.abc import Callable
 
 import pytest
 from chispa import assert_df_equality
-from confluent_kafka import TopicPartition
 from conftest import produce
-from helpers import read_table, table_frame
+from helpers import read_table, read_topic, table_frame
 
 from retrylib.job import start_query, stop_gracefully
-from retrylib.kafka.clients import make_consumer, make_producer
+from retrylib.kafka.clients import make_producer
 from retrylib.retry.headers import split_headers
 from retrylib.router import BatchResult
 
@@ -94,23 +93,6 @@ def test_outcomes_by_kind(spark, bootstrap_servers, make_topic, write_config, so
     user, own = split_headers(dead_topic[0].headers())
     assert own["retrylib.dead_letter.reason"] in (b"attempts_exhausted", b"non_retryable")
     assert {"retrylib.id", "retrylib.attempts", "retrylib.error.stack_trace"} <= own.keys()
-
-
-def read_topic(bootstrap: str, topic: str) -> list:
-    consumer = make_consumer(bootstrap, {"isolation.level": "read_committed"})
-    metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-    messages = []
-    for partition in metadata.partitions:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-        consumer.assign([TopicPartition(topic, partition, low)])
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            batch = consumer.consume(100, timeout=0.5)
-            messages += [m for m in batch if m.error() is None]
-            if not batch:
-                break
-    consumer.close()
-    return messages
 
 
 def test_delays_are_honoured_and_lateness_is_bounded(
