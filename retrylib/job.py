@@ -26,12 +26,8 @@ from retrylib.kafka.clients import (
 )
 from retrylib.kafka.offsets import Offsets, offsets_to_json, progress_end_offsets, reached
 from retrylib.kafka.record_size import producer_batch_bytes
-from retrylib.kafka.tier_source import (
-    ENGINE_LIMITS_PYTHON_SOURCES,
-    OPTION_AVAILABLE_NOW_OFFSETS,
-    KafkaStreamReader,
-    parse_source_options,
-)
+from retrylib.kafka.source_options import OPTION_AVAILABLE_NOW_OFFSETS, parse_source_options
+from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
 from retrylib.kafka.transactional_producer import control_topic
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder

@@ -31,13 +31,9 @@ from retrylib.handler import (
     load_handler,
     result_rows,
 )
+from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
-from retrylib.kafka.tier_source import (
-    RANGE_SCHEMA,
-    KafkaInputPartition,
-    read_messages,
-    read_range,
-)
+from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
 from retrylib.record import Record
 from retrylib.results import ResultRows, output_batch
 from retrylib.retry.headers import without_reserved

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from retrylib.kafka.tier_source import KAFKA_ARROW_SCHEMA
+from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA
 from retrylib.results import result_schema
 from retrylib.retry.headers import (
     RetryState,
