@@ -72,6 +72,7 @@ from retrylib.kafka.range_reader import (
 )
 from retrylib.kafka.source_options import SourceOptions, parse_source_options
 from retrylib.logs import redact
+from retrylib.retry.policy import due_timestamp_ms
 
 try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python stream readers
     from pyspark.sql.streaming.datasource import (
@@ -287,7 +288,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         now_ms = int(time.time() * 1000)
         for delay_ms in set(self._options.delays_ms.values()):
             tier = [key for key in partitions if self._options.delays_ms.get(key[0]) == delay_ms]
-            due = self._kafka.list_offsets(tier, now_ms - delay_ms)
+            due = self._kafka.list_offsets(tier, due_timestamp_ms(now_ms, delay_ms))
             end.update(delay_frontier(due, {key: end[key] for key in tier}))
         return start, floor_at(end, start)
 

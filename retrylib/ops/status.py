@@ -42,6 +42,7 @@ from retrylib.kafka.reading import ReadToEnd, reading_consumer
 from retrylib.kafka.transactional_producer import control_topic
 from retrylib.metrics import KafkaOffsets
 from retrylib.retry import headers
+from retrylib.retry.policy import due_time_ms
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -233,7 +234,7 @@ def _scan(
 def _count(summary: dict[str, Any], message: Any, delay_ms: int, now_ms: int) -> None:
     _, ours = headers.split_headers(message.headers())
     timestamp = message.timestamp()[1]
-    not_before = _header_ms(ours, headers.NOT_BEFORE, timestamp + delay_ms)
+    not_before = _header_ms(ours, headers.NOT_BEFORE, due_time_ms(timestamp, delay_ms))
     entered = _header_ms(ours, headers.LAST_FAILURE, timestamp)
     summary["waiting"] += 1
     summary["due"] += not_before <= now_ms
