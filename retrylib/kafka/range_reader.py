@@ -19,7 +19,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from pyspark.sql.datasource import InputPartition
 
-from retrylib.errors import RetrylibError
+from retrylib.errors import KafkaSourceError
 from retrylib.kafka.arrow_records import to_batch
 from retrylib.kafka.clients import make_consumer
 from retrylib.kafka.reading import watermarks
@@ -44,10 +44,6 @@ STALL_TIMEOUT_S = 120.0
 """A read that gets no record for this long fails instead of hanging."""
 METADATA_TIMEOUT_S = 30.0
 """How long a look-up of partitions or offsets waits for the broker."""
-
-
-class KafkaSourceError(RetrylibError):
-    """Raised when reading Kafka fails: broker errors, missing partitions, a stalled read."""
 
 
 @dataclass

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from retrylib.errors import RetrylibError
+from retrylib.errors import MarkerReadError
 from retrylib.kafka.clients import make_consumer
 from retrylib.kafka.offsets import PartitionKey
 
@@ -39,10 +39,6 @@ MARKER_READ_TIMEOUT_S = 30.0
 fails instead of guessing."""
 _CONSUME_BATCH = 500
 _CONSUME_WAIT_S = 0.1  # consume() waits this long whenever fewer records than asked arrive
-
-
-class MarkerReadError(RetrylibError):
-    """Raised when a control topic could not be read to the end in time."""
 
 
 def reading_consumer(

@@ -14,7 +14,7 @@ import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from retrylib.delta.dead_letter import HEADERS_TYPE
-from retrylib.errors import RetrylibError
+from retrylib.errors import RecordTooLargeError, RetrylibError
 from retrylib.kafka.reading import produce
 from retrylib.kafka.record_size import producer_limit, wire_size
 
@@ -33,14 +33,6 @@ StagedRecords = Callable[[], Iterable[pa.RecordBatch]]
 """Returns a fresh iterator of RecordBatches with the `STAGED_SCHEMA` columns on each call."""
 
 _TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
-
-
-class ProduceError(RetrylibError):
-    """Raised when a batch's staged records could not be produced (after retrying)."""
-
-
-class RecordTooLargeError(ProduceError):
-    """Raised when Kafka refuses a staged record as too large; retrying cannot help."""
 
 
 def produce_staged(

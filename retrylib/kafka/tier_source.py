@@ -46,7 +46,7 @@ from confluent_kafka import TopicPartition
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from retrylib.errors import TopicError
+from retrylib.errors import KafkaSourceError, TopicError
 from retrylib.kafka.clients import make_consumer, topic_partitions
 from retrylib.kafka.offsets import (
     EARLIEST,
@@ -64,12 +64,7 @@ from retrylib.kafka.offsets import (
     split_ranges,
     with_new_partitions,
 )
-from retrylib.kafka.range_reader import (
-    METADATA_TIMEOUT_S,
-    KafkaInputPartition,
-    KafkaSourceError,
-    read_range,
-)
+from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_range
 from retrylib.kafka.source_options import SourceOptions, parse_source_options
 from retrylib.logs import redact
 from retrylib.retry.policy import due_timestamp_ms

@@ -44,16 +44,11 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from retrylib.errors import RetrylibError
+from retrylib.errors import MarkerReadError, ProduceError, RetrylibError
 from retrylib.faults import crash_point
 from retrylib.kafka.clients import make_producer
-from retrylib.kafka.reading import MarkerReadError, last_marker, produce, reading_consumer, serve
-from retrylib.kafka.staged_records import (
-    Deliveries,
-    ProduceError,
-    StagedRecords,
-    produce_staged,
-)
+from retrylib.kafka.reading import last_marker, produce, reading_consumer, serve
+from retrylib.kafka.staged_records import Deliveries, StagedRecords, produce_staged
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ import pytest
 from helpers import read_topic
 
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
-from retrylib.errors import RetrylibError
+from retrylib.errors import ProduceError, RetrylibError
 from retrylib.faults import CRASH_POINTS
 from retrylib.kafka import transactional_producer
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
-from retrylib.kafka.staged_records import STAGED_SCHEMA, ProduceError
+from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.kafka.transactional_producer import StagedProducer, control_topic
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"

@@ -17,10 +17,11 @@ from confluent_kafka.admin import NewPartitions
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from retrylib.config.schema import parse_schema
+from retrylib.errors import KafkaSourceError
 from retrylib.kafka import range_reader
 from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA, RANGE_SCHEMA
 from retrylib.kafka.clients import make_admin, make_consumer
-from retrylib.kafka.range_reader import KafkaInputPartition, KafkaSourceError, read_range
+from retrylib.kafka.range_reader import KafkaInputPartition, read_range
 from retrylib.kafka.reading import watermarks
 from retrylib.kafka.source_options import parse_source_options
 from retrylib.kafka.tier_source import (

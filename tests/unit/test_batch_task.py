@@ -293,7 +293,7 @@ def test_a_forged_retry_never_shadows_the_genuine_one(plan, kind):
         (90, "unverified_retry_record"),
         (91, "unverified_retry_record"),
     ]
-    assert all(d["error_class"] == "retrylib.retry.headers.UnverifiedRetryRecord" for d in dead)
+    assert all(d["error_class"] == "retrylib.errors.UnverifiedRetryRecord" for d in dead)
     assert [d["key"] for d in dead] == [b"ok-forged", b"ok-plain"]
     assert all(s["topic"] == "orders.dlt" and is_signed(plan, s) for s in written["staged"])
 

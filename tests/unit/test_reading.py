@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from retrylib.errors import MarkerReadError
 from retrylib.kafka import reading
-from retrylib.kafka.reading import MarkerReadError, ReadToEnd, last_marker
+from retrylib.kafka.reading import ReadToEnd, last_marker
 
 
 class FakeMessage:

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from retrylib.errors import RetrylibError
+from retrylib.errors import ProduceError, RetrylibError
 from retrylib.kafka import transactional_producer
-from retrylib.kafka.staged_records import STAGED_SCHEMA, ProduceError
+from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.kafka.transactional_producer import StagedProducer, control_topic
 
 JOB, APP = "orders", "orders-0123456789ab"
