@@ -4,11 +4,11 @@
 #   ./spark-submit.sh conf/orders.toml [--available-now]
 #
 # Ships the retrylib package to the executors with --py-files (the handler's own package
-# is shipped by the job itself). With the project's own Spark (.venv, installed from PyPI)
-# it adds Spark's Kafka connector and Delta Lake, resolved once by `python -m retrylib.spark.jars`;
-# a cluster's spark-submit (EMR, Databricks) brings its own and gets none. Extra
-# spark-submit flags go in SPARK_SUBMIT_OPTS_EXTRA, e.g. on EMR
-# SPARK_SUBMIT_OPTS_EXTRA="--master yarn --packages org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.2".
+# is shipped by the job itself). With a Spark installed from PyPI into a virtualenv (the
+# project's .venv: spark-submit beside the interpreter, pyvenv.cfg above it) it adds Spark's
+# Kafka connector and Delta Lake, resolved once by `python -m retrylib.spark.jars`; any other
+# spark-submit (a cluster's, on PATH) brings its own and gets none. Extra spark-submit flags
+# go in SPARK_SUBMIT_OPTS_EXTRA, e.g. SPARK_SUBMIT_OPTS_EXTRA="--master yarn".
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,9 +26,12 @@ if [[ -z "${PYSPARK_PYTHON:-}" ]]; then
 fi
 export PYSPARK_PYTHON PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$PYSPARK_PYTHON}"
 
-submit=$(dirname "$PYSPARK_PYTHON")/spark-submit
+bin=$(dirname "$PYSPARK_PYTHON")
+submit=$bin/spark-submit
 jvm_flags=()
-if [[ -x "$submit" ]]; then
+# A system interpreter (/usr/bin/python3.11 on EMR) may sit beside the cluster's own
+# spark-submit: only a virtualenv's is the PyPI Spark that needs the jars.
+if [[ -x "$submit" && -f "$bin/../pyvenv.cfg" ]]; then
   jars=$("$PYSPARK_PYTHON" -m retrylib.spark.jars spark --classpath)
   # The snapshot partitions as retrylib.spark.session sets them for a local Spark: Delta's
   # default of 50 tasks per table-state rebuild costs a local run a second per append.

@@ -137,7 +137,8 @@ class DriverTimers:
 
 def install_driver_timers() -> DriverTimers:
     """Route tasks through `timed_run_task` and time the router's driver-side steps."""
-    from retrylib import metrics, router, staging
+    from retrylib import metrics, router
+    from retrylib.kafka import transactional_producer
 
     if not hasattr(router, "run_task"):
         raise RuntimeError("retrylib.router.run_task is gone: update bench/instrument.py")
@@ -148,7 +149,7 @@ def install_driver_timers() -> DriverTimers:
         (router, "_run_tasks", "staging_write"),
         (router, "claim_json", "manifest"),
         (router.BatchRouter, "_apply", "apply"),
-        (staging.StagedProducer, "produce_once", "produce"),
+        (transactional_producer.StagedProducer, "produce_once", "produce"),
         (router, "append_once", "delta_appends"),
         (router.BatchRouter, "_clean_up", "clean_up"),
         (router.BatchRouter, "_check_tables_not_ahead", "check_tables"),

@@ -14,42 +14,23 @@ record was handled early.
 
 from __future__ import annotations
 
-import time
-
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-
+from retrylib.kafka.clients import topic_partitions
+from retrylib.kafka.reading import ReadToEnd, reading_consumer
 from retrylib.retry.headers import NOT_BEFORE, ORIGIN_OFFSET, ORIGIN_PARTITION
 
 
 def not_before_by_origin(bootstrap: str, topic: str, timeout: float = 30.0) -> dict:
     """{(origin partition, origin offset): not_before ms} over the committed records of
     every partition of `topic`."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "bench-lateness",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-        }
-    )
+    consumer = reading_consumer(bootstrap, {}, "bench-lateness")
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        open_partitions = set(partitions)
+        partitions = topic_partitions(consumer, [topic], timeout=10)[topic]
+        read = ReadToEnd.from_earliest(consumer, [(topic, p) for p in partitions])
         found: dict[tuple[int, int], int] = {}
-        deadline = time.monotonic() + timeout
-        while open_partitions and time.monotonic() < deadline:
-            for message in consumer.consume(1000, timeout=0.5):
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        open_partitions.discard(message.partition())
-                        continue
-                    raise RuntimeError(str(error))
-                headers = {k: v for k, v in message.headers() or ()}
-                key = (int(headers[ORIGIN_PARTITION]), int(headers[ORIGIN_OFFSET]))
-                found[key] = int(headers[NOT_BEFORE])
+        for message in read.messages(timeout):
+            headers = dict(message.headers() or ())
+            key = (int(headers[ORIGIN_PARTITION]), int(headers[ORIGIN_OFFSET]))
+            found[key] = int(headers[NOT_BEFORE])
         return found
     finally:
         consumer.close()

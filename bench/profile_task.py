@@ -8,7 +8,7 @@
 `retrylib.task.run_task` (what each `mapInArrow` task runs: per-record routing, the
 handler, result rows for Spark to stage) and, for comparison, through a bare loop that only
 converts the columns and calls the handler. `read` produces records to an embedded broker and reads
-them back with `retrylib.kafka.tier_source.read_range` (what a source task emitting records
+them back with `retrylib.kafka.range_reader.read_range` (what a source task emitting records
 runs). `ranges` produces likewise and runs `run_task` on offset ranges, as the job's tasks
 do: read and route in one pass. All print microseconds per record; `--profile` adds the
 top functions by own time (cProfile).
@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def synthetic_batches(records: int, rate: float, size: int, rows: int = 10_000):
-    from retrylib.kafka.tier_source import KAFKA_ARROW_SCHEMA
+    from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA
 
     now_us = int(time.time() * 1_000_000)
     batches = []
@@ -64,7 +64,7 @@ def synthetic_batches(records: int, rate: float, size: int, rows: int = 10_000):
 
 
 def make_plan(workdir: Path, handler: str):
-    from retrylib.config.model import load_config
+    from retrylib.config.loader import load_config
     from retrylib.job import task_plan
 
     config_path = workdir / "profile.toml"
@@ -156,7 +156,7 @@ def route(args: argparse.Namespace) -> None:
 
 
 def read(args: argparse.Namespace) -> None:
-    from retrylib.kafka.tier_source import KafkaInputPartition, read_range
+    from retrylib.kafka.range_reader import KafkaInputPartition, read_range
 
     with input_on_broker(args) as bootstrap:
         per = args.records // args.partitions
@@ -172,7 +172,7 @@ def read(args: argparse.Namespace) -> None:
 
 
 def ranges(args: argparse.Namespace) -> None:
-    from retrylib.kafka.tier_source import RANGE_SCHEMA, to_arrow_schema
+    from retrylib.kafka.arrow_records import RANGE_SCHEMA, to_arrow_schema
     from retrylib.task import run_task
 
     with input_on_broker(args) as bootstrap, tempfile.TemporaryDirectory() as tmp:

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.time()
 
-    from retrylib.config.model import load_config
+    from retrylib.config.loader import load_config
     from retrylib.job import start_query, stop_gracefully
     from retrylib.logs import configure_logging
     from retrylib.spark.session import build_spark_session

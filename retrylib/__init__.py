@@ -15,7 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from retrylib.config.model import load_config
+    from retrylib.config.loader import load_config
     from retrylib.errors import (
         ConfigError,
         NonRetryable,
@@ -35,7 +35,7 @@ _HOMES = {
     "RetrylibError": "retrylib.errors",
     "Skip": "retrylib.errors",
     "TopicError": "retrylib.errors",
-    "load_config": "retrylib.config.model",
+    "load_config": "retrylib.config.loader",
     "run": "retrylib.job",
 }
 

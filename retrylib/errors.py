@@ -1,4 +1,10 @@
-"""The exception tree of retrylib, and the two exceptions a handler raises to steer retries."""
+"""The exception tree of retrylib, and the exceptions a handler raises to steer retries.
+
+Everything retrylib itself detects is a `RetrylibError`. The failures a handler call ends in
+(`handler.HandlerTimeout`, `BadHandlerResult`, `HandlerRaisedBaseException`, `HandlerCrashed`)
+stay in `handler.py`: they stand for the handler's own failure, not retrylib's, and their
+qualified names are what dead letters record as the error class.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,34 @@ class TopicError(RetrylibError):
 
 class TableWriteError(RetrylibError):
     """Raised when Spark cannot append a batch to one of the job's Delta tables."""
+
+
+class JarsError(RetrylibError):
+    """Raised when Maven is missing or cannot resolve the jars."""
+
+
+class KafkaSourceError(RetrylibError):
+    """Raised when reading Kafka fails: broker errors, missing partitions, a stalled read."""
+
+
+class ProduceError(RetrylibError):
+    """Raised when a batch's staged records could not be produced (after retrying)."""
+
+
+class RecordTooLargeError(ProduceError):
+    """Raised when Kafka refuses a staged record as too large; retrying cannot help."""
+
+
+class MarkerReadError(RetrylibError):
+    """Raised when a control topic could not be read to the end in time."""
+
+
+class UnverifiedRetryRecord(RetrylibError):
+    """Raised when a record on a retry topic is not signed with the job's key."""
+
+
+class CorruptRetryHeaders(ValueError):
+    """Raised when a record on a retry topic has missing or unreadable retry headers."""
 
 
 class NonRetryable(Exception):

@@ -13,7 +13,8 @@ The kill takes the whole process group when this process leads it (the fault har
 starts the job in a session of its own), so the Spark JVM and the Python workers die at the
 same instant as the driver; otherwise only this process is killed.
 
-The points, in the order a batch reaches them (driver side, see `router` and `staging`):
+The points, in the order a batch reaches them (driver side, see `router` and
+`kafka.transactional_producer`):
 
 - after_handler: every task routed its records and wrote its files; no manifest yet.
 - after_manifest: the batch's decisions are recorded; nothing produced or committed.

@@ -58,7 +58,7 @@ _REFIRE_SECONDS = 1.0
 
 
 class TimedCall:
-    """Calls a function with a wall-clock limit, using SIGALRM.
+    """Calls a function with a wall-clock limit of `timeout_ms` (None or 0: none), using SIGALRM.
 
     The limit applies only in a process's main thread (where Spark's Python workers run
     user code); elsewhere calls run unlimited and one warning is logged. A call blocked
@@ -69,30 +69,30 @@ class TimedCall:
     raised), a late alarm is ignored, so a timeout never escapes into the caller's code.
     """
 
-    def __init__(self, timeout_seconds: float | None) -> None:
-        self.timeout = timeout_seconds
+    def __init__(self, timeout_ms: int | None) -> None:
+        self.timeout_ms = timeout_ms
         self._armed = False
-        if timeout_seconds and threading.current_thread() is not threading.main_thread():
+        if timeout_ms and threading.current_thread() is not threading.main_thread():
             log.warning("handler timeout needs the main thread; calls run without a limit")
-            self.timeout = None
-        if self.timeout:
+            self.timeout_ms = None
+        if self.timeout_ms:
             signal.signal(signal.SIGALRM, self._on_alarm)
 
     def _on_alarm(self, signum: int, frame: object) -> None:
         if not self._armed:
             return
         signal.setitimer(signal.ITIMER_REAL, _REFIRE_SECONDS)
-        raise HandlerTimeout(f"handler did not return within {self.timeout:g}s")
+        raise HandlerTimeout(f"handler did not return within {self.timeout_ms / 1000:g}s")
 
     def _disarm(self) -> None:
         self._armed = False  # first: from here on an alarm is a no-op
         signal.setitimer(signal.ITIMER_REAL, 0)
 
     def __call__(self, function: Handler, record: Record) -> Any:
-        if not self.timeout:
+        if not self.timeout_ms:
             return function(record)
         self._armed = True
-        signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        signal.setitimer(signal.ITIMER_REAL, self.timeout_ms / 1000)
         try:
             try:
                 return function(record)
@@ -169,7 +169,7 @@ def bound_call(function: Handler, timed: TimedCall, *, isolate: bool = False) ->
     """
     if isolate:
         return partial(call_isolated, timed, function)
-    if timed.timeout:
+    if timed.timeout_ms:
         return partial(timed, function)
     return function
 

@@ -26,13 +26,9 @@ from retrylib.kafka.clients import (
 )
 from retrylib.kafka.offsets import Offsets, offsets_to_json, progress_end_offsets, reached
 from retrylib.kafka.record_size import producer_batch_bytes
-from retrylib.kafka.staging import control_topic
-from retrylib.kafka.tier_source import (
-    ENGINE_LIMITS_PYTHON_SOURCES,
-    OPTION_AVAILABLE_NOW_OFFSETS,
-    KafkaStreamReader,
-    parse_source_options,
-)
+from retrylib.kafka.source_options import OPTION_AVAILABLE_NOW_OFFSETS, parse_source_options
+from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
+from retrylib.kafka.transactional_producer import control_topic
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder
 from retrylib.router import BatchResult, BatchRouter
@@ -208,14 +204,14 @@ def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) ->
         now_ms=0,
         handler=config.handler.function,
         handler_paths=config.handler.paths,
-        timeout_seconds=config.handler.timeout_seconds,
+        handler_timeout_ms=config.handler.timeout_ms,
         output_schema=config.handler.output_schema.to_arrow(),
         dead_letter_topic=config.dead_letter.topic,
         retry_topics={
             topic: tuple(tier.topics[topic] for tier in retry.tiers)
             for topic in config.kafka.topics
         },
-        tier_delays_ms=tuple(round(d * 1000) for d in retry.delays_seconds),
+        tier_delays_ms=retry.delays_ms,
         max_retry_after_ms=retry.max_retry_after_ms,
         retry_timeout_ms=retry.timeout_ms,
         dead_letter_routes=config.dead_letter.routes,
@@ -323,7 +319,7 @@ def start_query(
     elif available_now:
         writer = writer.trigger(availableNow=True)
     else:
-        writer = writer.trigger(processingTime=f"{config.job.trigger_seconds} seconds")
+        writer = writer.trigger(processingTime=f"{config.job.trigger_ms} milliseconds")
     query = writer.start()
     if target is not None:
         threading.Thread(

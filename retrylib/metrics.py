@@ -51,6 +51,7 @@ from retrylib.config.model import Config
 from retrylib.delta.tables import append_once, ensure_table
 from retrylib.kafka.clients import client_config, topic_partitions
 from retrylib.kafka.offsets import PartitionKey, delay_frontier
+from retrylib.retry.policy import due_timestamp_ms
 
 if TYPE_CHECKING:
     from retrylib.router import BatchResult
@@ -165,7 +166,7 @@ def input_lag(
     start.update(kafka.earliest([key for key in keys if key not in end]))
     tier_keys = [key for key in keys if key[0] in delays]
     frontier = delay_frontier(
-        kafka.first_at({key: now_ms - delays[key[0]] for key in tier_keys}),
+        kafka.first_at({key: due_timestamp_ms(now_ms, delays[key[0]]) for key in tier_keys}),
         {key: latest[key] for key in tier_keys},
     )
     lag: dict[str, dict[str, int]] = {}

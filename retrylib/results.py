@@ -16,7 +16,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.kafka.staging import STAGED_SCHEMA
+from retrylib.kafka.staged_records import STAGED_SCHEMA
 
 KINDS = ("output", "dead_letter", "staged")
 

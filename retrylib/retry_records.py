@@ -18,16 +18,14 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
-from retrylib.errors import Skip
+from retrylib.errors import CorruptRetryHeaders, Skip, UnverifiedRetryRecord
 from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
-from retrylib.kafka.staging import STAGED_SCHEMA
+from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.record import Record
 from retrylib.results import ResultRows
 from retrylib.retry.headers import (
     JOB,
-    CorruptRetryHeaders,
     RetryState,
-    UnverifiedRetryRecord,
     decode_retry_state,
     encode_dead_letter_headers,
     encode_retry_headers,

@@ -8,7 +8,7 @@ A batch runs in steps, each safe to repeat after a crash:
    The manifest is the commit point of the batch's decisions: a replay after it reads them
    back instead of calling the handler again.
 2. Staged retry and dead-letter records are produced in one Kafka transaction with a
-   per-batch marker, so they are produced once (`staging`).
+   per-batch marker, so they are produced once (`kafka.transactional_producer`).
 3. The output and dead-letter rows are appended to their Delta tables by Spark's Delta
    writer with the app transaction (`txnAppId` = the checkpoint's app id, `txnVersion` =
    batch id), so they are committed once (`delta_tables`).
@@ -49,7 +49,7 @@ from retrylib.delta.tables import append_once, committed_version
 from retrylib.errors import RetrylibError, TableWriteError
 from retrylib.faults import crash_point
 from retrylib.kafka.clients import RecordLimits
-from retrylib.kafka.staging import StagedProducer
+from retrylib.kafka.transactional_producer import StagedProducer
 from retrylib.results import result_struct
 from retrylib.task import TaskPlan, run_task
 

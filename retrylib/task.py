@@ -31,13 +31,9 @@ from retrylib.handler import (
     load_handler,
     result_rows,
 )
+from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
-from retrylib.kafka.tier_source import (
-    RANGE_SCHEMA,
-    KafkaInputPartition,
-    read_messages,
-    read_range,
-)
+from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
 from retrylib.record import Record
 from retrylib.results import ResultRows, output_batch
 from retrylib.retry.headers import without_reserved
@@ -70,7 +66,7 @@ class TaskPlan:
     now_ms: int
     handler: str
     handler_paths: tuple[str, ...]
-    timeout_seconds: float | None
+    handler_timeout_ms: int | None
     output_schema: pa.Schema
     dead_letter_topic: str
     retry_topics: Mapping[str, tuple[str, ...]]  # main topic -> topic of each tier
@@ -132,7 +128,7 @@ class TaskRouter:
         self.plan = plan
         self.handler: Handler = load_handler(plan.handler, plan.handler_paths)
         self.invoke = bound_call(
-            self.handler, TimedCall(plan.timeout_seconds), isolate=plan.isolate
+            self.handler, TimedCall(plan.handler_timeout_ms), isolate=plan.isolate
         )
         self.tier_of = _tier_index(plan.retry_topics)
         self.columns = frozenset(plan.output_schema.names)

@@ -1,5 +1,5 @@
-"""Shared by the tests: a small job config, and Delta tables read back through Spark's Delta
-reader, as users read them."""
+"""Shared by the tests: a small job config, Delta tables read back through Spark's Delta
+reader, as users read them, and topics read back from Kafka."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+from confluent_kafka import Message
 from pyspark.sql import SparkSession
 
-from retrylib.config.model import Config, load_config
+from retrylib.config.loader import load_config
+from retrylib.config.model import Config
+from retrylib.kafka.clients import make_consumer, topic_partitions
+from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
 
 
 def tests_session() -> SparkSession:
@@ -85,3 +89,22 @@ def refusing_writes(directory: str | Path) -> Iterator[None]:
         yield
     finally:
         os.chmod(directory, mode)
+
+
+def read_topic(
+    bootstrap: str, topic: str, *, isolation: str = "read_committed", timeout_s: float = 60.0
+) -> list[Message]:
+    """Every record of `topic` (none when it does not exist) that a reader with `isolation`
+    sees, up to the end offsets of when the read starts, in offset order per partition.
+
+    Fails the test when the topic is not read to its end within `timeout_s`.
+    """
+    consumer = make_consumer(bootstrap, {**READ_TO_END_OPTIONS, "isolation.level": isolation})
+    try:
+        partitions = topic_partitions(consumer, [topic]).get(topic, [])
+        read = ReadToEnd.from_earliest(consumer, [(topic, p) for p in partitions])
+        messages = list(read.messages(timeout_s))
+    finally:
+        consumer.close()
+    assert not read.unfinished, f"{topic} not read to its end in {timeout_s:.0f}s"
+    return messages

@@ -1,34 +1,99 @@
 #!/usr/bin/env bash
-# EMR step (see step.json): fetch the job's config and run it with ../../spark-submit.sh on
-# YARN, the driver on the primary node (client mode), with Spark's Kafka connector and the
-# Delta jars as --packages.
+# EMR step (see step.json): fetch the job's config and run jobs/run_job.py with the
+# cluster's spark-submit on YARN, the driver on the primary node (client mode), Spark's
+# Kafka connector and the Delta jars as --packages, and the Python that bootstrap.sh
+# installed into as PYSPARK_PYTHON. A failed run is started again (see below).
 #
 #   submit.sh s3://my-bucket/retrylib/conf/orders.toml [--available-now]
 #
+# Exit codes of a run (`retrylib run`): 0 done or stopped, 2 invalid config: both end the
+# step. Anything else (1 failed, a killed driver) is a failed run: it is started again
+# after RETRYLIB_RESTART_DELAY seconds, up to RETRYLIB_MAX_RESTARTS times in a row; a run
+# that lasted RETRYLIB_HEALTHY_AFTER seconds resets the count. The checkpoint makes every
+# restart resume exactly once. SIGTERM or SIGINT (cancel-steps) is passed to the running
+# spark-submit, which stops the query, and nothing is restarted.
+#
 # Settings (environment):
-#   RETRYLIB_HOME         the repository on the primary node (/home/hadoop/retrylib)
-#   PYSPARK_PYTHON        the interpreter bootstrap.sh installed into (python3)
-#   RETRYLIB_SPARK_EXTRA  more spark-submit flags, e.g. "--conf spark.executor.instances=4"
+#   RETRYLIB_HOME           the repository on the primary node (/home/hadoop/retrylib)
+#   PYSPARK_PYTHON          the interpreter (default: the one bootstrap.sh wrote to
+#                           /etc/retrylib/python)
+#   RETRYLIB_SPARK_EXTRA    more spark-submit flags, e.g. "--conf spark.executor.instances=4"
+#   RETRYLIB_MAX_RESTARTS   failed runs started again in a row (10)
+#   RETRYLIB_RESTART_DELAY  seconds between a failed run and the next (60)
+#   RETRYLIB_HEALTHY_AFTER  seconds after which a run's failure starts the count anew (3600)
 set -euo pipefail
 
 config_uri=${1:?usage: submit.sh s3://bucket/path/job.toml [--available-now]}
 shift
 
 home=${RETRYLIB_HOME:-/home/hadoop/retrylib}
+etc=${RETRYLIB_ETC:-/etc/retrylib}
+max_restarts=${RETRYLIB_MAX_RESTARTS:-10}
+restart_delay=${RETRYLIB_RESTART_DELAY:-60}
+healthy_after=${RETRYLIB_HEALTHY_AFTER:-3600}
 # emr-spark-8.0.0: Spark 4.0.2, Scala 2.13, Delta 4.0.0 (versions must match the cluster's)
 packages=org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.2,io.delta:delta-spark_2.13:4.0.0
+
+if [[ -z ${PYSPARK_PYTHON:-} ]]; then
+  [[ -r $etc/python ]] || {
+    echo "submit.sh: no PYSPARK_PYTHON and no $etc/python: run bootstrap.sh on the cluster" >&2
+    exit 2
+  }
+  PYSPARK_PYTHON=$(<"$etc/python")
+fi
+export PYSPARK_PYTHON PYSPARK_DRIVER_PYTHON=$PYSPARK_PYTHON
 
 conf_dir=$(mktemp -d)
 config="$conf_dir/$(basename "$config_uri")"
 aws s3 cp "$config_uri" "$config"
 
-export PYSPARK_PYTHON=${PYSPARK_PYTHON:-python3}
-export PYSPARK_DRIVER_PYTHON=${PYSPARK_DRIVER_PYTHON:-$PYSPARK_PYTHON}
-export SPARK_SUBMIT_OPTS_EXTRA="--master yarn --deploy-mode client --packages $packages \
---conf spark.yarn.maxAppAttempts=1 \
---conf spark.executorEnv.PYSPARK_PYTHON=$PYSPARK_PYTHON \
---conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
---conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
-${RETRYLIB_SPARK_EXTRA:-}"
+submit=(spark-submit --master yarn --deploy-mode client --packages "$packages"
+  --conf spark.yarn.maxAppAttempts=1
+  --conf "spark.pyspark.python=$PYSPARK_PYTHON"
+  --conf "spark.pyspark.driver.python=$PYSPARK_PYTHON"
+  --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
+  --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog)
+# shellcheck disable=SC2206
+submit+=(${RETRYLIB_SPARK_EXTRA:-} "$home/jobs/run_job.py" "$config" "$@")
 
-exec "$home/spark-submit.sh" "$config" "$@"
+child=
+stopping=
+interrupted=
+forward() {
+  stopping=1 interrupted=1
+  [[ -n $child ]] && kill -TERM "$child" 2>/dev/null
+  return 0
+}
+trap forward TERM INT
+
+failures=0
+while true; do
+  started=$SECONDS
+  "${submit[@]}" &
+  child=$!
+  # A trapped signal ends `wait` early (status > 128): wait again for the run's own status.
+  while true; do
+    interrupted= status=0
+    wait "$child" || status=$?
+    [[ -n $interrupted ]] && ((status > 128)) || break
+  done
+  child=
+  if [[ -n $stopping || $status -eq 0 || $status -eq 2 ]]; then
+    exit "$status"
+  fi
+  if ((SECONDS - started >= healthy_after)); then
+    failures=0
+  fi
+  failures=$((failures + 1))
+  if ((failures > max_restarts)); then
+    echo "submit.sh: run failed (exit $status) $failures times in a row; giving up" >&2
+    exit "$status"
+  fi
+  echo "submit.sh: run failed (exit $status); restart $failures of $max_restarts" \
+    "in ${restart_delay}s" >&2
+  sleep "$restart_delay" &
+  child=$!
+  wait "$child" || true
+  child=
+  [[ -z $stopping ]] || exit "$status"
+done

@@ -1,4 +1,6 @@
-"""Durations in config ("500ms", "5s", "1m30s") and their compact spelling in topic names."""
+"""Durations in config ("500ms", "5s", "1m30s") as whole milliseconds, and their compact
+spelling (in topic names, `retrylib status`, log lines).
+"""
 
 from __future__ import annotations
 
@@ -12,13 +14,12 @@ _NUMBER = r"\d+(?:\.\d+)?"
 _DURATION = re.compile(
     "".join(f"(?:(?P<{unit}>{_NUMBER}){unit})?" for unit in ("d", "h", "m", "s", "ms"))
 )
-_UNIT_SECONDS = {"d": 86_400.0, "h": 3_600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-_UNIT_MILLIS = {unit: round(size * 1000) for unit, size in _UNIT_SECONDS.items()}
+_UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
 
 
-def parse_duration(text: str, key: str) -> float:
-    """Return the seconds `text` spells: a number and a unit (ms, s, m, h, d), or several
-    from largest to smallest unit ("1m30s").
+def parse_duration(text: str, key: str) -> int:
+    """Return the milliseconds `text` spells, rounded to a whole one: a number and a unit
+    (ms, s, m, h, d), or several from largest to smallest unit ("1m30s").
 
     Raises `ConfigError` naming `key`, echoing `text` and showing the accepted form when `text`
     is not a string or does not follow that grammar. Zero ("0s") is accepted; callers that
@@ -31,26 +32,28 @@ def parse_duration(text: str, key: str) -> float:
             f'{key}: bad duration {shown}: write a number and a unit, like "500ms", "5s", "1m", '
             '"2h"'
         )
-    return sum(
-        float(amount) * _UNIT_SECONDS[unit]
-        for unit, amount in match.groupdict().items()
-        if amount is not None
+    return round(
+        sum(
+            float(amount) * _UNIT_MS[unit]
+            for unit, amount in match.groupdict().items()
+            if amount is not None
+        )
     )
 
 
-def format_duration(seconds: float) -> str:
-    """Spell `seconds` compactly, largest unit first: 5 -> "5s", 90 -> "1m30s", 0.5 -> "500ms".
+def format_duration(ms: int) -> str:
+    """Spell `ms` milliseconds compactly, largest unit first: 5000 -> "5s", 90000 -> "1m30s",
+    500 -> "500ms". The result parses back with `parse_duration`.
 
-    The result is rounded to whole milliseconds and parses back with `parse_duration`.
     Raises `ValueError` for a negative duration.
     """
-    if seconds < 0:
-        raise ValueError(f"a duration cannot be negative, got {seconds!r}")
-    remaining = round(seconds * 1000)
-    if remaining == 0:
+    if ms < 0:
+        raise ValueError(f"a duration cannot be negative, got {ms!r}")
+    if ms == 0:
         return "0s"
     parts = []
-    for unit, size in _UNIT_MILLIS.items():
+    remaining = ms
+    for unit, size in _UNIT_MS.items():
         count, remaining = divmod(remaining, size)
         if count:
             parts.append(f"{count}{unit}")

@@ -187,7 +187,7 @@ class OutputSchema:
         """The Arrow schema: TIMESTAMP as UTC microseconds, TIMESTAMP_NTZ without a zone.
 
         Equal to pyspark's conversion of `to_spark()` with timestamps in UTC
-        (`kafka.tier_source.utc_arrow_schema`), except that comments are not carried as Arrow
+        (`kafka.arrow_records.utc_arrow_schema`), except that comments are not carried as Arrow
         field metadata.
         """
         return pa.schema([f.to_arrow() for f in self.fields])

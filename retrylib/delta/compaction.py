@@ -96,7 +96,7 @@ class Compactor:
                 "affected): %s",
                 what,
                 table,
-                format_duration(self._every_ms / 1000),
+                format_duration(self._every_ms),
                 e,
             )
             return

@@ -191,13 +191,14 @@ def make_admin(bootstrap_servers: str, options: Mapping[str, str]) -> AdminClien
 
 
 def topic_partitions(
-    admin: AdminClient, topics: Iterable[str], timeout: float = 15.0
+    client: AdminClient | Consumer, topics: Iterable[str], timeout: float = 15.0
 ) -> dict[str, list[int]]:
-    """Partition numbers of each existing topic among `topics`; missing topics are left out.
+    """Partition numbers of each existing topic among `topics`, from `client`'s fresh
+    metadata; missing topics (and topics the broker reports an error for) are left out.
 
     Raises `KafkaException` when the broker does not answer within `timeout`.
     """
-    metadata = admin.list_topics(timeout=timeout)
+    metadata = client.list_topics(timeout=timeout)
     found = {}
     for topic in topics:
         info = metadata.topics.get(topic)

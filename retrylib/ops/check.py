@@ -16,7 +16,7 @@ from retrylib.config.durations import format_duration
 from retrylib.config.model import Config
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import kafka_error_text
-from retrylib.kafka.staging import control_topic
+from retrylib.kafka.transactional_producer import control_topic
 from retrylib.metrics import KafkaOffsets
 from retrylib.spark.session import tool_session
 
@@ -85,7 +85,7 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
             (
                 topic,
                 f"retry topic {topic!r} (tier {tier.index + 1}, "
-                f"{format_duration(tier.delay_seconds)}, for {main!r})",
+                f"{format_duration(tier.delay_ms)}, for {main!r})",
             )
             for topic, (tier, main) in tier_topics.items()
         ),

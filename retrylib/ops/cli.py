@@ -170,7 +170,7 @@ def _moment(text: str) -> datetime:
 
 def _load(path: str, *, check_imports: bool = True):
     """Load the config and register its secrets for redaction."""
-    from retrylib.config.model import load_config
+    from retrylib.config.loader import load_config
     from retrylib.logs import config_secrets, redact_secrets
 
     config = load_config(path, check_imports=check_imports)
@@ -189,7 +189,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from retrylib.config.model import collect_config_errors
+    from retrylib.config.loader import collect_config_errors
 
     problems = collect_config_errors(args.config)
     if problems:
@@ -322,7 +322,7 @@ def _from_spark(error: Exception) -> bool:
 
 def _brokers_of(args: argparse.Namespace) -> str:
     """ " at HOST:PORT (kafka.bootstrap_servers)" for a command's config, or "" if unknown."""
-    from retrylib.config.model import load_config
+    from retrylib.config.loader import load_config
 
     path = getattr(args, "config", None)
     if path is None:

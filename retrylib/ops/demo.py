@@ -14,7 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
-from retrylib.config.model import load_config
+from retrylib.config.loader import load_config
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.router import BatchResult

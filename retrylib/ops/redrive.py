@@ -47,13 +47,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.config.model import Config
 from retrylib.delta.dead_letter_table import SHOWN_COLUMNS, DeadLetterTable
 from retrylib.delta.tables import sql_string, sql_timestamp, table_exists
 from retrylib.errors import RetrylibError
-from retrylib.kafka.clients import ensure_topics, make_admin, make_consumer, make_producer
+from retrylib.kafka.clients import ensure_topics, make_admin, make_producer, partition_counts
+from retrylib.kafka.reading import ReadToEnd, produce, reading_consumer
 from retrylib.retry.headers import without_reserved
 from retrylib.spark.session import tool_session
 
@@ -220,30 +221,16 @@ def _dry_run(
 def committed_redrives(config: Config) -> dict[str, int]:
     """Redrive id -> commit time (epoch ms) of every committed marker in the control topic."""
     kafka = config.kafka
-    options = {
-        **kafka.options,
-        "isolation.level": "read_committed",
-        "enable.partition.eof": True,
-    }
-    consumer = make_consumer(kafka.bootstrap_servers, options, "retrylib-redrive")
+    consumer = reading_consumer(kafka.bootstrap_servers, kafka.options, "retrylib-redrive")
     topic = control_topic(config.job.name)
     markers: dict[str, int] = {}
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=15)
-        if high <= low:
-            return markers
-        consumer.assign([TopicPartition(topic, 0, low)])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            message = consumer.poll(1.0)
-            if message is None:
-                continue
-            if message.error() is not None:
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    return markers
-                raise KafkaException(message.error())
+        read = ReadToEnd.from_earliest(consumer, [(topic, 0)])
+        for message in read.messages(timeout_s=60):
             markers[(message.value() or b"").decode()] = message.timestamp()[1]
-        raise RedriveError(f"could not read the redrive markers in {topic} within 60s")
+        if read.unfinished:
+            raise RedriveError(f"could not read the redrive markers in {topic} within 60s")
+        return markers
     except KafkaException as e:
         if e.args and e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return markers
@@ -292,8 +279,12 @@ class _Sender:
                 self._produce(row)
                 if self._progress is not None and (done % 1000 == 0 or done == len(rows)):
                     self._progress(done, len(rows))
-            producer.produce(
-                control_topic(self._config.job.name), value=redrive_id.encode(), partition=0
+            produce(
+                producer,
+                control_topic(self._config.job.name),
+                key=None,
+                value=redrive_id.encode(),
+                partition=0,
             )
             producer.commit_transaction(120)
         except KafkaException as e:
@@ -310,33 +301,33 @@ class _Sender:
         wanted = set(topics) - set(self._partitions)
         if not wanted:
             return
-        metadata = self._admin.list_topics(timeout=15)
+        found = partition_counts(self._admin, wanted)
         for topic in sorted(wanted):
-            info = metadata.topics.get(topic)
-            if info is None or info.error is not None or not info.partitions:
+            if topic not in found:
                 raise RedriveError(
                     f"target topic {topic!r} does not exist on "
                     f"{self._config.kafka.bootstrap_servers}; create it or pass --to"
                 )
-            self._partitions[topic] = len(info.partitions)
+            self._partitions[topic] = found[topic]
 
     def _produce(self, row: dict[str, Any]) -> None:
         topic = row["redrive_topic"]
-        kwargs: dict[str, Any] = {}
         partition = row["origin_partition"]
         # Back to its own partition when it goes home, so per-key order holds there.
-        if topic == row["origin_topic"] and partition is not None:
-            if 0 <= partition < self._partitions[topic]:
-                kwargs["partition"] = partition
+        partition_kept = (
+            topic == row["origin_topic"]
+            and partition is not None
+            and 0 <= partition < self._partitions[topic]
+        )
         headers, _ = without_reserved([(h["key"], h["value"]) for h in row["headers"] or ()])
-        while True:
-            try:
-                self._producer.produce(
-                    topic, key=row["key"], value=row["value"], headers=headers, **kwargs
-                )
-                return
-            except BufferError:  # local queue full: let deliveries drain, then try again
-                self._producer.poll(0.1)
+        produce(
+            self._producer,
+            topic,
+            key=row["key"],
+            value=row["value"],
+            headers=headers,
+            partition=partition if partition_kept else None,
+        )
 
 
 def _shown(row: dict[str, Any]) -> dict[str, Any]:

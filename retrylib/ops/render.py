@@ -120,22 +120,22 @@ def overdue_tiers(tiers: list[Mapping[str, Any]]) -> list[str]:
         if due_in is not None and -due_in > tier["delay_seconds"] + OVERDUE_ALERT_SECONDS:
             warnings.append(
                 f"tier {tier['tier']} ({tier['delay']}) has records due for "
-                f"{format_duration(round(-due_in))} that the job has not taken: is the job "
+                f"{format_duration(round(-due_in) * 1000)} that the job has not taken: is the job "
                 "running and keeping up? (`retrylib status --json` for the figures)"
             )
     return warnings
 
 
 def _ago(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{format_duration(max(0, round(seconds)))} ago"
+    return "-" if seconds is None else f"{format_duration(max(0, round(seconds)) * 1000)} ago"
 
 
 def _due(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     if seconds <= 0:
-        return f"now (due {format_duration(round(-seconds))} ago)"
-    return f"in {format_duration(round(seconds))}"
+        return f"now (due {format_duration(round(-seconds) * 1000)} ago)"
+    return f"in {format_duration(round(seconds) * 1000)}"
 
 
 def status_json(status: Mapping[str, Any]) -> str:

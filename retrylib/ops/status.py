@@ -29,15 +29,17 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
 from retrylib.checkpoint import Checkpoint, read_json
 from retrylib.config.durations import format_duration
 from retrylib.config.model import Config, RetryTier
-from retrylib.kafka.clients import kafka_error_text, make_consumer
+from retrylib.kafka.clients import kafka_error_text
 from retrylib.kafka.offsets import PartitionKey
+from retrylib.kafka.reading import ReadToEnd, reading_consumer
 from retrylib.metrics import KafkaOffsets
 from retrylib.retry import headers
+from retrylib.retry.policy import due_time_ms
 from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:
@@ -48,7 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_SCAN_LIMIT = 10_000
-_CONSUME_BATCH = 500
 
 
 def collect_status(
@@ -146,13 +147,12 @@ def _tier(
     earliest = kafka.earliest(keys)
     latest = kafka.latest(keys)
     start = {key: max(position.get(key, earliest[key]), earliest[key]) for key in keys}
-    delay_ms = round(tier.delay_seconds * 1000)
-    scan = _scan(config, start, latest, delay_ms, now_ms, timeout, scan_limit)
+    scan = _scan(config, start, latest, tier.delay_ms, now_ms, timeout, scan_limit)
     oldest, next_due = scan["oldest_ms"], scan["next_due_ms"]
     return {
         "tier": tier.index + 1,
-        "delay": format_duration(tier.delay_seconds),
-        "delay_seconds": tier.delay_seconds,
+        "delay": format_duration(tier.delay_ms),
+        "delay_seconds": tier.delay_ms / 1000,
         "topics": topics,
         "missing_topics": [topic for topic in topics if topic not in found],
         "waiting": scan["waiting"],
@@ -185,43 +185,30 @@ def _scan(
         "oldest_ms": None,
         "next_due_ms": None,
     }
-    pending = {key for key, offset in start.items() if latest[key] > offset}
-    if not pending:
+    if all(latest[key] <= offset for key, offset in start.items()):
         return summary
-    options = {
-        **config.kafka.options,
-        "isolation.level": "read_committed",
-        "enable.partition.eof": True,
-    }
-    consumer = make_consumer(config.kafka.bootstrap_servers, options, "retrylib-status")
-    next_offset = dict(start)
-    deadline = time.monotonic() + max(timeout, 1.0) * 3
+    consumer = reading_consumer(
+        config.kafka.bootstrap_servers, config.kafka.options, "retrylib-status"
+    )
     try:
-        consumer.assign([TopicPartition(t, p, start[(t, p)]) for t, p in sorted(pending)])
-        while pending and summary["waiting"] < limit and time.monotonic() < deadline:
-            wanted = min(_CONSUME_BATCH, limit - summary["waiting"])
-            for message in consumer.consume(wanted, timeout=0.2):
-                key = (message.topic(), message.partition())
-                error = message.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        raise KafkaException(error)
-                    pending.discard(key)
-                    continue
-                next_offset[key] = message.offset() + 1
-                _count(summary, message, delay_ms, now_ms)
+        read = ReadToEnd(consumer, start, latest)
+        for message in read.messages(timeout_s=max(timeout, 1.0) * 3, limit=limit):
+            _count(summary, message, delay_ms, now_ms)
     finally:
         consumer.close()
-    if pending:
+    unfinished = read.unfinished
+    if unfinished:
         summary["exact"] = False
-        summary["waiting"] += sum(max(0, latest[key] - next_offset[key]) for key in pending)
+        summary["waiting"] += sum(
+            max(0, latest[key] - offset) for key, offset in unfinished.items()
+        )
     return summary
 
 
 def _count(summary: dict[str, Any], message: Any, delay_ms: int, now_ms: int) -> None:
     _, ours = headers.split_headers(message.headers())
     timestamp = message.timestamp()[1]
-    not_before = _header_ms(ours, headers.NOT_BEFORE, timestamp + delay_ms)
+    not_before = _header_ms(ours, headers.NOT_BEFORE, due_time_ms(timestamp, delay_ms))
     entered = _header_ms(ours, headers.LAST_FAILURE, timestamp)
     summary["waiting"] += 1
     summary["due"] += not_before <= now_ms

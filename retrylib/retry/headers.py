@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from retrylib.errors import RetrylibError
+from retrylib.errors import CorruptRetryHeaders
 
 PREFIX = "retrylib."
 
@@ -114,14 +114,6 @@ class RetryState:
     last_failure_ms: int
     error_class: str
     error_message: str
-
-
-class CorruptRetryHeaders(ValueError):
-    """Raised when a record on a retry topic has missing or unreadable retry headers."""
-
-
-class UnverifiedRetryRecord(RetrylibError):
-    """Raised when a record on a retry topic is not signed with the job's key."""
 
 
 def record_id(job_name: str, topic: str, partition: int, offset: int) -> str:

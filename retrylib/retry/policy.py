@@ -216,7 +216,21 @@ def tier_timestamp_ms(not_before_ms: int, delay_ms: int, now_ms: int) -> int:
     released before its `not_before_ms` (a `RetryAfter` longer than twice the tier's delay)
     is produced to its tier again with this timestamp, hop by hop, until it is due.
     """
-    return min(not_before_ms - delay_ms, now_ms + delay_ms)
+    return min(due_timestamp_ms(not_before_ms, delay_ms), now_ms + delay_ms)
+
+
+def due_timestamp_ms(due_ms: int, delay_ms: int) -> int:
+    """The Kafka timestamp of a record that a tier of delay `delay_ms` releases at `due_ms`:
+    `due_ms` - `delay_ms`. The tiers' one rule, which `due_time_ms` inverts; a tier's reader
+    at `now_ms` takes the records stamped before `due_timestamp_ms(now_ms, delay_ms)`.
+    """
+    return due_ms - delay_ms
+
+
+def due_time_ms(timestamp_ms: int, delay_ms: int) -> int:
+    """When a tier of delay `delay_ms` releases a record with Kafka timestamp `timestamp_ms`:
+    `timestamp_ms` + `delay_ms` (the inverse of `due_timestamp_ms`)."""
+    return timestamp_ms + delay_ms
 
 
 def _jitter_ms(base_ms: int, jitter: float, record_id: str, attempt: int) -> int:

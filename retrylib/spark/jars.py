@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrylib.errors import RetrylibError
+from retrylib.errors import JarsError
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +44,6 @@ DELTA_SQL_CONF = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 """Session settings Delta needs on a Spark that is not a Databricks runtime."""
-
-
-class JarsError(RetrylibError):
-    """Raised when Maven is missing or cannot resolve the jars."""
 
 
 def _pyspark_home() -> Path:

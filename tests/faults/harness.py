@@ -47,11 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-from confluent_kafka import KafkaError, TopicPartition
 
 from retrylib.faults import CRASH_POINTS
 from retrylib.kafka.broker import EmbeddedBroker
-from retrylib.kafka.clients import ensure_topics, make_admin, make_consumer, make_producer
+from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.retry.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, record_id
 
 HERE = Path(__file__).resolve().parent
@@ -183,8 +182,10 @@ class FaultHarness:
         round_timeout: float = 150.0,
         say: Callable[[str], None] = print,
     ) -> None:
-        if str(HERE) not in sys.path:
-            sys.path.insert(0, str(HERE))  # fault_handlers, for the config and the checks
+        # fault_handlers, for the config and the checks; tests/ for helpers
+        for path in (str(HERE.parent), str(HERE)):
+            if path not in sys.path:
+                sys.path.insert(0, path)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.rng = random.Random(seed)
@@ -616,32 +617,9 @@ table = "{self.dead_letter_table}"
 
     def _topic_records(self, topic: str) -> list[dict]:
         """The retrylib headers of every committed record of `topic`, read from the start."""
-        consumer = make_consumer(
-            self.broker.bootstrap_servers,
-            {"isolation.level": "read_committed", "enable.partition.eof": True},
-        )
-        try:
-            metadata = consumer.list_topics(topic, timeout=15).topics.get(topic)
-            if metadata is None or metadata.error is not None:
-                return []
-            partitions = sorted(metadata.partitions)
-            consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-            open_partitions, records = set(partitions), []
-            deadline = time.monotonic() + 60
-            while open_partitions and time.monotonic() < deadline:
-                message = consumer.poll(1.0)
-                if message is None:
-                    continue
-                if message.error() is not None:
-                    if message.error().code() == KafkaError._PARTITION_EOF:
-                        open_partitions.discard(message.partition())
-                        continue
-                    raise RuntimeError(f"reading {topic}: {message.error()}")
-                records.append(dict(message.headers() or ()))
-            assert not open_partitions, f"could not read {topic} to its end"
-            return records
-        finally:
-            consumer.close()
+        from helpers import read_topic  # noqa: PLC0415 - tests/, on sys.path
+
+        return [dict(m.headers() or ()) for m in read_topic(self.broker.bootstrap_servers, topic)]
 
     def log_tails(self, lines: int = 25) -> str:
         parts = []

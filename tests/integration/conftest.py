@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from retrylib.config.model import Config, load_config
+from retrylib.config.loader import load_config
+from retrylib.config.model import Config
 from retrylib.kafka.clients import make_producer
 
 HANDLERS_DIR = Path(__file__).parent / "handlers"

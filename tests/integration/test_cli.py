@@ -25,13 +25,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import TopicPartition
 from delta.tables import DeltaTable
-from helpers import read_table
+from helpers import read_table, read_topic
 
 import retrylib.ops.redrive as redrive_module
-from retrylib.config.model import load_config
-from retrylib.kafka.clients import make_consumer, make_producer
+from retrylib.config.loader import load_config
+from retrylib.kafka.clients import make_producer
 from retrylib.ops.cli import main
 
 pytestmark = pytest.mark.slow
@@ -147,23 +146,7 @@ def dead_letter_ids(job, prefix: str) -> list[str]:
 
 def copies_in_topic(bootstrap: str, topic: str, key: str) -> list[list[tuple[str, bytes]]]:
     """Headers of every committed record with `key` in `topic`."""
-    consumer = make_consumer(
-        bootstrap, {"isolation.level": "read_committed", "enable.partition.eof": True}
-    )
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    found, ended = [], set()
-    try:
-        while len(ended) < len(partitions):
-            message = consumer.poll(5)
-            assert message is not None, "timed out reading the topic"
-            if message.error() is not None:
-                ended.add(message.partition())
-            elif message.key() == key.encode():
-                found.append(message.headers() or [])
-    finally:
-        consumer.close()
-    return found
+    return [m.headers() or [] for m in read_topic(bootstrap, topic) if m.key() == key.encode()]
 
 
 def test_run_exits_0_and_logs_one_metrics_line_per_batch(job):

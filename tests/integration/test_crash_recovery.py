@@ -19,14 +19,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from helpers import read_topic
 
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
-from retrylib.errors import RetrylibError
+from retrylib.errors import ProduceError, RetrylibError
 from retrylib.faults import CRASH_POINTS
-from retrylib.kafka import staging
-from retrylib.kafka.clients import ensure_topics, make_admin, make_consumer, make_producer
-from retrylib.kafka.staging import STAGED_SCHEMA, ProduceError, StagedProducer, control_topic
+from retrylib.kafka import transactional_producer
+from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
+from retrylib.kafka.staged_records import STAGED_SCHEMA
+from retrylib.kafka.transactional_producer import StagedProducer, control_topic
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 REPO = FAULTS_DIR.parents[1]
@@ -85,7 +86,7 @@ def test_a_misspelt_crash_point_fails_at_import():
 
 def test_every_crash_point_is_placed_once():
     source = (REPO / "retrylib" / "router.py").read_text()
-    source += (REPO / "retrylib" / "staging.py").read_text()
+    source += (REPO / "retrylib" / "kafka" / "transactional_producer.py").read_text()
     assert sorted(re.findall(r'crash_point\("(\w+)"', source)) == sorted(CRASH_POINTS)
 
 
@@ -166,25 +167,7 @@ def _once(*staged: Staged) -> Seen:
 
 def _read(bootstrap: str, topic: str, isolation: str = "read_committed") -> Seen:
     """(key, value) of every record of `topic` that a reader with `isolation` sees, sorted."""
-    consumer = make_consumer(
-        bootstrap, {"isolation.level": isolation, "enable.partition.eof": True}
-    )
-    partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    values, open_partitions = [], set(partitions)
-    deadline = time.monotonic() + 30
-    while open_partitions and time.monotonic() < deadline:
-        message = consumer.poll(1.0)
-        if message is None:
-            continue
-        if message.error() is not None:
-            assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
-            open_partitions.discard(message.partition())
-            continue
-        values.append((message.key(), message.value()))
-    consumer.close()
-    assert not open_partitions
-    return sorted(values)
+    return sorted((m.key(), m.value()) for m in read_topic(bootstrap, topic, isolation=isolation))
 
 
 def _markers(bootstrap: str, job: str) -> list[bytes]:
@@ -240,7 +223,8 @@ def test_a_crash_before_the_commit_then_replay_produces_once(bootstrap_servers, 
     job, tier = topics
     crashed = _python(
         "import pyarrow as pa\n"
-        "from retrylib.kafka.staging import STAGED_SCHEMA, StagedProducer\n"
+        "from retrylib.kafka.staged_records import STAGED_SCHEMA\n"
+        "from retrylib.kafka.transactional_producer import StagedProducer\n"
         f"rows = {_rows('b5', tier, 6)!r}\n"
         f"p = StagedProducer({job!r}, 'app-1', {bootstrap_servers!r}, {{}})\n"
         "p.produce_once(5, lambda: [pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)])\n",
@@ -344,7 +328,7 @@ def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
     # Each Kafka call gives up after 3 s, so the batch's transaction fails, and so do the
     # new producers' init_transactions, until the broker is back some 8 s later.
     for name in ("_INIT_TIMEOUT_S", "_COMMIT_TIMEOUT_S", "_ABORT_TIMEOUT_S"):
-        monkeypatch.setattr(staging, name, 3.0)
+        monkeypatch.setattr(transactional_producer, name, 3.0)
     outage: list[threading.Thread] = []
     restart_errors: list[BaseException] = []
 
@@ -362,7 +346,7 @@ def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
             outage[0].start()
 
     b1 = Staged("b1", "tier", 6, midway=crash_broker)
-    with caplog.at_level(logging.WARNING, logger=staging.__name__):
+    with caplog.at_level(logging.WARNING, logger=transactional_producer.__name__):
         assert producer.produce_once(1, b1) == 6
     outage[0].join()
     assert not restart_errors

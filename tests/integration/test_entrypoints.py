@@ -15,7 +15,7 @@ import pytest
 from conftest import produce
 from helpers import read_table
 
-from retrylib.config.model import load_config
+from retrylib.config.loader import load_config
 from retrylib.errors import TopicError
 from retrylib.job import start_query
 

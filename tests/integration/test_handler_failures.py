@@ -15,13 +15,13 @@ from chispa import assert_df_equality
 from conftest import produce
 from helpers import read_table
 
-from retrylib.config.model import load_config
+from retrylib.config.loader import load_config
 from retrylib.job import start_query, stop_gracefully
 from retrylib.router import BatchResult
 
 pytestmark = pytest.mark.slow
 
-TIMEOUT_S = 2.0
+TIMEOUT_MS = 2_000
 RECOVERING = ("exit", "hang", "interrupt", "swallow", "schema", "badtype", "unknowncol")
 """Prefixes whose handler misbehaves on attempt 0 only, and succeeds on attempt 1."""
 
@@ -56,7 +56,7 @@ def test_misbehaving_handlers_fail_attempts_and_recover(
     produce(bootstrap_servers, topic, [(k, f"v-{k}") for k in keys], partitions=2)
     write_config([topic])
     config = load_config(tmp_path / "itest.toml", overrides={"handler.timeout": "2s"})
-    assert config.handler.timeout_seconds == TIMEOUT_S
+    assert config.handler.timeout_ms == TIMEOUT_MS
 
     started = time.monotonic()
     results = run_until_settled(spark, config, expected=len(keys))

@@ -72,7 +72,7 @@ def test_restart_processes_only_new_records(
 
 
 def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topic, write_config):
-    from retrylib.kafka.tier_source import KAFKA_SCHEMA
+    from retrylib.kafka.arrow_records import KAFKA_SCHEMA
 
     topic = make_topic("orders", partitions=1)
     config = write_config([topic])

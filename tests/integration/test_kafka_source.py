@@ -17,19 +17,17 @@ from confluent_kafka.admin import NewPartitions
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from retrylib.config.schema import parse_schema
-from retrylib.kafka import tier_source
+from retrylib.errors import KafkaSourceError
+from retrylib.kafka import range_reader
+from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA, RANGE_SCHEMA
 from retrylib.kafka.clients import make_admin, make_consumer
+from retrylib.kafka.range_reader import KafkaInputPartition, read_range
+from retrylib.kafka.reading import watermarks
+from retrylib.kafka.source_options import parse_source_options
 from retrylib.kafka.tier_source import (
-    KAFKA_ARROW_SCHEMA,
-    KAFKA_SCHEMA,
-    RANGE_SCHEMA,
-    KafkaInputPartition,
-    KafkaSourceError,
     KafkaStreamReader,
     ReadAllAvailable,  # None before Spark 4.2: this module's tests run on the default leg only
     ReadMaxRows,
-    parse_source_options,
-    read_range,
 )
 from retrylib.task import TaskPlan, run_task
 
@@ -361,7 +359,7 @@ def test_latest_offset_without_arguments_as_on_spark_4_0(bootstrap_servers, make
 def test_read_range_yields_bounded_arrow_batches(
     bootstrap_servers, make_topic, monkeypatch
 ) -> None:
-    monkeypatch.setattr(tier_source, "BATCH_ROWS", 7)
+    monkeypatch.setattr(range_reader, "BATCH_ROWS", 7)
     topic = make_topic("arrow", partitions=1)
     produced = produce(bootstrap_servers, topic, 30, [0])
     part = KafkaInputPartition(topic, 0, 4, 25, bootstrap_servers, {})
@@ -386,7 +384,7 @@ def test_read_range_skips_offset_gaps_of_transaction_markers(bootstrap_servers, 
             producer.produce(topic, value=f"{batch}-{i}".encode(), partition=0)
         producer.commit_transaction(30)
     consumer = make_consumer(bootstrap_servers, {})
-    _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+    [(_, high)] = watermarks(consumer, [(topic, 0)]).values()
     consumer.close()
 
     def read(end: int) -> list[bytes]:
@@ -404,7 +402,7 @@ def test_read_range_skips_offset_gaps_of_transaction_markers(bootstrap_servers, 
 def test_read_range_fails_clearly_when_records_never_arrive(
     bootstrap_servers, make_topic, monkeypatch
 ) -> None:
-    monkeypatch.setattr(tier_source, "STALL_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(range_reader, "STALL_TIMEOUT_S", 1.0)
     topic = make_topic("stall", partitions=1)
     produce(bootstrap_servers, topic, 3, [0])
     part = KafkaInputPartition(topic, 0, 0, 10, bootstrap_servers, {})
@@ -435,7 +433,7 @@ def test_read_range_ends_at_aborted_transactions_and_counts_the_gap(
         part = KafkaInputPartition(topic, 0, start, 15, bootstrap_servers, committed)
         return [row["value"] for batch in read_range(part) for row in batch.to_pylist()]
 
-    caplog.set_level("DEBUG", logger=tier_source.__name__)
+    caplog.set_level("DEBUG", logger=range_reader.__name__)
     started = time.monotonic()
     # offsets 0-3 committed, 4 its marker, 5-8 and 10-13 aborted, 9 and 14 their markers
     assert read(0) == [f"0-{i}".encode() for i in range(4)]
@@ -505,7 +503,7 @@ def test_ranges_read_in_the_task_give_the_handler_what_records_mode_gives(
         now_ms=int(time.time() * 1000),
         handler="job_handlers:echo",
         handler_paths=(str(Path(__file__).parent / "handlers"),),
-        timeout_seconds=None,
+        handler_timeout_ms=None,
         output_schema=output_schema,
         dead_letter_topic="unused.dlt",
         retry_topics={topic: (f"{topic}.retry",)},

@@ -21,9 +21,11 @@ from helpers import read_table
 from test_handler_failures import run_until_settled
 from test_retries import read_topic
 
+from retrylib.errors import RecordTooLargeError
 from retrylib.kafka.clients import make_admin
 from retrylib.kafka.record_size import wire_size
-from retrylib.kafka.staging import STAGED_SCHEMA, RecordTooLargeError, StagedProducer, control_topic
+from retrylib.kafka.staged_records import STAGED_SCHEMA
+from retrylib.kafka.transactional_producer import StagedProducer, control_topic
 from retrylib.retry import headers as h
 
 pytestmark = pytest.mark.slow

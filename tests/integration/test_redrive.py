@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from chispa import assert_df_equality
-from confluent_kafka import TopicPartition
+from helpers import read_topic
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -22,7 +22,6 @@ import retrylib.delta.dead_letter_table as table_module
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
 from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once, ensure_table, read_table
-from retrylib.kafka.clients import make_consumer
 from retrylib.ops.check import preflight
 from retrylib.ops.redrive import Selection, redrive
 from retrylib.ops.status import collect_status
@@ -158,20 +157,11 @@ def test_updates_racing_each_other_all_land(spark, tmp_path, monkeypatch):
 
 def records_in(bootstrap: str, topic: str, partition: int) -> list[tuple[bytes, list]]:
     """(key, headers) of every committed record in `topic`[`partition`]."""
-    consumer = make_consumer(
-        bootstrap, {"isolation.level": "read_committed", "enable.partition.eof": True}
-    )
-    consumer.assign([TopicPartition(topic, partition, 0)])
-    found = []
-    try:
-        while True:
-            message = consumer.poll(10)
-            assert message is not None, "timed out reading the topic"
-            if message.error() is not None:
-                return found
-            found.append((message.key(), message.headers() or []))
-    finally:
-        consumer.close()
+    return [
+        (m.key(), m.headers() or [])
+        for m in read_topic(bootstrap, topic)
+        if m.partition() == partition
+    ]
 
 
 def test_status_and_redrive_with_a_catalog_table(

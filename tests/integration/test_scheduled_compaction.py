@@ -13,7 +13,7 @@ from delta.tables import DeltaTable
 from helpers import read_table
 
 from retrylib.checkpoint import Checkpoint, read_json, replace_json
-from retrylib.config.model import load_config
+from retrylib.config.loader import load_config
 from retrylib.job import start_query
 
 pytestmark = pytest.mark.slow

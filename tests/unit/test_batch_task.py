@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from retrylib.kafka.tier_source import KAFKA_ARROW_SCHEMA
+from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA
 from retrylib.results import result_schema
 from retrylib.retry.headers import (
     RetryState,
@@ -38,7 +38,7 @@ def plan(tmp_path: Path) -> TaskPlan:
         now_ms=int(time.time() * 1000),
         handler="unit_handlers:by_key",
         handler_paths=(str(Path(__file__).parent),),
-        timeout_seconds=None,
+        handler_timeout_ms=None,
         output_schema=OUTPUT,
         dead_letter_topic="orders.dlt",
         retry_topics={"orders": (TIER, "orders.retry.1m")},
@@ -293,7 +293,7 @@ def test_a_forged_retry_never_shadows_the_genuine_one(plan, kind):
         (90, "unverified_retry_record"),
         (91, "unverified_retry_record"),
     ]
-    assert all(d["error_class"] == "retrylib.retry.headers.UnverifiedRetryRecord" for d in dead)
+    assert all(d["error_class"] == "retrylib.errors.UnverifiedRetryRecord" for d in dead)
     assert [d["key"] for d in dead] == [b"ok-forged", b"ok-plain"]
     assert all(s["topic"] == "orders.dlt" and is_signed(plan, s) for s in written["staged"])
 

@@ -10,14 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from retrylib.config.model import (
-    Config,
-    RetryTier,
-    collect_config_errors,
-    is_secret_key,
-    load_config,
-)
+from retrylib.config.loader import collect_config_errors, load_config
+from retrylib.config.model import Config, RetryTier
 from retrylib.errors import ConfigError
+from retrylib.kafka.clients import is_secret_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,7 +77,7 @@ def test_minimal_config_fills_defaults(tmp_path: Path) -> None:
     config = load_config(write_config(tmp_path))
     assert config.job.name == "orders"
     assert config.job.checkpoint == f"{tmp_path}/checkpoint"
-    assert config.job.trigger_seconds == 1.0
+    assert config.job.trigger_ms == 1_000
     assert config.kafka.topics == ("orders",)
     assert config.kafka.starting_offsets == "earliest"
     assert config.kafka.max_offsets_per_trigger is None
@@ -90,8 +86,8 @@ def test_minimal_config_fills_defaults(tmp_path: Path) -> None:
     assert dict(config.kafka.options) == {}
     assert config.handler.output_schema.names == ("order_id", "total")
     assert config.handler.paths == (str(REPO),)
-    assert config.handler.timeout_seconds is None
-    assert config.retry.delays_seconds == (10.0, 60.0, 600.0)
+    assert config.handler.timeout_ms is None
+    assert config.retry.delays_ms == (10_000, 60_000, 600_000)
     assert config.retry.max_attempts == 4
     assert config.retry.jitter == 0.0
     assert config.retry.non_retryable == ()
@@ -113,7 +109,7 @@ def test_example_conf_orders_loads() -> None:
     assert config.handler.output_schema.ddl == (
         "order_id STRING, customer STRING, total DOUBLE, currency STRING"
     )
-    assert config.retry.delays_seconds == (5.0, 60.0, 600.0)
+    assert config.retry.delays_ms == (5_000, 60_000, 600_000)
     assert config.retry.jitter == pytest.approx(0.1)
     assert config.dead_letter.topic == "orders.orders.dlt"
 
@@ -168,7 +164,7 @@ table = "s3://bucket/orders/metrics"
 """
     )
     config = load_config(path)
-    assert config.job.trigger_seconds == 0.5
+    assert config.job.trigger_ms == 500
     assert config.kafka.topics == ("orders", "refunds")
     assert json.loads(config.kafka.starting_offsets)["orders"] == {"0": 12, "1": -2}
     assert config.kafka.max_offsets_per_trigger == 5000
@@ -181,12 +177,12 @@ table = "s3://bucket/orders/metrics"
         "retry.backoff.ms": "1.5",
     }
     assert config.handler.paths == (str(REPO), str(REPO / "examples"))
-    assert config.handler.timeout_seconds == 90.0
+    assert config.handler.timeout_ms == 90_000
     assert config.retry.max_attempts == 6
     assert config.retry.jitter == 0.125
     assert config.retry.tiers == (
-        RetryTier(0, 5.0, {"orders": "retry-5s-orders", "refunds": "retry-5s-refunds"}),
-        RetryTier(1, 90.0, {"orders": "retry-1m30s-orders", "refunds": "retry-1m30s-refunds"}),
+        RetryTier(0, 5_000, {"orders": "retry-5s-orders", "refunds": "retry-5s-refunds"}),
+        RetryTier(1, 90_000, {"orders": "retry-1m30s-orders", "refunds": "retry-1m30s-refunds"}),
     )
     assert config.retry.tier_topics() == (
         "retry-5s-orders",
@@ -205,8 +201,8 @@ def test_explicit_retry_topics(tmp_path: Path) -> None:
         )
     )
     assert config.retry.tiers == (
-        RetryTier(0, 5.0, {"orders": "o.wait.a"}),
-        RetryTier(1, 60.0, {"orders": "o.wait.b"}),
+        RetryTier(0, 5_000, {"orders": "o.wait.a"}),
+        RetryTier(1, 60_000, {"orders": "o.wait.b"}),
     )
 
 
@@ -327,6 +323,10 @@ PROBLEMS = [
     ({"retry.delays": "[]"}, r"retry\.delays: expected a non-empty list, got \[\]"),
     ({"retry.delays": '["5s", "5x"]'}, r'retry\.delays\[1\]: bad duration "5x"'),
     ({"retry.delays": '["5s", "0ms"]'}, r"retry\.delays\[1\]: expected a duration above zero"),
+    (  # durations are whole milliseconds: below half of one is zero
+        {"retry.delays": '["0.4ms"]'},
+        r'retry\.delays\[0\]: expected a duration above zero, got "0\.4ms"',
+    ),
     ({"retry.max_attempts": "0"}, r"retry\.max_attempts: expected a whole number >= 1, got 0"),
     (
         {"retry.max_attempts": "true"},
@@ -569,12 +569,12 @@ def test_redacted_hides_secret_options_and_env_values(
     assert redacted["job"] == {
         "name": "orders",
         "checkpoint": f"{tmp_path}/checkpoint",
-        "trigger_seconds": 1.0,
+        "trigger_ms": 1_000,
     }
     assert redacted["handler"]["output_schema"] == "order_id STRING, total DOUBLE"
     assert redacted["retry"]["tiers"][0] == {
         "index": 0,
-        "delay_seconds": 10.0,
+        "delay_ms": 10_000,
         "topics": {"orders": "orders.orders.retry.10s"},
     }
     text = json.dumps(redacted)

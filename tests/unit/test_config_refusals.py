@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from test_config import REPO, problem_for, write_config
 
-from retrylib.config.model import collect_config_errors, load_config
+from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.kafka.clients import option_problem
 
 

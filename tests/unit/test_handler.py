@@ -40,13 +40,13 @@ def no_alarm_left():
 
 
 def test_a_call_within_the_timeout_returns_its_result():
-    assert TimedCall(2.0)(lambda r: {"key": r.key.decode()}, record()) == {"key": "k"}
+    assert TimedCall(2_000)(lambda r: {"key": r.key.decode()}, record()) == {"key": "k"}
 
 
 def test_a_hanging_call_raises_handler_timeout_after_the_timeout():
     started = time.monotonic()
     with pytest.raises(HandlerTimeout, match=r"did not return within 0\.2s"):
-        TimedCall(0.2)(lambda r: time.sleep(30), record())
+        TimedCall(200)(lambda r: time.sleep(30), record())
     assert 0.15 < time.monotonic() - started < 2
 
 
@@ -59,7 +59,7 @@ def test_a_handler_that_swallows_the_timeout_is_interrupted_again():
 
     started = time.monotonic()
     with pytest.raises(HandlerTimeout):
-        TimedCall(0.2)(stubborn, record())
+        TimedCall(200)(stubborn, record())
     assert time.monotonic() - started < 3  # timeout, then one re-fire a second later
 
 
@@ -70,18 +70,18 @@ def test_a_swallowed_timeout_with_a_normal_return_counts_as_success():
         except HandlerTimeout:
             return {"key": "late"}
 
-    assert TimedCall(0.2)(gives_up, record()) == {"key": "late"}
+    assert TimedCall(200)(gives_up, record()) == {"key": "late"}
 
 
 def test_a_late_alarm_after_the_call_is_ignored():
-    timed = TimedCall(0.2)
+    timed = TimedCall(200)
     assert timed(lambda r: None, record()) is None
     signal.setitimer(signal.ITIMER_REAL, 0.05)  # as if the alarm fired just after the call
     time.sleep(0.2)  # would raise HandlerTimeout here if the alarm were still armed
 
 
 def test_errors_of_the_handler_pass_through_and_disarm():
-    timed = TimedCall(5.0)
+    timed = TimedCall(5_000)
     with pytest.raises(ZeroDivisionError):
         timed(lambda r: 1 / 0, record())
 
@@ -95,8 +95,8 @@ def test_off_the_main_thread_calls_run_unlimited(caplog):
     results = []
 
     def run():
-        timed = TimedCall(0.1)
-        results.append((timed.timeout, timed(lambda r: (time.sleep(0.3), "done")[1], record())))
+        timed = TimedCall(100)
+        results.append((timed.timeout_ms, timed(lambda r: (time.sleep(0.3), "done")[1], record())))
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -153,7 +153,7 @@ def test_exceptions_are_raised_unchanged():
 
 def test_call_handler_applies_the_timeout():
     with pytest.raises(HandlerTimeout):
-        call_handler(TimedCall(0.1), lambda r: time.sleep(10), record())
+        call_handler(TimedCall(100), lambda r: time.sleep(10), record())
 
 
 # -- bound_call and as_failure: the per-record path of the batch task ---------------------
@@ -167,7 +167,7 @@ def test_bound_call_is_the_function_itself_without_a_timeout():
 
 
 def test_bound_call_applies_the_timeout():
-    invoke = bound_call(lambda r: time.sleep(10), TimedCall(0.1))
+    invoke = bound_call(lambda r: time.sleep(10), TimedCall(100))
     with pytest.raises(HandlerTimeout):
         invoke(record())
 

@@ -4,13 +4,13 @@ import dataclasses
 
 import pytest
 
+from retrylib.errors import CorruptRetryHeaders
 from retrylib.retry import headers as h
 from retrylib.retry.headers import (
     HEADER_DOCS,
     MAX_ERROR_MESSAGE_BYTES,
     MAX_STACK_TRACE_BYTES,
     PREFIX,
-    CorruptRetryHeaders,
     RetryState,
     bound_text,
     decode_retry_state,

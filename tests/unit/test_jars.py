@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
+from retrylib.errors import JarsError
 from retrylib.spark.jars import (
-    JarsError,
     artifact_id,
     delta_artifact,
     kafka_coordinates,

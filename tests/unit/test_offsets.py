@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from retrylib.kafka.arrow_records import KAFKA_SCHEMA, RANGE_SCHEMA
 from retrylib.kafka.offsets import (
     EARLIEST,
     LATEST,
@@ -27,7 +28,7 @@ from retrylib.kafka.offsets import (
     split_ranges,
     with_new_partitions,
 )
-from retrylib.kafka.tier_source import KAFKA_SCHEMA, RANGE_SCHEMA, parse_source_options
+from retrylib.kafka.source_options import parse_source_options
 
 A0, A1, A2, B0 = ("a", 0), ("a", 1), ("a", 2), ("b", 0)
 

@@ -37,3 +37,4 @@ def test_reading_kafka_does_not_import_the_job() -> None:
     ).stdout
     assert "retrylib.job" not in loaded
     assert "retrylib.config.model" not in loaded
+    assert "retrylib.config.loader" not in loaded

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from retrylib.config.model import load_config
+from retrylib.config.loader import load_config
 from retrylib.logs import (
     JsonFormatter,
     RedactingFilter,

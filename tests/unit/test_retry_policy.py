@@ -13,6 +13,8 @@ from retrylib.retry.policy import (
     RetryPolicy,
     decide,
     describe_error,
+    due_time_ms,
+    due_timestamp_ms,
     is_due,
     tier_timestamp_ms,
 )
@@ -199,6 +201,12 @@ def test_tier_timestamp_is_never_early_nor_more_than_a_delay_ahead(not_before: i
     assert stamp + 10_000 <= not_before  # released no sooner than due
     assert stamp <= NOW + 10_000  # holds back the records behind it at most one delay
     assert stamp == not_before - 10_000 or stamp == NOW + 10_000
+
+
+def test_a_tier_record_is_due_one_delay_after_its_timestamp() -> None:
+    assert due_timestamp_ms(NOW, 10_000) == NOW - 10_000
+    assert due_time_ms(NOW - 10_000, 10_000) == NOW
+    assert due_time_ms(tier_timestamp_ms(NOW + 5_000, 10_000, NOW), 10_000) == NOW + 5_000
 
 
 def test_retry_after_beats_a_broad_non_retryable_class() -> None:

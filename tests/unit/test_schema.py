@@ -7,7 +7,7 @@ import pytest
 from pyspark.sql import types as st
 
 from retrylib.config.schema import OutputSchema, parse_schema
-from retrylib.kafka.tier_source import utc_arrow_schema
+from retrylib.kafka.arrow_records import utc_arrow_schema
 
 # (DDL type, normalized DDL, Arrow type, Spark type)
 ATOMIC_CASES = [

@@ -13,9 +13,10 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from retrylib.errors import RetrylibError
-from retrylib.kafka import staging
-from retrylib.kafka.staging import STAGED_SCHEMA, ProduceError, StagedProducer, control_topic
+from retrylib.errors import ProduceError, RetrylibError
+from retrylib.kafka import transactional_producer
+from retrylib.kafka.staged_records import STAGED_SCHEMA
+from retrylib.kafka.transactional_producer import StagedProducer, control_topic
 
 JOB, APP = "orders", "orders-0123456789ab"
 
@@ -91,9 +92,9 @@ class Kafka:
 @pytest.fixture
 def kafka(monkeypatch) -> Kafka:
     fake = Kafka()
-    monkeypatch.setattr(staging, "make_producer", fake.make_producer)
+    monkeypatch.setattr(transactional_producer, "make_producer", fake.make_producer)
     monkeypatch.setattr(StagedProducer, "last_produced_batch", lambda _: fake.last_produced_batch())
-    monkeypatch.setattr(staging.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(transactional_producer.time, "sleep", lambda seconds: None)
     return fake
 
 

@@ -11,9 +11,11 @@ import json
 import pyarrow as pa
 import pytest
 
-from retrylib.kafka import tier_source
+from retrylib.kafka import arrow_records
+from retrylib.kafka.arrow_records import KAFKA_SCHEMA
 from retrylib.kafka.offsets import EARLIEST, LATEST, Offsets, offsets_from_json, offsets_to_json
-from retrylib.kafka.tier_source import KAFKA_SCHEMA, KafkaStreamReader, parse_source_options
+from retrylib.kafka.source_options import parse_source_options
+from retrylib.kafka.tier_source import KafkaStreamReader
 
 P0, P1 = ("orders", 0), ("orders", 1)
 
@@ -145,8 +147,8 @@ def test_arrow_schema_names_utc_where_pyspark_asks_for_a_time_zone(monkeypatch) 
         calls.append({"timezone": timezone})
         return pa.schema([])
 
-    monkeypatch.setattr(tier_source, "to_arrow_schema", spark_42)
-    tier_source.utc_arrow_schema(KAFKA_SCHEMA)
+    monkeypatch.setattr(arrow_records, "to_arrow_schema", spark_42)
+    arrow_records.utc_arrow_schema(KAFKA_SCHEMA)
 
     assert calls == [{"timezone": "UTC"}]
 
@@ -158,13 +160,13 @@ def test_arrow_schema_passes_no_time_zone_where_pyspark_takes_none(monkeypatch) 
         calls.append({})
         return pa.schema([])
 
-    monkeypatch.setattr(tier_source, "to_arrow_schema", spark_40)
-    tier_source.utc_arrow_schema(KAFKA_SCHEMA)
+    monkeypatch.setattr(arrow_records, "to_arrow_schema", spark_40)
+    arrow_records.utc_arrow_schema(KAFKA_SCHEMA)
 
     assert calls == [{}]
 
 
 def test_the_installed_pyspark_gives_utc_microsecond_timestamps() -> None:
-    timestamp = tier_source.KAFKA_ARROW_SCHEMA.field("timestamp").type
+    timestamp = arrow_records.KAFKA_ARROW_SCHEMA.field("timestamp").type
 
     assert timestamp == pa.timestamp("us", tz="UTC")

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaException
 
-from retrylib.config.model import load_config
+from retrylib.config.loader import load_config
 from retrylib.errors import TableWriteError
 from retrylib.kafka.clients import make_consumer
-from retrylib.kafka.tier_source import parse_source_options
+from retrylib.kafka.source_options import parse_source_options
 from retrylib.logs import configure_logging
 
 WORKER = """
@@ -24,7 +24,7 @@ from retrylib.kafka.clients import client_config
 secret = sys.argv[1]
 config = client_config("127.0.0.1:1", {"client.id": secret, "linger.ms": "5"}, {"client.id"})
 config["logger"].warning("CONFWARN [%s#consumer-1] [thrd:app]: a librdkafka line", secret)
-logging.getLogger("retrylib.kafka.tier_source").warning("reading with client %s", secret)
+logging.getLogger("retrylib.kafka.range_reader").warning("reading with client %s", secret)
 """
 
 

@@ -1,11 +1,13 @@
-"""Records bound for Kafka (retry tiers, dead-letter topic), produced exactly once per batch.
+"""The transactional producer: a batch's staged records (retry tiers, dead-letter topic),
+produced to Kafka exactly once.
 
 The driver produces a batch's records in one Kafka transaction that also writes a marker
 (key: the checkpoint's app id, value: the batch id) to the job's one-partition control topic.
 Readers use read_committed, so a crash mid-produce leaves no visible half, and a replayed
 batch that finds its marker produces nothing again. The records come from a callable that
 returns a fresh iterator of Arrow RecordBatches (`STAGED_SCHEMA`) each time, so every attempt
-reads them anew.
+reads them anew. The records' form and their produce are `staged_records`; reading the marker
+is `reading.last_marker`.
 
 Each checkpoint has one transactional id, "retrylib-<app id>". Why the marker check can be
 trusted:
@@ -38,56 +40,23 @@ import contextlib
 import logging
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
-import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 
-from retrylib.delta.dead_letter import HEADERS_TYPE
-from retrylib.errors import RetrylibError
+from retrylib.errors import MarkerReadError, ProduceError, RetrylibError
 from retrylib.faults import crash_point
-from retrylib.kafka.clients import make_consumer, make_producer
-from retrylib.kafka.record_size import producer_limit, wire_size
+from retrylib.kafka.clients import make_producer
+from retrylib.kafka.reading import last_marker, produce, reading_consumer, serve
+from retrylib.kafka.staged_records import Deliveries, StagedRecords, produce_staged
 
 log = logging.getLogger(__name__)
 
-STAGED_SCHEMA = pa.schema(
-    [
-        pa.field("topic", pa.string(), nullable=False),
-        pa.field("partition", pa.int32(), nullable=False),
-        pa.field("timestamp_ms", pa.int64(), nullable=False),
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("headers", HEADERS_TYPE),
-    ]
-)
-
-StagedRecords = Callable[[], Iterable[pa.RecordBatch]]
-"""Returns a fresh iterator of RecordBatches with the `STAGED_SCHEMA` columns on each call."""
-
-MARKER_WINDOW = 64
-"""Offsets of the control topic read first when looking for the last marker (then 2x, 4x...)."""
-MARKER_READ_TIMEOUT_S = 30.0
-"""A marker read that reaches neither its window's end nor the partition's end in this long
-fails (and is retried) instead of guessing."""
 PRODUCE_RETRY_SECONDS = 90.0
 """How long `produce_once` keeps retrying a batch through Kafka errors before it fails."""
 _INIT_TIMEOUT_S = 30.0
 _COMMIT_TIMEOUT_S = 60.0
 _ABORT_TIMEOUT_S = 30.0
-_WATERMARK_TIMEOUT_S = 15.0
-
-
-class ProduceError(RetrylibError):
-    """Raised when a batch's staged records could not be produced (after retrying)."""
-
-
-class RecordTooLargeError(ProduceError):
-    """Raised when Kafka refuses a staged record as too large; retrying cannot help."""
-
-
-class MarkerReadError(RetrylibError):
-    """Raised when the control topic could not be read to the end in time."""
 
 
 def control_topic(job_name: str) -> str:
@@ -145,60 +114,14 @@ class StagedProducer:
         Raises `KafkaException` or `MarkerReadError` when the topic cannot be read; it never
         answers None for a topic it could not read to the end.
         """
-        consumer = self._marker_consumer()
+        consumer = reading_consumer(
+            self._bootstrap, self._options, group_id=f"retrylib-{self._job}-markers"
+        )
         try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(self._topic, 0), _WATERMARK_TIMEOUT_S, cached=False
-            )
-            end, window = high, MARKER_WINDOW
-            while end > low:
-                start = max(low, end - window)
-                batches = self._markers_between(consumer, start, end)
-                if batches:
-                    return max(batches)
-                end, window = start, window * 2
-            return None
+            return last_marker(consumer, self._topic, self._key)
         finally:
             with contextlib.suppress(Exception):
                 consumer.close()
-
-    def _markers_between(self, consumer: Consumer, start: int, end: int) -> list[int]:
-        """Batch ids of our committed markers at offsets `start`..`end` (exclusive)."""
-        consumer.assign([TopicPartition(self._topic, 0, start)])
-        batches: list[int] = []
-        deadline = time.monotonic() + MARKER_READ_TIMEOUT_S
-        while True:
-            message = consumer.poll(0.5)
-            if message is None:
-                if time.monotonic() > deadline:
-                    raise MarkerReadError(
-                        f"reading {self._topic} offsets {start}..{end}: no answer for "
-                        f"{MARKER_READ_TIMEOUT_S:.0f}s"
-                    )
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    return batches  # the end of what is committed
-                raise KafkaException(error)
-            if message.offset() >= end:
-                return batches
-            if message.offset() >= start and message.key() == self._key:
-                batch = _marker_batch(message.value())
-                if batch is not None:
-                    batches.append(batch)
-
-    def _marker_consumer(self) -> Consumer:
-        return make_consumer(
-            self._bootstrap,
-            {
-                **self._options,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-            },
-            group_id=f"retrylib-{self._job}-markers",
-        )
 
     # -- producing ----------------------------------------------------------------------
 
@@ -277,21 +200,20 @@ class StagedProducer:
         """
         producer = self._producer
         assert producer is not None
-        deliveries = _Deliveries()
+        deliveries = Deliveries()
         producer.begin_transaction()
         try:
-            count = self._produce_records(producer, batch_id, records, deliveries)
-            _produce(
+            count = produce_staged(producer, batch_id, records, deliveries, self._options)
+            produce(
                 producer,
-                deliveries,
-                topic=self._topic,
-                partition=0,
-                timestamp_ms=int(time.time() * 1000),
+                self._topic,
                 key=self._key,
                 value=str(batch_id).encode(),
-                headers=None,
+                partition=0,
+                timestamp_ms=int(time.time() * 1000),
+                on_delivery=deliveries,
             )
-            left = _serve(producer.flush, _COMMIT_TIMEOUT_S)
+            left = serve(producer.flush, _COMMIT_TIMEOUT_S)
             deliveries.check(left, self._topic_max_bytes())
             crash_point("in_produce", batch_id)
             producer.commit_transaction(_COMMIT_TIMEOUT_S)
@@ -307,43 +229,6 @@ class StagedProducer:
             raise
         self._known_last = batch_id
         log.info("produced %d record(s) of batch %d in one transaction", count, batch_id)
-        return count
-
-    def _produce_records(
-        self, producer: Producer, batch_id: int, records: StagedRecords, deliveries: _Deliveries
-    ) -> int:
-        count = 0
-        for batch in records():
-            missing = [n for n in STAGED_SCHEMA.names if batch.schema.get_field_index(n) < 0]
-            if missing:
-                raise RetrylibError(
-                    f"the staged records of batch {batch_id} lack column(s) {missing}: got "
-                    f"columns {batch.schema.names}, expected {STAGED_SCHEMA.names}"
-                )
-            columns = [batch.column(name).to_pylist() for name in STAGED_SCHEMA.names]
-            for topic, partition, timestamp_ms, key, value, headers in zip(*columns, strict=True):
-                try:
-                    _produce(
-                        producer,
-                        deliveries,
-                        topic=topic,
-                        partition=partition,
-                        timestamp_ms=timestamp_ms,
-                        key=key,
-                        value=value,
-                        headers=headers,
-                    )
-                except KafkaException as e:
-                    if not _too_large(e):
-                        raise
-                    pairs = [(h["key"], h["value"]) for h in headers or ()]
-                    raise RecordTooLargeError(
-                        f"batch {batch_id}: a record of {wire_size(key, value, pairs)} bytes "
-                        f"for {topic}[{partition}] is over the {producer_limit(self._options)} "
-                        "bytes retrylib's producer accepts: set [kafka] options "
-                        '"message.max.bytes" higher (at most the topic\'s max.message.bytes)'
-                    ) from e
-            count += batch.num_rows
         return count
 
     def _new_producer(self) -> Producer:
@@ -385,8 +270,6 @@ _FENCED_CODES = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 )
 
-_TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
-
 
 def _fenced(error: BaseException) -> bool:
     """True when `error` says the producer's epoch is over: a newer producer with our
@@ -400,11 +283,6 @@ def _fenced(error: BaseException) -> bool:
     return isinstance(kafka_error, KafkaError) and kafka_error.code() in _FENCED_CODES
 
 
-def _too_large(error: KafkaException) -> bool:
-    kafka_error = error.args[0] if error.args else None
-    return isinstance(kafka_error, KafkaError) and kafka_error.code() == _TOO_LARGE
-
-
 def _clear_frames(error: BaseException) -> None:
     """Clear the locals of the finished frames in the tracebacks of `error` and its causes."""
     seen: set[int] = set()
@@ -413,94 +291,3 @@ def _clear_frames(error: BaseException) -> None:
         seen.add(id(current))
         traceback.clear_frames(current.__traceback__)
         current = current.__cause__ or current.__context__
-
-
-def _marker_batch(value: bytes | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-class _Deliveries:
-    """Delivery reports of one transaction: the first error, if any."""
-
-    def __init__(self) -> None:
-        self.error: KafkaError | None = None
-        # The first record the broker refused as too large: (topic, partition, size).
-        self.too_large: tuple[str, int, int] | None = None
-
-    def __call__(self, error: KafkaError | None, message) -> None:
-        if error is None:
-            return
-        if self.error is None:
-            self.error = error
-        if error.code() == _TOO_LARGE and self.too_large is None:
-            size = wire_size(message.key(), message.value(), message.headers() or [])
-            self.too_large = (message.topic(), message.partition(), size)
-
-    def check(self, left: int, topic_max_bytes: Mapping[str, int]) -> None:
-        """Raise `KafkaException` unless every record was delivered (`left` still queued),
-        `RecordTooLargeError` when the broker refused one as too large (`topic_max_bytes`:
-        the topics' `max.message.bytes` as last looked up, for the message)."""
-        if self.too_large is not None:
-            topic, partition, size = self.too_large
-            limit = topic_max_bytes.get(topic, "unknown")
-            raise RecordTooLargeError(
-                f"the broker refused a record of {size} bytes for {topic}[{partition}], or the "
-                f"batch holding it, as over the topic's max.message.bytes ({limit}): raise "
-                f'max.message.bytes of {topic}, or set [kafka] options "batch.size" lower '
-                "if the record alone is under it"
-            ) from KafkaException(self.error)
-        if self.error is not None:
-            raise KafkaException(self.error)
-        if left:
-            raise KafkaException(
-                KafkaError(KafkaError._TIMED_OUT, f"{left} record(s) not delivered in time")
-            )
-
-
-def _produce(
-    producer: Producer,
-    deliveries: _Deliveries,
-    *,
-    topic: str,
-    partition: int,
-    timestamp_ms: int,
-    key: bytes | None,
-    value: bytes | None,
-    headers: list[dict] | None,
-) -> None:
-    pairs = [(h["key"], h["value"]) for h in headers or ()]
-    while True:
-        try:
-            producer.produce(
-                topic,
-                key=key,
-                value=value,
-                headers=pairs,
-                partition=partition,
-                timestamp=timestamp_ms,
-                on_delivery=deliveries,
-            )
-            return
-        except BufferError:  # local queue full: let deliveries drain, then try again
-            _serve(producer.poll, 0.1)
-
-
-def _serve(call, timeout: float) -> int:
-    """`producer.flush` or `producer.poll`, which run delivery callbacks.
-
-    After a fatal producer error (fenced, say) confluent-kafka calls the callbacks with that
-    error already raised, which surfaces as a `SystemError`; it is raised here as the
-    `KafkaException` it stands for.
-    """
-    try:
-        return call(timeout)
-    except SystemError as e:
-        error: BaseException | None = e
-        while error is not None and not isinstance(error, KafkaException):
-            error = error.__cause__ or error.__context__
-        if error is not None:
-            raise error from None
-        raise KafkaException(KafkaError(KafkaError._FAIL, f"producer failed: {e}")) from e

@@ -1,0 +1,224 @@
+"""Loading the job config: a TOML file read once, at the edge, into the `model` dataclasses.
+
+`load_config` raises one `ConfigError` listing every problem (its `problems` attribute holds
+them one by one); `collect_config_errors` returns the same list for `retrylib check`. Each
+problem names the dotted key (`retry.delays[1]`), echoes the bad value and says the fix.
+Any string may hold `${env:NAME}`, replaced by that environment variable; such values, and
+Kafka options whose names look secret, never appear in messages or in `Config.redacted()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from retrylib.config.locations import check_locations
+from retrylib.config.model import OPTIONS_KEY, Config
+from retrylib.config.sections import (
+    check_exception_classes,
+    read_dead_letter,
+    read_handler,
+    read_job,
+    read_kafka,
+    read_metrics,
+    read_output,
+    read_retry,
+)
+from retrylib.config.topics import check_control_topic
+from retrylib.config.values import Problems, Table
+from retrylib.errors import ConfigError
+
+_ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+_REFERENCE_START = "${"
+_REQUIRED_SECTIONS = ("job", "kafka", "handler", "output")
+
+
+def load_config(
+    path: str | Path,
+    *,
+    overrides: Mapping[str, object] | None = None,
+    check_imports: bool = True,
+) -> Config:
+    """Read, validate and return the config at `path`.
+
+    `overrides` maps dotted keys to values ({"kafka.bootstrap_servers": "127.0.0.1:5555"}) and
+    is applied before validation. With `check_imports`, the handler and the non-retryable
+    exception classes must import. Raises `ConfigError` listing every problem, one per line;
+    its `problems` attribute holds them as a tuple.
+    """
+    config, problems = _parse(path, overrides or {}, check_imports)
+    if config is None:
+        count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
+        error = ConfigError(f"invalid config {path} ({count}):\n" + "\n".join(problems))
+        error.problems = tuple(problems)
+        raise error
+    return config
+
+
+def collect_config_errors(
+    path: str | Path,
+    *,
+    overrides: Mapping[str, object] | None = None,
+    check_imports: bool = True,
+) -> list[str]:
+    """Every problem `load_config` would report for `path`, as a list (empty when valid)."""
+    return _parse(path, overrides or {}, check_imports)[1]
+
+
+def _parse(
+    path: str | Path, overrides: Mapping[str, object], check_imports: bool
+) -> tuple[Config | None, list[str]]:
+    """The config (None when anything is wrong) and every problem found.
+
+    Only a file that cannot be read as TOML stops the checks early.
+    """
+    problems = Problems()
+    data = _read_toml(path, problems)
+    if data is None:
+        return None, problems.messages
+    _apply_overrides(data, overrides, problems)
+    data = _interpolate(data, "", problems)
+    config = _build(Table(problems, "", data), check_imports, str(Path(path).resolve()))
+    return (None if problems.entries else config), problems.messages
+
+
+def _read_toml(path: str | Path, problems: Problems) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        problems.add(
+            str(path), "no such file; pass the path of a TOML config like conf/orders.toml"
+        )
+    except OSError as e:
+        problems.add(str(path), f"cannot read the config: {e.strerror}")
+    except tomllib.TOMLDecodeError as e:
+        problems.add(str(path), f"not valid TOML: {e}; fix the syntax there")
+    return None
+
+
+def _apply_overrides(
+    data: dict[str, Any], overrides: Mapping[str, object], problems: Problems
+) -> None:
+    """Set each dotted key in `data`, creating tables on the way.
+
+    Below "kafka.options." the rest of the key is one option name ("sasl.mechanism").
+    """
+    for dotted, value in overrides.items():
+        if dotted.startswith(OPTIONS_KEY + "."):
+            parts = [*OPTIONS_KEY.split("."), dotted[len(OPTIONS_KEY) + 1 :]]
+        else:
+            parts = dotted.split(".")
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                where = ".".join(parts[: depth + 1])
+                problems.add(f"overrides[{dotted!r}]", f"{where} is not a table; override {where}")
+                break
+        else:
+            node[parts[-1]] = os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _interpolate(node: Any, key: str, problems: Problems) -> Any:
+    """`node` with ${env:NAME} replaced in every string, noting each such key in
+    `problems.from_env`. A reference to an unset variable, or a "${" that does not start a
+    well-formed reference, is reported and the value left as written.
+    """
+    if isinstance(node, dict):
+        return {k: _interpolate(v, f"{key}.{k}" if key else k, problems) for k, v in node.items()}
+    if isinstance(node, list | tuple):
+        return [_interpolate(v, f"{key}[{i}]", problems) for i, v in enumerate(node)]
+    if not isinstance(node, str) or _REFERENCE_START not in node:
+        return node
+    problems.from_env.add(key)
+    malformed = _malformed_references(node)
+    for reference in malformed:
+        problems.add(
+            key,
+            f"{reference} is not a reference to an environment variable; write ${{env:NAME}} "
+            "with NAME made of letters, digits and '_', not starting with a digit (a value "
+            'that must hold "${" itself can come whole from such a variable)',
+        )
+    unset = [name for name in _ENV_REFERENCE.findall(node) if name not in os.environ]
+    if unset:
+        names = " and ".join(unset)
+        what = f"variable {names} is" if len(unset) == 1 else f"variables {names} are"
+        problems.add(
+            key,
+            f"environment {what} not set (the value is {json.dumps(node)}); "
+            f"export {names} before starting the job",
+        )
+    if malformed or unset:
+        # Added after the reports above, so only later problems about this value are muted.
+        problems.unresolved.add(key)
+    return _ENV_REFERENCE.sub(lambda m: os.environ.get(m[1], m[0]), node)
+
+
+def _malformed_references(text: str) -> list[str]:
+    """Each "${...}" in `text` that is not a well-formed ${env:NAME}, as written; one with no
+    closing "}" is shown as its start only, since the rest of the value may be a secret.
+    """
+    found = []
+    start = text.find(_REFERENCE_START)
+    while start >= 0:
+        if not _ENV_REFERENCE.match(text, start):
+            end = text.find("}", start)
+            found.append(json.dumps(text[start : end + 1] if end >= 0 else _REFERENCE_START))
+        start = text.find(_REFERENCE_START, start + len(_REFERENCE_START))
+    return found
+
+
+def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
+    """Read every section, then check what spans sections; None when anything is wrong."""
+    tables = {
+        name: root.table(name, f"a [{name}] table", required=name in _REQUIRED_SECTIONS)
+        for name in (*_REQUIRED_SECTIONS, "retry", "dead_letter", "metrics")
+    }
+    root.finish()
+    job = read_job(tables["job"])
+    kafka = read_kafka(tables["kafka"])
+    handler = read_handler(tables["handler"], check_imports)
+    output = read_output(tables["output"], handler.output_schema if handler else None)
+    main_topics = tables["kafka"].values["topics"]
+    job_name = tables["job"].values.get("name")
+    retry = read_retry(tables["retry"], main_topics, job_name)
+    dead_letter = read_dead_letter(
+        tables["dead_letter"],
+        main_topics,
+        job_name,
+        tables["retry"].values["tiers"],
+        tables["output"].values["table"],
+    )
+    metrics = read_metrics(tables["metrics"])
+    check_control_topic(root.problems, tables)
+    check_locations(root.problems, tables)
+    non_retryable = tables["retry"].values["non_retryable"]
+    handler_paths = tables["handler"].values["paths"]
+    if check_imports and non_retryable and handler_paths:
+        check_exception_classes(root.problems, "retry.non_retryable", non_retryable, handler_paths)
+    if check_imports and dead_letter and dead_letter.routes and handler_paths:
+        check_exception_classes(
+            root.problems,
+            "dead_letter.routes",
+            tuple(reference for reference, _ in dead_letter.routes),
+            handler_paths,
+        )
+    if not (job and kafka and handler and output and retry and dead_letter and metrics):
+        return None
+    return Config(
+        job,
+        kafka,
+        handler,
+        output,
+        retry,
+        dead_letter,
+        metrics,
+        source_path,
+        frozenset(root.problems.from_env),
+    )

@@ -1,0 +1,71 @@
+"""Where the job keeps its state: the checks that the checkpoint and each Delta table setting
+name a valid place, each its own and none inside another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+from retrylib.config.values import Problems, Table
+from retrylib.delta.table_ref import TableRef
+from retrylib.errors import ConfigError
+
+_LOCATIONS = (
+    ("job", "checkpoint"),
+    ("output", "table"),
+    ("dead_letter", "table"),
+    ("metrics", "table"),
+)
+
+
+def check_locations(problems: Problems, tables: Mapping[str, Table]) -> None:
+    """The checkpoint and each Delta table need a location of their own, none inside
+    another (a table inside the checkpoint, a table inside a table's folder).
+    """
+    owners: dict[str, str] = {}
+    paths: list[tuple[str, str]] = []  # (key, location id) of each path, not catalog names
+    for section, key in _LOCATIONS:
+        location = tables[section].values.get(key)
+        if location is None:
+            continue
+        dotted = f"{section}.{key}"
+        where = _location_id(location)
+        problems.claim(owners, dotted, where, "the checkpoint and each table need their own")
+        if section == "job" or _is_path(location):
+            paths.append((dotted, where))
+    for key, where in paths:
+        for outer_key, outer in paths:
+            if where.startswith(outer.rstrip("/") + "/"):
+                problems.add(
+                    key,
+                    f"{json.dumps(where)} is inside {outer_key} {json.dumps(outer)}; give each "
+                    "table and the checkpoint a location of its own, none inside another",
+                )
+
+
+def _location_id(location: str) -> str:
+    """`location` in a form where equal places compare equal (absolute for local paths)."""
+    if "://" in location:
+        return location.rstrip("/")
+    return os.path.normpath(os.path.abspath(location))
+
+
+def _is_path(table: str) -> bool:
+    """True when the table setting `table` names a path or URI (not a catalog table)."""
+    try:
+        return TableRef.parse(table, "table").is_path
+    except ConfigError:
+        return False  # reported where the setting was read
+
+
+def check_table_name(t: Table, key: str, table: str | None) -> None:
+    """Report a Delta table setting that is neither a path/URI nor a catalog table name."""
+    if table is None:
+        return
+    where = t.path(key)
+    try:
+        TableRef.parse(table, where)
+    except ConfigError as e:
+        t.problems.add(where, str(e).removeprefix(f"{where}: "))

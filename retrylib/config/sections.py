@@ -1,0 +1,329 @@
+"""Reading each table of the config file ([job], [kafka], [handler], [output], [retry],
+[dead_letter], [metrics]) into its `model` dataclass, checking what lies within it.
+
+Each reader returns None when anything it checked was a problem (recorded in `t.problems`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from retrylib.config.importing import import_object
+from retrylib.config.locations import check_table_name
+from retrylib.config.model import (
+    DeadLetterConfig,
+    HandlerConfig,
+    JobConfig,
+    KafkaConfig,
+    MetricsConfig,
+    OutputConfig,
+    RetryConfig,
+    RetryTier,
+    is_hidden,
+)
+from retrylib.config.schema import OutputSchema, parse_schema
+from retrylib.config.topics import check_dead_letter_topics, explicit_tiers, template_tiers
+from retrylib.config.values import (
+    BOOL,
+    EXCEPTION_REF,
+    FUNCTION_REF,
+    HANDLER_KIND,
+    JOB_NAME,
+    NON_EMPTY_LIST,
+    PERCENT,
+    POSITIVE_INT,
+    SCALAR,
+    SOURCE,
+    STARTING_OFFSETS,
+    TEXT,
+    TOPIC,
+    TOPIC_TEMPLATE,
+    Problems,
+    Table,
+)
+from retrylib.kafka.clients import JOB_OWNED_OPTIONS, option_problem
+
+_DEFAULT_DELAYS = ("10s", "1m", "10m")
+_DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"
+_DEFAULT_DEAD_LETTER_TOPIC = "{topic}.{job}.dlt"
+_MIN_DEFAULT_MAX_RETRY_AFTER_MS = 3_600_000
+
+
+def read_job(t: Table) -> JobConfig | None:
+    name = t.get("name", JOB_NAME, 'name = "orders"')
+    checkpoint = t.get("checkpoint", TEXT, 'checkpoint = "/tmp/retrylib/orders/checkpoint"')
+    trigger = t.duration("trigger", 'trigger = "1s"', "1s", positive=False)
+    t.finish()
+    return JobConfig(name, checkpoint, trigger) if t.ok else None
+
+
+def read_kafka(t: Table) -> KafkaConfig | None:
+    servers = t.get("bootstrap_servers", TEXT, 'bootstrap_servers = "127.0.0.1:9092"')
+    topics = t.strings("topics", TOPIC, 'topics = ["orders"]')
+    starting = t.get(
+        "starting_offsets", STARTING_OFFSETS, 'starting_offsets = "earliest"', "earliest"
+    )
+    max_offsets = t.get(
+        "max_offsets_per_trigger", POSITIVE_INT, "max_offsets_per_trigger = 100000", None
+    )
+    source = t.get("source", SOURCE, 'source = "auto"', "auto")
+    create_topics = t.get("create_topics", BOOL, "create_topics = true", True)
+    options = _kafka_options(
+        t.table("options", '[kafka.options] "client.id" = "x"', required=False)
+    )
+    t.finish()
+    if starting not in (None, "earliest", "latest") and topics:
+        unknown = sorted(set(json.loads(starting)) - set(topics))
+        if unknown:
+            t.problems.add(
+                t.path("starting_offsets"),
+                f"names topics {json.dumps(unknown)} that are not in kafka.topics; "
+                "give offsets only for the topics the job reads",
+            )
+    if not t.ok:
+        return None
+    return KafkaConfig(servers, topics, starting, max_offsets, source, create_topics, options)
+
+
+def _options(t: Table) -> dict[str, str]:
+    """Kafka client options as strings; booleans become "true"/"false" as Kafka spells them."""
+    example = '"sasl.mechanism" = "PLAIN" (quote names that hold dots)'
+    for name in t.data:
+        t.get(name, SCALAR, example)
+    return {
+        name: str(value).lower() if isinstance(value, bool) else str(value)
+        for name, value in t.data.items()
+    }
+
+
+def _kafka_options(t: Table) -> dict[str, str]:
+    """Kafka client options (`_options`), each checked the way librdkafka will take it, so
+    that a bad one fails here rather than at the first client: not one the job sets itself
+    (`JOB_OWNED_OPTIONS`), a property librdkafka knows, a value it accepts.
+    """
+    options = _options(t)
+    for name, value in options.items():
+        key = t.path(name)
+        if key in t.problems.unresolved or not SCALAR.accepts(t.data[name]):
+            continue  # reported already
+        if name in JOB_OWNED_OPTIONS:
+            t.problems.add(key, f"set by the job itself: {JOB_OWNED_OPTIONS[name]}")
+            continue
+        reason = option_problem(name, value)
+        if reason is None:
+            continue
+        if is_hidden(key, t.problems.from_env) and value:
+            reason = reason.replace(value, "***")
+        if reason.startswith(("Invalid value", "Unsupported value")):
+            fix = "give a value librdkafka accepts"
+        elif name.startswith("kafka."):
+            fix = f'drop the "kafka." prefix Spark uses: "{name.removeprefix("kafka.")}"'
+        else:
+            fix = (
+                "the job's own Kafka clients are librdkafka's (Spark's connector gets the same "
+                "options): use librdkafka's properties (for SASL: sasl.mechanism, "
+                "sasl.username, sasl.password), or remove it"
+            )
+        t.problems.add(key, f"{reason.rstrip('.')}; {fix}")
+    return options
+
+
+def read_handler(t: Table, check_imports: bool) -> HandlerConfig | None:
+    function = t.get("function", FUNCTION_REF, 'function = "examples.handlers:enrich_order"')
+    ddl = t.get("output_schema", TEXT, 'output_schema = "order_id STRING, total DOUBLE"')
+    paths = t.strings("paths", TEXT, 'paths = ["."]', ["."])
+    timeout = t.duration("timeout", 'timeout = "30s"', None, positive=True)
+    kind = t.get("kind", HANDLER_KIND, 'kind = "record"', "record")
+    t.finish()
+    schema = _schema(t.problems, t.path("output_schema"), ddl) if ddl else None
+    if paths:
+        paths = t.values["paths"] = tuple(os.path.abspath(p) for p in paths)
+        if check_imports and function:
+            _check_import(t.problems, t.path("function"), function, paths, callable, "callable")
+    if not t.ok:
+        return None
+    return HandlerConfig(function, schema, paths, timeout, kind)
+
+
+def _schema(problems: Problems, key: str, ddl: str) -> OutputSchema | None:
+    try:
+        return parse_schema(ddl)
+    except ValueError as e:
+        problems.add(
+            key,
+            f"bad schema {json.dumps(ddl)}: {e}; write Spark DDL like "
+            '"order_id STRING, total DOUBLE"',
+        )
+        return None
+
+
+def _check_import(
+    problems: Problems,
+    key: str,
+    reference: str,
+    paths: tuple[str, ...],
+    test: Callable[[Any], bool],
+    noun: str,
+) -> None:
+    """Record a problem unless `reference` imports (with `paths` on sys.path) and passes `test`."""
+    try:
+        target = import_object(reference, paths)
+    except Exception as e:  # importing user code may raise anything; report it, don't crash
+        problems.add(
+            key,
+            f"cannot import {json.dumps(reference)}: {type(e).__name__}: {e}; check the name and "
+            f"that its module is under handler.paths {json.dumps(list(paths))}",
+        )
+        return
+    if not test(target):
+        problems.add(
+            key, f"{json.dumps(reference)} is not {noun}, got {type(target).__name__}; name one"
+        )
+
+
+def read_output(t: Table, schema: OutputSchema | None) -> OutputConfig | None:
+    table = t.get("table", TEXT, 'table = "/tmp/retrylib/orders/out"')
+    check_table_name(t, "table", table)
+    partition_by = t.strings(
+        "partition_by", TEXT, 'partition_by = ["order_date"]', [], empty_ok=True
+    )
+    properties = _options(
+        t.table("properties", '[output.properties] "delta.appendOnly" = "true"', required=False)
+    )
+    evolve = t.get("schema_evolution", BOOL, "schema_evolution = false", False)
+    optimize_every = t.duration("optimize_every", 'optimize_every = "1h"', None, positive=True)
+    t.finish()
+    if schema is not None and partition_by:
+        columns = {name.lower() for name in schema.names}
+        for i, column in enumerate(partition_by):
+            if column.lower() not in columns:
+                t.problems.add(
+                    f"{t.path('partition_by')}[{i}]",
+                    f"{column!r} is not a column of handler.output_schema "
+                    f"{list(schema.names)}; partition by one of them",
+                )
+    if not t.ok:
+        return None
+    return OutputConfig(
+        table,
+        tuple(partition_by or ()),
+        properties,
+        bool(evolve),
+        optimize_every,
+    )
+
+
+def read_retry(
+    t: Table, main_topics: tuple[str, ...] | None, job_name: str | None
+) -> RetryConfig | None:
+    texts = t.get("delays", NON_EMPTY_LIST, 'delays = ["5s", "1m", "10m"]', [*_DEFAULT_DELAYS])
+    delays = [
+        t.problems.duration(f"{t.path('delays')}[{i}]", text, positive=True)
+        for i, text in enumerate(texts or ())
+    ]
+    max_attempts = t.get("max_attempts", POSITIVE_INT, "max_attempts = 4", 4)
+    jitter = t.get("jitter", PERCENT, 'jitter = "10%"', "0%")
+    non_retryable = t.strings(
+        "non_retryable", EXCEPTION_REF, 'non_retryable = ["ValueError"]', [], empty_ok=True
+    )
+    explicit = t.strings("topics", TOPIC, 'topics = ["orders.retry.5s", "orders.retry.1m"]', None)
+    template_example = f"topic_template = {json.dumps(_DEFAULT_TOPIC_TEMPLATE)}"
+    template = t.get("topic_template", TOPIC_TEMPLATE, template_example, _DEFAULT_TOPIC_TEMPLATE)
+    max_retry_after = t.duration("max_retry_after", 'max_retry_after = "6h"', None, positive=True)
+    timeout = t.duration("timeout", 'timeout = "1h"', None, positive=True)
+    t.finish()
+    tiers = None
+    if main_topics is not None and job_name and texts is not None and None not in delays:
+        if explicit is not None:
+            tiers = explicit_tiers(t, delays, main_topics, explicit)
+        elif template is not None and "topics" not in t.data:
+            tiers = template_tiers(t, delays, main_topics, job_name, template)
+    t.values["tiers"] = tiers
+    if not t.ok or tiers is None:
+        return None
+    if max_retry_after is None:
+        max_retry_after = max(_MIN_DEFAULT_MAX_RETRY_AFTER_MS, *delays)
+    return RetryConfig(
+        tuple(delays),
+        max_attempts,
+        float(jitter[:-1]) / 100,
+        non_retryable,
+        tiers,
+        max_retry_after,
+        timeout,
+    )
+
+
+def read_dead_letter(
+    t: Table,
+    main_topics: tuple[str, ...] | None,
+    job_name: str | None,
+    tiers: tuple[RetryTier, ...] | None,
+    output_table: str | None,
+) -> DeadLetterConfig | None:
+    """The dead-letter topic (default "<first main topic>.<job>.dlt") and table (default
+    "<output.table>_dead_letter"), the topic distinct from every main and retry topic.
+    """
+    default_topic = None
+    if main_topics and job_name:
+        default_topic = _DEFAULT_DEAD_LETTER_TOPIC.format(topic=main_topics[0], job=job_name)
+    topic = t.get("topic", TOPIC, 'topic = "orders.dlt"', default_topic)
+    default_table = f"{output_table.rstrip('/')}_dead_letter" if output_table else None
+    table = t.get("table", TEXT, 'table = "/tmp/retrylib/orders/dead_letter"', default_table)
+    t.values["table"] = table  # the default too, for check_locations
+    if "table" in t.data:  # a default made from a bad output.table is reported there
+        check_table_name(t, "table", table)
+    routes_example = '[dead_letter.routes] "ValueError" = "orders.invalid.dlt"'
+    routes = _dead_letter_routes(t.table("routes", routes_example, required=False))
+    t.finish()
+    if topic and main_topics:
+        check_dead_letter_topics(
+            t.problems, main_topics, tiers or (), t.path("topic"), topic, routes
+        )
+    if not t.ok or topic is None or table is None:
+        return None
+    return DeadLetterConfig(topic, table, routes)
+
+
+def _dead_letter_routes(t: Table) -> tuple[tuple[str, str], ...]:
+    """[dead_letter.routes]: exception class name -> dead-letter topic, in the file's order.
+
+    Several classes may share a topic; `check_exception_classes` checks the names import.
+    """
+    routes = []
+    for reference in t.data:
+        if not EXCEPTION_REF.accepts(reference):
+            t.problems.add(
+                t.path(reference),
+                f"expected {EXCEPTION_REF.noun} as the name, got {json.dumps(reference)}; "
+                'write it like "ValueError" = "orders.invalid.dlt"',
+            )
+            continue
+        topic = t.get(reference, TOPIC, '"ValueError" = "orders.invalid.dlt"')
+        if topic is not None:
+            routes.append((reference, topic))
+    return tuple(routes)
+
+
+def read_metrics(t: Table) -> MetricsConfig | None:
+    table = t.get("table", TEXT, 'table = "/tmp/retrylib/orders/metrics"', None)
+    check_table_name(t, "table", table)
+    t.finish()
+    return MetricsConfig(table) if t.ok else None
+
+
+def check_exception_classes(
+    problems: Problems, key: str, references: tuple[str, ...], paths: tuple[str, ...]
+) -> None:
+    """Each of `references` (the list or table at `key`) must import, with the handler's
+    paths, as an exception class."""
+
+    def is_exception_class(target: object) -> bool:
+        return isinstance(target, type) and issubclass(target, BaseException)
+
+    for i, reference in enumerate(references):
+        where = f"{key}[{i}]" if key == "retry.non_retryable" else f"{key}.{reference}"
+        _check_import(problems, where, reference, paths, is_exception_class, "an exception class")

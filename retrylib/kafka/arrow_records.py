@@ -1,0 +1,98 @@
+"""Kafka records as Spark and Arrow rows: the schema of Spark's built-in Kafka source, the
+schema of offset ranges, and confluent-kafka messages turned into one Arrow RecordBatch.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pyarrow as pa
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField(
+            "headers",
+            ArrayType(
+                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+            ),
+        ),
+    ]
+)
+"""The schema of Spark's built-in Kafka source (with `includeHeaders`), which this source emits."""
+
+
+def utc_arrow_schema(schema: StructType) -> pa.Schema:
+    """`schema` as Arrow, timestamps as UTC microseconds: what Spark expects of `read()`.
+
+    Spark 4.2's `to_arrow_schema` needs the time zone named (`timezone=`); 4.0/4.1 take no
+    such argument and always use UTC.
+    """
+    if "timezone" in inspect.signature(to_arrow_schema).parameters:
+        return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema)
+
+
+KAFKA_ARROW_SCHEMA = utc_arrow_schema(KAFKA_SCHEMA)
+"""`KAFKA_SCHEMA` as Arrow: the schema of every RecordBatch `read()` yields (timestamps in µs)."""
+
+RANGE_SCHEMA = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("startOffset", LongType()),
+        StructField("endOffset", LongType()),
+    ]
+)
+"""The schema with `retrylib.emit = ranges`: offsets `startOffset` (inclusive) to `endOffset`
+(exclusive) of one topic-partition per row, one row per offset range of the batch."""
+
+_CONFLUENT_TO_SPARK_TIMESTAMP_TYPE = {TIMESTAMP_CREATE_TIME: 0, TIMESTAMP_LOG_APPEND_TIME: 1}
+_NO_TIMESTAMP_TYPE = -1  # Kafka's TimestampType.NO_TIMESTAMP_TYPE
+
+
+def to_batch(topic: str, partition: int, messages: list[Message]) -> pa.RecordBatch:
+    """`messages` of `topic`[`partition`] as one RecordBatch of `KAFKA_ARROW_SCHEMA` (one pass
+    over them)."""
+    keys, values, offsets, micros, kinds, headers = [], [], [], [], [], []
+    for message in messages:
+        confluent_kind, millis = message.timestamp()
+        kind = _CONFLUENT_TO_SPARK_TIMESTAMP_TYPE.get(confluent_kind, _NO_TIMESTAMP_TYPE)
+        keys.append(message.key())
+        values.append(message.value())
+        offsets.append(message.offset())
+        micros.append(None if kind == _NO_TIMESTAMP_TYPE else millis * 1000)
+        kinds.append(kind)
+        headers.append(message.headers() or [])
+    schema = KAFKA_ARROW_SCHEMA
+    columns = {
+        "key": keys,
+        "value": values,
+        "topic": [topic] * len(messages),
+        "partition": [partition] * len(messages),
+        "offset": offsets,
+        "timestamp": micros,
+        "timestampType": kinds,
+        "headers": headers,
+    }
+    return pa.RecordBatch.from_arrays(
+        [pa.array(columns[f.name], type=f.type) for f in schema], schema=schema
+    )

@@ -1,0 +1,173 @@
+"""The reader of one offset range of one Kafka partition: what a Spark task of the
+`retrylib_kafka` source reads (`read_range`), and what the routing task reads itself when the
+source emits ranges (`read_messages`).
+
+A range is read exactly: every record from its start offset up to its end offset, in order,
+or the read fails naming the range. Offsets without a record for this reader (transaction
+markers, aborted transactions under read_committed, compaction) are skipped without waiting
+for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from pyspark.sql.datasource import InputPartition
+
+from retrylib.errors import KafkaSourceError
+from retrylib.kafka.arrow_records import to_batch
+from retrylib.kafka.clients import make_consumer
+from retrylib.kafka.reading import watermarks
+from retrylib.logs import redact
+
+log = logging.getLogger(__name__)
+
+# "error", not "earliest": a fetch offset the broker no longer holds (records deleted by
+# retention or delete-records) would otherwise be moved silently to the log's new start,
+# and the read would end at the partition's end having skipped every record in between.
+# With "error" the consumer only moves past offsets it fetched, so a read that reaches
+# `end` has seen every record of its range (see `_message_chunks`).
+_READ_CLIENT_OPTIONS = {"auto.offset.reset": "error", "enable.partition.eof": True}
+
+BATCH_ROWS = 10_000
+"""Rows per RecordBatch that `read()` yields, and most messages asked of one `consume()`."""
+POLL_TIMEOUT_S = 0.05
+"""Longest wait of one `consume()` call. `consume()` waits it out whenever fewer messages
+than asked for arrive, which is every time a range holds gaps (transaction markers on
+retry topics), so it is kept short; the read loops until the range is done or stalls."""
+STALL_TIMEOUT_S = 120.0
+"""A read that gets no record for this long fails instead of hanging."""
+METADATA_TIMEOUT_S = 30.0
+"""How long a look-up of partitions or offsets waits for the broker."""
+
+
+@dataclass
+class KafkaInputPartition(InputPartition):
+    """Offsets `start` to `end` (exclusive) of `topic[partition]`, read by one Spark task."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    bootstrap_servers: str
+    client_options: dict[str, str]
+    secret_options: tuple[str, ...] = ()  # names among client_options
+
+
+def read_range(part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+    """Yield `part`'s records as RecordBatches of `KAFKA_ARROW_SCHEMA`, at most `BATCH_ROWS`
+    rows each. Fails as `read_messages` does."""
+    pending: list[Message] = []
+    for chunk in read_messages(part):
+        pending.extend(chunk)
+        while len(pending) >= BATCH_ROWS:
+            yield to_batch(part.topic, part.partition, pending[:BATCH_ROWS])
+            del pending[:BATCH_ROWS]
+    if pending:
+        yield to_batch(part.topic, part.partition, pending)
+
+
+def read_messages(part: KafkaInputPartition) -> Iterator[list[Message]]:
+    """Yield `part`'s records in offset order, as lists of at most `BATCH_ROWS` messages.
+
+    Offsets inside the range that hold no record for this reader (transaction markers,
+    records of aborted transactions under read_committed, compacted records) are skipped:
+    the read ends at the first offset >= `part.end`, or when the partition's end (its high
+    watermark, or last stable offset under read_committed) is at or past it. Raises
+    `KafkaSourceError` naming the range on a message error, a stalled read, or records
+    deleted from the broker (retention, delete-records) before they were read.
+    """
+    consumer = make_consumer(
+        part.bootstrap_servers,
+        {**part.client_options, **_READ_CLIENT_OPTIONS},
+        secret_options=part.secret_options,
+    )
+    try:
+        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+        yield from _message_chunks(consumer, part)
+    finally:
+        consumer.close()
+
+
+def _message_chunks(consumer: Consumer, part: KafkaInputPartition) -> Iterator[list[Message]]:
+    """The messages of `part`'s range in offset order, one list per `consume()` call.
+
+    The consumer never resets its position (`auto.offset.reset` = error): it reaches an
+    offset only by fetching the log up to it. So a partition end (EOF) at or past
+    `part.end` proves that every offset before it was fetched, and the ones not delivered
+    hold no committed record; the read may end there, short of `part.end` records.
+    """
+    next_offset = part.start
+    delivered = 0
+    deadline = time.monotonic() + STALL_TIMEOUT_S
+    while next_offset < part.end:
+        wanted = min(part.end - next_offset, BATCH_ROWS)
+        chunk, finished = [], False
+        for message in consumer.consume(num_messages=wanted, timeout=POLL_TIMEOUT_S):
+            error = message.error()
+            if error is not None and error.code() == KafkaError._AUTO_OFFSET_RESET:
+                raise _offsets_gone(consumer, part, next_offset, error)
+            if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                raise KafkaSourceError(redact(f"reading {_describe(part)}: {error}"))
+            offset = message.offset()
+            if offset >= part.end:  # a record or the partition's end (EOF) past the range
+                finished = True
+                break
+            if error is None and offset >= next_offset:
+                chunk.append(message)
+                next_offset = offset + 1
+        if chunk:
+            delivered += len(chunk)
+            yield chunk
+            deadline = time.monotonic() + STALL_TIMEOUT_S
+        if finished:
+            break
+        if time.monotonic() > deadline:
+            raise KafkaSourceError(
+                f"reading {_describe(part)}: nothing received for {STALL_TIMEOUT_S:.0f}s "
+                f"at offset {next_offset}"
+            )
+    skipped = part.end - part.start - delivered
+    if skipped:
+        log.debug(
+            "%s: %d record(s), %d offset(s) without a record for this reader (transaction "
+            "markers, aborted transactions, compaction)",
+            _describe(part),
+            delivered,
+            skipped,
+        )
+
+
+def _offsets_gone(
+    consumer: Consumer, part: KafkaInputPartition, next_offset: int, error: KafkaError
+) -> KafkaSourceError:
+    """The error for a fetch offset the broker no longer holds, with the log's bounds."""
+    try:
+        [(low, high)] = watermarks(
+            consumer, [(part.topic, part.partition)], METADATA_TIMEOUT_S
+        ).values()
+    except Exception as e:  # the error below still names the range and the offset
+        return KafkaSourceError(
+            f"reading {_describe(part)}: offset {next_offset} is out of range ({error}); "
+            f"the partition's offsets could not be listed: {e}"
+        )
+    if low > next_offset:
+        return KafkaSourceError(
+            f"reading {_describe(part)}: records {part.topic}[{part.partition}]@{next_offset}.."
+            f"{min(low, part.end) - 1} were deleted from Kafka before they were read (the "
+            f"partition now starts at offset {low}: retention.ms, retention.bytes or "
+            "delete-records); they cannot be processed, so the read fails rather than skip them"
+        )
+    return KafkaSourceError(
+        f"reading {_describe(part)}: offset {next_offset} is outside the partition's offsets "
+        f"{low}..{high} ({error}); was the topic deleted and re-created, or its log truncated?"
+    )
+
+
+def _describe(part: KafkaInputPartition) -> str:
+    return f"{part.topic}[{part.partition}] offsets {part.start}..{part.end}"

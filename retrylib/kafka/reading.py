@@ -1,0 +1,223 @@
+"""Reading Kafka to a known end, and the one call that queues a record for a producer.
+
+- `ReadToEnd` reads partitions read_committed from start offsets (or their earliest) to the
+  end offsets captured when the read starts: what `status` counts in a tier, the markers
+  `redrive` and `StagedProducer` look for, what the tests read back. Records produced after
+  the read started are not read, so a read of a busy topic ends.
+- `last_marker` finds the last committed marker of a producer in a control topic.
+- `produce` queues one record, waiting while the producer's local queue is full.
+
+The topic look-up (which partitions a topic has) is `clients.topic_partitions`, next to the
+topic administration that needs it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from retrylib.errors import MarkerReadError
+from retrylib.kafka.clients import make_consumer
+from retrylib.kafka.offsets import PartitionKey
+
+READ_TO_END_OPTIONS = {
+    "isolation.level": "read_committed",
+    "enable.partition.eof": True,
+    "auto.offset.reset": "earliest",
+}
+"""Consumer settings of a `ReadToEnd`: only committed records (a read stops at the last stable
+offset and skips aborted transactions), the partition's end reported (EOF), and a start
+offset that retention has already deleted read from the log's new start."""
+
+WATERMARK_TIMEOUT_S = 15.0
+MARKER_WINDOW = 64
+"""Offsets of a control topic read first when looking for the last marker (then 2x, 4x...)."""
+MARKER_READ_TIMEOUT_S = 30.0
+"""A marker read that reaches neither its window's end nor the partition's end in this long
+fails instead of guessing."""
+_CONSUME_BATCH = 500
+_CONSUME_WAIT_S = 0.1  # consume() waits this long whenever fewer records than asked arrive
+
+
+def reading_consumer(
+    bootstrap_servers: str, options: Mapping[str, str], group_id: str = "retrylib-reader"
+) -> Consumer:
+    """A consumer for `ReadToEnd`: the user's `options` with `READ_TO_END_OPTIONS` over them.
+
+    Raises `KafkaException` when librdkafka refuses the configuration.
+    """
+    return make_consumer(bootstrap_servers, {**options, **READ_TO_END_OPTIONS}, group_id)
+
+
+def watermarks(
+    consumer: Consumer, keys: Iterable[PartitionKey], timeout: float = WATERMARK_TIMEOUT_S
+) -> dict[PartitionKey, tuple[int, int]]:
+    """(low, high) watermark of each partition, asked of the broker (never cached). For a
+    read_committed consumer the high one is the last stable offset.
+
+    Raises `KafkaException` when the broker does not answer within `timeout` or a partition
+    does not exist (`UNKNOWN_TOPIC_OR_PART`).
+    """
+    return {
+        key: consumer.get_watermark_offsets(TopicPartition(*key), timeout=timeout, cached=False)
+        for key in keys
+    }
+
+
+class ReadToEnd:
+    """One read of partitions from their start offsets to their end offsets.
+
+    A partition is done once a record or its end (EOF) at or past its end offset arrives:
+    offsets that hold no committed record (transaction markers, aborted transactions) need
+    no waiting. `next_offset` follows the records read; `unfinished` names the partitions
+    that `messages` left before their end (out of time or at its `limit`).
+    """
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        start: Mapping[PartitionKey, int],
+        end: Mapping[PartitionKey, int] | None = None,
+    ) -> None:
+        """Read `consumer` (a `reading_consumer`) from `start`; `end` are the end offsets,
+        else each partition's high watermark now. Raises as `watermarks`."""
+        self._consumer = consumer
+        if end is None:
+            end = {key: high for key, (_, high) in watermarks(consumer, start).items()}
+        self.end = dict(end)
+        self.next_offset = dict(start)
+        self._open = {key for key, offset in start.items() if self.end[key] > offset}
+
+    @classmethod
+    def from_earliest(cls, consumer: Consumer, keys: Iterable[PartitionKey]) -> ReadToEnd:
+        """A read of every record of partitions `keys`: low to high watermark, as of now."""
+        marks = watermarks(consumer, keys)
+        return cls(
+            consumer,
+            {key: low for key, (low, _) in marks.items()},
+            {key: high for key, (_, high) in marks.items()},
+        )
+
+    @property
+    def unfinished(self) -> dict[PartitionKey, int]:
+        """The next offset to read of each partition not read to its end."""
+        return {key: self.next_offset[key] for key in sorted(self._open)}
+
+    def messages(self, timeout_s: float, limit: int | None = None) -> Iterator[Message]:
+        """Yield the records of the open partitions, in offset order within each, until
+        every partition is done, `limit` records were yielded, or `timeout_s` has passed.
+
+        Raises `KafkaException` for an error message other than a partition's end.
+        """
+        if not self._open:
+            return
+        consumer = self._consumer
+        consumer.assign([TopicPartition(*key, self.next_offset[key]) for key in sorted(self._open)])
+        deadline = time.monotonic() + timeout_s
+        left = limit
+        while self._open and (left is None or left > 0) and time.monotonic() < deadline:
+            wanted = _CONSUME_BATCH if left is None else min(_CONSUME_BATCH, left)
+            for message in consumer.consume(wanted, timeout=_CONSUME_WAIT_S):
+                key = (message.topic(), message.partition())
+                if key not in self._open:
+                    continue
+                error = message.error()
+                if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(error)
+                if error is not None or message.offset() >= self.end[key]:
+                    self._open.discard(key)
+                    continue
+                self.next_offset[key] = message.offset() + 1
+                if left is not None:
+                    left -= 1
+                yield message
+
+
+def last_marker(consumer: Consumer, topic: str, key: bytes) -> int | None:
+    """The highest number among the committed markers with `key` in partition 0 of `topic`
+    (values that are not a number are passed over), or None when there is none.
+
+    Reads backwards from the end in windows of `MARKER_WINDOW` offsets, doubled each time, so
+    that any number of aborted transactions (their records and markers take offsets) cannot
+    hide the last committed marker, and a long log is not read whole. Raises `KafkaException`
+    when the topic cannot be read, and `MarkerReadError` when a window is not read to its end
+    within `MARKER_READ_TIMEOUT_S`: it never answers None for a topic it could not read.
+    """
+    partition = (topic, 0)
+    [(low, high)] = watermarks(consumer, [partition]).values()
+    end, window = high, MARKER_WINDOW
+    while end > low:
+        start = max(low, end - window)
+        read = ReadToEnd(consumer, {partition: start}, {partition: end})
+        numbers = [
+            number
+            for message in read.messages(MARKER_READ_TIMEOUT_S)
+            if message.key() == key and (number := _number(message.value())) is not None
+        ]
+        if read.unfinished:
+            raise MarkerReadError(
+                f"reading {topic} offsets {start}..{end}: no answer for "
+                f"{MARKER_READ_TIMEOUT_S:.0f}s"
+            )
+        if numbers:
+            return max(numbers)
+        end, window = start, window * 2
+    return None
+
+
+def _number(value: bytes | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def produce(
+    producer: Producer,
+    topic: str,
+    *,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]] | None = None,
+    partition: int | None = None,
+    timestamp_ms: int | None = None,
+    on_delivery: Callable | None = None,
+) -> None:
+    """Queue one record; a full local queue is served (deliveries drain) and asked again.
+
+    `partition` None leaves the choice to the producer's partitioner, `timestamp_ms` None
+    stamps the record now. Raises `KafkaException` as `producer.produce` and `serve` do.
+    """
+    extra: dict[str, object] = {}
+    if partition is not None:
+        extra["partition"] = partition
+    if timestamp_ms is not None:
+        extra["timestamp"] = timestamp_ms
+    if on_delivery is not None:
+        extra["on_delivery"] = on_delivery
+    while True:
+        try:
+            producer.produce(topic, key=key, value=value, headers=headers or [], **extra)
+            return
+        except BufferError:
+            serve(producer.poll, 0.1)
+
+
+def serve(call: Callable[[float], int], timeout: float) -> int:
+    """`producer.flush` or `producer.poll`, which run delivery callbacks.
+
+    After a fatal producer error (fenced, say) confluent-kafka calls the callbacks with that
+    error already raised, which surfaces as a `SystemError`; it is raised here as the
+    `KafkaException` it stands for.
+    """
+    try:
+        return call(timeout)
+    except SystemError as e:
+        error: BaseException | None = e
+        while error is not None and not isinstance(error, KafkaException):
+            error = error.__cause__ or error.__context__
+        if error is not None:
+            raise error from None
+        raise KafkaException(KafkaError(KafkaError._FAIL, f"producer failed: {e}")) from e

@@ -1,0 +1,190 @@
+"""The options of the `retrylib_kafka` source, parsed and checked (`parse_source_options`).
+
+The names are those of Spark's built-in `kafka` source (`kafka.bootstrap.servers`,
+`subscribe`, `startingOffsets`, `maxOffsetsPerTrigger`, `kafka.*` pass-through) and the
+source's own `retrylib.*` ones, described in `retrylib.kafka.tier_source`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pyspark.sql.types import StructType
+
+from retrylib.kafka.arrow_records import KAFKA_SCHEMA, RANGE_SCHEMA
+from retrylib.kafka.offsets import (
+    Offsets,
+    StartingOffsets,
+    offsets_from_json,
+    parse_starting_offsets,
+    parse_topics,
+)
+
+OPTION_BOOTSTRAP = "kafka.bootstrap.servers"
+OPTION_SUBSCRIBE = "subscribe"
+OPTION_STARTING_OFFSETS = "startingOffsets"
+OPTION_MAX_OFFSETS_PER_TRIGGER = "maxOffsetsPerTrigger"
+OPTION_TOPIC_DELAYS_MS = "retrylib.topicDelaysMs"
+OPTION_MAX_RECORDS_PER_TASK = "retrylib.maxRecordsPerTask"
+OPTION_EMIT = "retrylib.emit"
+OPTION_RANGE_GROUPS = "retrylib.rangeGroups"
+OPTION_SECRET_OPTIONS = "retrylib.secretOptions"
+"""JSON list of the `kafka.*` options (names without the prefix) whose values are secret:
+masked in this source's log lines and errors, in every process that reads (see
+`retrylib.kafka.clients.client_config`)."""
+
+OPTION_AVAILABLE_NOW_OFFSETS = "retrylib.availableNowOffsets"
+_EMIT_VALUES = ("records", "ranges")
+_KNOWN_OPTIONS = {
+    name.lower(): name
+    for name in (
+        OPTION_BOOTSTRAP,
+        OPTION_SUBSCRIBE,
+        OPTION_STARTING_OFFSETS,
+        OPTION_MAX_OFFSETS_PER_TRIGGER,
+        OPTION_TOPIC_DELAYS_MS,
+        OPTION_MAX_RECORDS_PER_TASK,
+        OPTION_EMIT,
+        OPTION_RANGE_GROUPS,
+        OPTION_SECRET_OPTIONS,
+        OPTION_AVAILABLE_NOW_OFFSETS,
+    )
+}
+# Consumer settings the source relies on; a user value would break offset-exact reads.
+_RESERVED_CLIENT_OPTIONS = {"auto.offset.reset", "enable.auto.commit", "enable.partition.eof"}
+DEFAULT_MAX_RECORDS_PER_TASK = 250_000
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The parsed options of one `retrylib_kafka` stream (see `parse_source_options`)."""
+
+    bootstrap_servers: str
+    topics: list[str]
+    starting_offsets: StartingOffsets
+    max_offsets_per_trigger: int | None = None
+    delays_ms: dict[str, int] = field(default_factory=dict)  # retry tier topic -> its delay
+    max_records_per_task: int = DEFAULT_MAX_RECORDS_PER_TASK
+    client_options: dict[str, str] = field(default_factory=dict)
+    secret_options: tuple[str, ...] = ()  # names among client_options
+    emit_ranges: bool = False
+    range_groups: int | None = None  # with emit_ranges: at most this many input partitions
+    available_now_offsets: Offsets | None = None  # the end of an availableNow run on 4.0/4.1
+
+    @property
+    def schema(self) -> StructType:
+        return RANGE_SCHEMA if self.emit_ranges else KAFKA_SCHEMA
+
+
+def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
+    """Validate and parse the reader options (names are case-insensitive, as in Spark).
+
+    `kafka.*` options other than `kafka.bootstrap.servers` go, prefix stripped, to every
+    consumer. Raises `ValueError` naming the option for: a missing required option, an
+    unknown option, a reserved consumer setting, or a value that does not parse.
+    """
+    lowered = {key.lower(): value for key, value in options.items()}
+    client_options = {}
+    for key, value in lowered.items():
+        if key in _KNOWN_OPTIONS:
+            continue
+        if not key.startswith("kafka."):
+            raise ValueError(
+                f"unknown option {key!r} for the retrylib_kafka source; known options: "
+                f"{sorted(_KNOWN_OPTIONS.values())} and kafka.* consumer settings"
+            )
+        if key[len("kafka.") :] in _RESERVED_CLIENT_OPTIONS:
+            raise ValueError(f"option {key!r} is set by the retrylib_kafka source itself")
+        client_options[key[len("kafka.") :]] = value
+    bootstrap = lowered.get(OPTION_BOOTSTRAP.lower(), "").strip()
+    if not bootstrap:
+        raise ValueError(f"option {OPTION_BOOTSTRAP} is required")
+    topics = parse_topics(lowered.get(OPTION_SUBSCRIBE.lower()))
+    emit = lowered.get(OPTION_EMIT.lower(), "records").strip().lower()
+    if emit not in _EMIT_VALUES:
+        raise ValueError(f"option {OPTION_EMIT}={emit!r} must be one of {list(_EMIT_VALUES)}")
+    return SourceOptions(
+        bootstrap_servers=bootstrap,
+        topics=topics,
+        starting_offsets=parse_starting_offsets(
+            lowered.get(OPTION_STARTING_OFFSETS.lower()), topics
+        ),
+        max_offsets_per_trigger=_int_option(lowered, OPTION_MAX_OFFSETS_PER_TRIGGER, 1),
+        delays_ms=_topic_delays(lowered.get(OPTION_TOPIC_DELAYS_MS.lower()), topics),
+        max_records_per_task=_int_option(lowered, OPTION_MAX_RECORDS_PER_TASK, 1)
+        or DEFAULT_MAX_RECORDS_PER_TASK,
+        client_options=client_options,
+        secret_options=_secret_options(lowered.get(OPTION_SECRET_OPTIONS.lower())),
+        emit_ranges=emit == "ranges",
+        range_groups=_int_option(lowered, OPTION_RANGE_GROUPS, 1),
+        available_now_offsets=_offsets_option(lowered, OPTION_AVAILABLE_NOW_OFFSETS, topics),
+    )
+
+
+def _secret_options(raw: str | None) -> tuple[str, ...]:
+    """The names in option `retrylib.secretOptions` (a JSON list of strings; none if unset)."""
+    if raw is None:
+        return ()
+    try:
+        names = json.loads(raw)
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"option {OPTION_SECRET_OPTIONS} must be a JSON list of option names")
+    return tuple(names)
+
+
+def _offsets_option(options: Mapping[str, str], name: str, topics: list[str]) -> Offsets | None:
+    """Offsets JSON of subscribed topics; raises `ValueError` naming the option and the fault."""
+    raw = options.get(name.lower())
+    if raw is None:
+        return None
+    try:
+        parsed = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"option {name}={raw!r} is not JSON: {e}") from e
+    offsets = offsets_from_json(parsed, what=f"option {name}")
+    unknown = sorted({topic for topic, _ in offsets} - set(topics))
+    if unknown:
+        raise ValueError(f"option {name} names topic(s) {unknown} that are not subscribed")
+    return offsets
+
+
+def _topic_delays(raw: str | None, topics: list[str]) -> dict[str, int]:
+    """`retrylib.topicDelaysMs` parsed; raises `ValueError` naming the bad entry."""
+    if raw is None:
+        return {}
+    try:
+        delays = json.loads(raw)
+    except ValueError:
+        delays = None
+    if not isinstance(delays, dict):
+        raise ValueError(
+            f"option {OPTION_TOPIC_DELAYS_MS}={raw!r} must be a JSON object of topic: delay ms"
+        )
+    for topic, delay in delays.items():
+        if topic not in topics:
+            raise ValueError(
+                f"option {OPTION_TOPIC_DELAYS_MS} names {topic!r}, which is not subscribed"
+            )
+        if type(delay) is not int or delay < 0:
+            raise ValueError(
+                f"option {OPTION_TOPIC_DELAYS_MS}: the delay of {topic!r} must be an integer "
+                f">= 0, got {delay!r}"
+            )
+    return delays
+
+
+def _int_option(options: Mapping[str, str], name: str, minimum: int) -> int | None:
+    raw = options.get(name.lower())
+    if raw is None:
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"option {name}={raw!r} must be an integer >= {minimum}")
+    return value

@@ -1,0 +1,127 @@
+"""Records staged for Kafka (retry tiers, dead-letter topic): their Arrow form, and producing
+one batch of them with every delivery checked.
+
+The router stages a batch's records as Arrow RecordBatches of `STAGED_SCHEMA`;
+`transactional_producer.StagedProducer` produces them inside its transaction through
+`produce_staged`, and `Deliveries` tells, before the commit, whether the broker took them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from retrylib.delta.dead_letter import HEADERS_TYPE
+from retrylib.errors import RecordTooLargeError, RetrylibError
+from retrylib.kafka.reading import produce
+from retrylib.kafka.record_size import producer_limit, wire_size
+
+STAGED_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("timestamp_ms", pa.int64(), nullable=False),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("headers", HEADERS_TYPE),
+    ]
+)
+
+StagedRecords = Callable[[], Iterable[pa.RecordBatch]]
+"""Returns a fresh iterator of RecordBatches with the `STAGED_SCHEMA` columns on each call."""
+
+_TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
+
+
+def produce_staged(
+    producer: Producer,
+    batch_id: int,
+    records: StagedRecords,
+    deliveries: Deliveries,
+    options: Mapping[str, str],
+) -> int:
+    """Queue every record that `records()` yields for batch `batch_id`; returns the count.
+
+    `options` are the job's Kafka options (their `message.max.bytes`, for the message).
+    Raises `RetrylibError` when a RecordBatch lacks a column, `RecordTooLargeError` when the
+    producer refuses a record as over its `message.max.bytes`, `KafkaException` otherwise.
+    """
+    count = 0
+    for batch in records():
+        missing = [n for n in STAGED_SCHEMA.names if batch.schema.get_field_index(n) < 0]
+        if missing:
+            raise RetrylibError(
+                f"the staged records of batch {batch_id} lack column(s) {missing}: got "
+                f"columns {batch.schema.names}, expected {STAGED_SCHEMA.names}"
+            )
+        columns = [batch.column(name).to_pylist() for name in STAGED_SCHEMA.names]
+        for topic, partition, timestamp_ms, key, value, headers in zip(*columns, strict=True):
+            pairs = [(h["key"], h["value"]) for h in headers or ()]
+            try:
+                produce(
+                    producer,
+                    topic,
+                    key=key,
+                    value=value,
+                    headers=pairs,
+                    partition=partition,
+                    timestamp_ms=timestamp_ms,
+                    on_delivery=deliveries,
+                )
+            except KafkaException as e:
+                if not too_large(e):
+                    raise
+                raise RecordTooLargeError(
+                    f"batch {batch_id}: a record of {wire_size(key, value, pairs)} bytes "
+                    f"for {topic}[{partition}] is over the {producer_limit(options)} "
+                    "bytes retrylib's producer accepts: set [kafka] options "
+                    '"message.max.bytes" higher (at most the topic\'s max.message.bytes)'
+                ) from e
+        count += batch.num_rows
+    return count
+
+
+def too_large(error: KafkaException) -> bool:
+    """True when `error` says a record is over a size limit."""
+    kafka_error = error.args[0] if error.args else None
+    return isinstance(kafka_error, KafkaError) and kafka_error.code() == _TOO_LARGE
+
+
+class Deliveries:
+    """Delivery reports of one transaction: the first error, if any."""
+
+    def __init__(self) -> None:
+        self.error: KafkaError | None = None
+        # The first record the broker refused as too large: (topic, partition, size).
+        self.too_large: tuple[str, int, int] | None = None
+
+    def __call__(self, error: KafkaError | None, message) -> None:
+        if error is None:
+            return
+        if self.error is None:
+            self.error = error
+        if error.code() == _TOO_LARGE and self.too_large is None:
+            size = wire_size(message.key(), message.value(), message.headers() or [])
+            self.too_large = (message.topic(), message.partition(), size)
+
+    def check(self, left: int, topic_max_bytes: Mapping[str, int]) -> None:
+        """Raise `KafkaException` unless every record was delivered (`left` still queued),
+        `RecordTooLargeError` when the broker refused one as too large (`topic_max_bytes`:
+        the topics' `max.message.bytes` as last looked up, for the message)."""
+        if self.too_large is not None:
+            topic, partition, size = self.too_large
+            limit = topic_max_bytes.get(topic, "unknown")
+            raise RecordTooLargeError(
+                f"the broker refused a record of {size} bytes for {topic}[{partition}], or the "
+                f"batch holding it, as over the topic's max.message.bytes ({limit}): raise "
+                f'max.message.bytes of {topic}, or set [kafka] options "batch.size" lower '
+                "if the record alone is under it"
+            ) from KafkaException(self.error)
+        if self.error is not None:
+            raise KafkaException(self.error)
+        if left:
+            raise KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, f"{left} record(s) not delivered in time")
+            )
