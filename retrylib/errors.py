@@ -46,6 +46,10 @@ class MarkerReadError(RetrylibError):
     """Raised when a control topic could not be read to the end in time."""
 
 
+class RedriveError(RetrylibError):
+    """Raised when a redrive cannot start or its send fails (nothing is marked as sent)."""
+
+
 class UnverifiedRetryRecord(RetrylibError):
     """Raised when a record on a retry topic is not signed with the job's key."""
 

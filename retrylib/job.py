@@ -13,6 +13,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import Config
+from retrylib.config.topics import produced_topic
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.dead_letter import dead_letter_struct
 from retrylib.delta.tables import ensure_table
@@ -28,7 +29,6 @@ from retrylib.kafka.offsets import Offsets, offsets_to_json, progress_end_offset
 from retrylib.kafka.record_size import producer_batch_bytes
 from retrylib.kafka.source_options import OPTION_AVAILABLE_NOW_OFFSETS, parse_source_options
 from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
-from retrylib.kafka.transactional_producer import control_topic
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder
 from retrylib.router import BatchResult, BatchRouter
@@ -89,7 +89,7 @@ def prepare_topics(config: Config) -> dict[str, int]:
         tier.topics[topic]: count for tier in config.retry.tiers for topic, count in main.items()
     }
     wanted.update({topic: max(main.values()) for topic in config.dead_letter.topics()})
-    wanted[control_topic(config.job.name)] = 1
+    wanted[produced_topic(config.job.name)] = 1
     tier_configs = {
         topic: {"message.timestamp.after.max.ms": str(delay_ms + TIER_CLOCK_ALLOWANCE_MS)}
         for topic, delay_ms in config.retry.tier_delays_ms().items()
@@ -238,7 +238,7 @@ def record_limits(
     is not a number.
     """
     kafka = config.kafka
-    control = control_topic(config.job.name)
+    control = produced_topic(config.job.name)
     limits = RecordLimits(
         kafka.bootstrap_servers, kafka.options, [t for t in partitions if t != control]
     )

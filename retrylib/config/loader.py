@@ -29,7 +29,7 @@ from retrylib.config.sections import (
     read_output,
     read_retry,
 )
-from retrylib.config.topics import check_control_topic
+from retrylib.config.topics import check_control_topics
 from retrylib.config.values import Problems, Table
 from retrylib.errors import ConfigError
 
@@ -196,7 +196,7 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
         tables["output"].values["table"],
     )
     metrics = read_metrics(tables["metrics"])
-    check_control_topic(root.problems, tables)
+    check_control_topics(root.problems, tables)
     check_locations(root.problems, tables)
     non_retryable = tables["retry"].values["non_retryable"]
     handler_paths = tables["handler"].values["paths"]

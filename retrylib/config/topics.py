@@ -1,5 +1,5 @@
-"""The retry tiers' topics, named from retry.topics or retry.topic_template, and the checks
-that every topic the job uses (main, retry, dead-letter, control) is a topic of its own.
+"""The topics a job uses besides its main topics: the retry tiers' (named from retry.topics or
+retry.topic_template), the two control topics, and the checks that each is a topic of its own.
 """
 
 from __future__ import annotations
@@ -10,9 +10,18 @@ from collections.abc import Callable, Mapping
 from retrylib.config.durations import format_duration
 from retrylib.config.model import RetryTier
 from retrylib.config.values import TOPIC, Problems, Table, is_topic
-from retrylib.kafka.transactional_producer import control_topic
 
 _MAX_TOPIC_LENGTH = 249
+
+
+def produced_topic(job_name: str) -> str:
+    """The one-partition topic holding the id of each batch whose records were produced."""
+    return f"_retrylib.{job_name}.produced"
+
+
+def redriven_topic(job_name: str) -> str:
+    """The one-partition topic holding the id of every committed redrive of the job."""
+    return f"_retrylib.{job_name}.redriven"
 
 
 def explicit_tiers(
@@ -95,20 +104,24 @@ def _check_distinct_topics(
             problems.claim(owners, label(tier.index, main), topic, hint)
 
 
-def check_control_topic(problems: Problems, tables: Mapping[str, Table]) -> None:
-    """The job's control topic (`control_topic`, named after job.name) must be a valid topic
-    name, and no main, retry or dead-letter topic may be that topic.
+def check_control_topics(problems: Problems, tables: Mapping[str, Table]) -> None:
+    """The job's control topics (named after job.name) must be valid topic names, and no
+    main, retry or dead-letter topic may be one of them.
     """
     name = tables["job"].values.get("name")
     if name is None:
         return
-    internal = control_topic(name)
-    if len(internal) > _MAX_TOPIC_LENGTH:
-        longest = _MAX_TOPIC_LENGTH - len(internal) + len(name)
+    internal = {
+        produced_topic(name): "where it records which batches it produced",
+        redriven_topic(name): "where it records which redrives it committed",
+    }
+    longest_topic = max(internal, key=len)
+    if len(longest_topic) > _MAX_TOPIC_LENGTH:
+        longest = _MAX_TOPIC_LENGTH - len(longest_topic) + len(name)
         problems.add(
             "job.name",
-            f"makes the job's control topic {problems.show('job.name', internal)}, "
-            f"{len(internal)} characters "
+            f"makes the job's control topic {problems.show('job.name', longest_topic)}, "
+            f"{len(longest_topic)} characters "
             f"long, and Kafka allows {_MAX_TOPIC_LENGTH}; use a name of at most {longest} "
             "characters",
         )
@@ -122,11 +135,11 @@ def check_control_topic(problems: Problems, tables: Mapping[str, Table]) -> None
         ]
     topics.append(("dead_letter.topic", tables["dead_letter"].values.get("topic")))
     for key, topic in topics:
-        if topic == internal:
+        if topic in internal:
             problems.add(
                 key,
-                f"{problems.show(key, topic)} is the job's control topic (where it records which "
-                "batches it produced); choose another topic",
+                f"{problems.show(key, topic)} is the job's control topic ({internal[topic]}); "
+                "choose another topic",
             )
 
 

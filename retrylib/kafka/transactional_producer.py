@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from retrylib.config.topics import produced_topic
 from retrylib.errors import MarkerReadError, ProduceError, RetrylibError
 from retrylib.faults import crash_point
 from retrylib.kafka.clients import make_producer
@@ -57,11 +58,6 @@ PRODUCE_RETRY_SECONDS = 90.0
 _INIT_TIMEOUT_S = 30.0
 _COMMIT_TIMEOUT_S = 60.0
 _ABORT_TIMEOUT_S = 30.0
-
-
-def control_topic(job_name: str) -> str:
-    """The one-partition topic holding the id of each batch whose records were produced."""
-    return f"_retrylib.{job_name}.produced"
 
 
 class StagedProducer:
@@ -89,7 +85,7 @@ class StagedProducer:
         self._key = app_id.encode()
         self._bootstrap = bootstrap
         self._options = dict(options)
-        self._topic = control_topic(job_name)
+        self._topic = produced_topic(job_name)
         self._transactional_id = f"retrylib-{app_id}"
         self._retry_seconds = retry_seconds
         self._topic_max_bytes = topic_max_bytes

@@ -14,9 +14,9 @@ from confluent_kafka import KafkaException
 
 from retrylib.config.durations import format_duration
 from retrylib.config.model import Config
+from retrylib.config.topics import produced_topic
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import kafka_error_text
-from retrylib.kafka.transactional_producer import control_topic
 from retrylib.metrics import KafkaOffsets
 from retrylib.spark.session import tool_session
 
@@ -57,7 +57,7 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
     tier_topics = {
         topic: (tier, main) for tier in config.retry.tiers for main, topic in tier.topics.items()
     }
-    internal = control_topic(config.job.name)
+    internal = produced_topic(config.job.name)
     try:
         found = lookups.partitions(
             [*kafka.topics, *tier_topics, *config.dead_letter.topics(), internal]

@@ -50,9 +50,10 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.config.model import Config
+from retrylib.config.topics import redriven_topic
 from retrylib.delta.dead_letter_table import SHOWN_COLUMNS, DeadLetterTable
 from retrylib.delta.tables import sql_string, sql_timestamp, table_exists
-from retrylib.errors import RetrylibError
+from retrylib.errors import RedriveError
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer, partition_counts
 from retrylib.kafka.reading import ReadToEnd, produce, reading_consumer
 from retrylib.retry.headers import without_reserved
@@ -68,10 +69,6 @@ _TRANSACTION_TIMEOUT_MS = 900_000  # Kafka's default transaction.max.timeout.ms
 
 Progress = Callable[[int, int], None]
 """Called with (records sent so far, records to send) while sending."""
-
-
-class RedriveError(RetrylibError):
-    """Raised when a redrive cannot start or its send fails (nothing is marked as sent)."""
 
 
 @dataclass(frozen=True)
@@ -118,11 +115,6 @@ class RedriveReport:
     sent: int = 0
 
 
-def control_topic(job_name: str) -> str:
-    """The one-partition topic holding the id of every committed redrive of the job."""
-    return f"_retrylib.{job_name}.redriven"
-
-
 def redrive(
     config: Config,
     selection: Selection,
@@ -154,7 +146,7 @@ def redrive(
     kafka = config.kafka
     options = kafka.options
     admin = make_admin(kafka.bootstrap_servers, options)
-    ensure_topics(admin, {control_topic(config.job.name): 1}, create=kafka.create_topics)
+    ensure_topics(admin, {redriven_topic(config.job.name): 1}, create=kafka.create_topics)
     producer = make_producer(
         kafka.bootstrap_servers,
         {
@@ -222,7 +214,7 @@ def committed_redrives(config: Config) -> dict[str, int]:
     """Redrive id -> commit time (epoch ms) of every committed marker in the control topic."""
     kafka = config.kafka
     consumer = reading_consumer(kafka.bootstrap_servers, kafka.options, "retrylib-redrive")
-    topic = control_topic(config.job.name)
+    topic = redriven_topic(config.job.name)
     markers: dict[str, int] = {}
     try:
         read = ReadToEnd.from_earliest(consumer, [(topic, 0)])
@@ -281,7 +273,7 @@ class _Sender:
                     self._progress(done, len(rows))
             produce(
                 producer,
-                control_topic(self._config.job.name),
+                redriven_topic(self._config.job.name),
                 key=None,
                 value=redrive_id.encode(),
                 partition=0,

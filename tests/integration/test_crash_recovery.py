@@ -22,12 +22,13 @@ import pytest
 from helpers import read_topic
 
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
+from retrylib.config.topics import produced_topic
 from retrylib.errors import ProduceError, RetrylibError
 from retrylib.faults import CRASH_POINTS
 from retrylib.kafka import transactional_producer
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.kafka.staged_records import STAGED_SCHEMA
-from retrylib.kafka.transactional_producer import StagedProducer, control_topic
+from retrylib.kafka.transactional_producer import StagedProducer
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 REPO = FAULTS_DIR.parents[1]
@@ -172,14 +173,14 @@ def _read(bootstrap: str, topic: str, isolation: str = "read_committed") -> Seen
 
 def _markers(bootstrap: str, job: str) -> list[bytes]:
     """The committed markers' values (batch ids) in the control topic of `job`."""
-    return [value for _, value in _read(bootstrap, control_topic(job))]
+    return [value for _, value in _read(bootstrap, produced_topic(job))]
 
 
 @pytest.fixture
 def topics(bootstrap_servers, make_topic):
     """A fresh job name with its control topic, and a fresh two-partition tier topic."""
     job = f"job{time.monotonic_ns()}"
-    ensure_topics(make_admin(bootstrap_servers, {}), {control_topic(job): 1}, create=True)
+    ensure_topics(make_admin(bootstrap_servers, {}), {produced_topic(job): 1}, create=True)
     return job, make_topic("tier", partitions=2)
 
 
@@ -197,12 +198,12 @@ def test_a_replay_after_the_commit_produces_nothing(bootstrap_servers, topics):
     other.init_transactions(30)
     for batch in range(1, 120):
         other.begin_transaction()
-        other.produce(control_topic(job), key=b"app-1", value=str(batch).encode(), partition=0)
+        other.produce(produced_topic(job), key=b"app-1", value=str(batch).encode(), partition=0)
         other.flush(10)
         other.abort_transaction(30)
     plain = make_producer(bootstrap_servers, {})
     for batch in range(300):
-        plain.produce(control_topic(job), key=b"app-0", value=str(batch).encode(), partition=0)
+        plain.produce(produced_topic(job), key=b"app-0", value=str(batch).encode(), partition=0)
     plain.flush(10)
     assert producer.last_produced_batch() == 0
 
@@ -286,7 +287,7 @@ def own_broker(tmp_path):
     with EmbeddedBroker(data_dir=tmp_path / "broker") as broker:
         ensure_topics(
             make_admin(broker.bootstrap_servers, {}),
-            {control_topic("j"): 1, "tier": 2},
+            {produced_topic("j"): 1, "tier": 2},
             create=True,
         )
         yield broker

@@ -21,11 +21,12 @@ from helpers import read_table
 from test_handler_failures import run_until_settled
 from test_retries import read_topic
 
+from retrylib.config.topics import produced_topic
 from retrylib.errors import RecordTooLargeError
 from retrylib.kafka.clients import make_admin
 from retrylib.kafka.record_size import wire_size
 from retrylib.kafka.staged_records import STAGED_SCHEMA
-from retrylib.kafka.transactional_producer import StagedProducer, control_topic
+from retrylib.kafka.transactional_producer import StagedProducer
 from retrylib.retry import headers as h
 
 pytestmark = pytest.mark.slow
@@ -102,7 +103,7 @@ def test_a_record_kafka_refuses_as_too_large_fails_at_once_naming_sizes(
 ):
     job = f"sizes-{uuid.uuid4().hex[:10]}"
     topic = f"{job}-big"
-    create_topics(bootstrap_servers, {topic: limit, control_topic(job): 1_048_588}, partitions=1)
+    create_topics(bootstrap_servers, {topic: limit, produced_topic(job): 1_048_588}, partitions=1)
     producer = StagedProducer(
         job,
         f"{job}-app",

@@ -9,9 +9,10 @@ from conftest import produce
 from helpers import read_table
 from test_retries import run_until, settled_count
 
+from retrylib.errors import RedriveError
 from retrylib.job import prepare_topics
 from retrylib.kafka.clients import make_producer
-from retrylib.ops.redrive import RedriveError, Selection, redrive
+from retrylib.ops.redrive import Selection, redrive
 from retrylib.retry.headers import RetryState, encode_retry_headers, record_id
 
 pytestmark = pytest.mark.slow

@@ -147,6 +147,14 @@ def test_a_topic_equal_to_the_control_topic_is_refused(tmp_path, changes, key) -
     )
 
 
+def test_a_topic_equal_to_the_redrive_control_topic_is_refused(tmp_path) -> None:
+    problem = problem_for(tmp_path, {"dead_letter.topic": '"_retrylib.orders.redriven"'})
+    assert problem == (
+        'dead_letter.topic: "_retrylib.orders.redriven" is the job\'s control topic (where it '
+        "records which redrives it committed); choose another topic"
+    )
+
+
 # Locations
 
 

@@ -13,10 +13,11 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from retrylib.config.topics import produced_topic
 from retrylib.errors import ProduceError, RetrylibError
 from retrylib.kafka import transactional_producer
 from retrylib.kafka.staged_records import STAGED_SCHEMA
-from retrylib.kafka.transactional_producer import StagedProducer, control_topic
+from retrylib.kafka.transactional_producer import StagedProducer
 
 JOB, APP = "orders", "orders-0123456789ab"
 
@@ -151,7 +152,7 @@ def test_one_transaction_holds_the_records_then_the_marker(kafka):
     ]
     assert [h for *_, h in sent] == [[("retry.attempt", b"1")] if i % 2 else [] for i in range(5)]
     topic, partition, _, key, value, headers = marker
-    assert (topic, partition, key, value) == (control_topic(JOB), 0, APP.encode(), b"3")
+    assert (topic, partition, key, value) == (produced_topic(JOB), 0, APP.encode(), b"3")
     assert headers == []
 
 
