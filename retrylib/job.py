@@ -64,7 +64,7 @@ TIER_CLOCK_ALLOWANCE_MS = 300_000
 """How far past one tier delay a tier record's timestamp may lie ahead of the broker's clock.
 
 The job writes a tier record with a timestamp at most one delay after it writes it
-(`retry_policy.tier_timestamp_ms`); a tier releases records in offset order, so a record
+(`retry.policy.tier_timestamp_ms`); a tier releases records in offset order, so a record
 with a later timestamp holds back every record behind it. A tier topic the job creates has
 `message.timestamp.after.max.ms` = delay + this allowance (for clocks that disagree), so
 the broker refuses anyone's record that would hold a tier partition up for longer.

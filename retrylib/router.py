@@ -11,7 +11,7 @@ A batch runs in steps, each safe to repeat after a crash:
    per-batch marker, so they are produced once (`kafka.transactional_producer`).
 3. The output and dead-letter rows are appended to their Delta tables by Spark's Delta
    writer with the app transaction (`txnAppId` = the checkpoint's app id, `txnVersion` =
-   batch id), so they are committed once (`delta_tables`).
+   batch id), so they are committed once (`delta.tables`).
 4. With `[output] optimize_every`, the tables are compacted when that period has passed
    (`compaction`).
 

@@ -14,7 +14,7 @@ tried again one period later.
 OPTIMIZE commits a new table version that removes small files and adds their rows back in
 larger ones. Here it runs on the driver's batch thread, after the batch's appends and before
 the next batch's, so it never runs beside one of the job's own appends: none of the job's
-commits can conflict with it, and `delta_tables.append_once`, which reads the table
+commits can conflict with it, and `tables.append_once`, which reads the table
 version before and after its write, never sees a compaction commit in between. Another
 process compacting the same tables relies on Delta's conflict checks instead.
 """
