@@ -1,22 +1,156 @@
-"""Shared by the tests: a small job config, Delta tables read back through Spark's Delta
-reader, as users read them, and topics read back from Kafka."""
+"""Shared by the tests: job configs written as TOML, records produced, a job run until it
+settles, Delta tables read back through Spark's Delta reader, as users read them, and topics
+read back from Kafka."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Message
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from retrylib.config.loader import load_config
 from retrylib.config.model import Config
-from retrylib.kafka.clients import make_consumer, topic_partitions
+from retrylib.job import start_query, stop_gracefully
+from retrylib.kafka.clients import make_consumer, make_producer, topic_partitions
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
+from retrylib.router import BatchResult
+
+NOOP_HANDLER = "def handle(record):\n    return None\n"
+"""A handler module's text: `h:handle` once written as h.py on the handler's paths."""
+
+
+def job_toml(
+    workdir: str | Path,
+    topics: Sequence[str] = ("orders",),
+    *,
+    name: str = "job",
+    bootstrap_servers: str = "127.0.0.1:9092",
+    handler: str = "h:handle",
+    output_schema: str = "id STRING",
+    handler_paths: Sequence[str | Path] | None = None,
+    **sections: Mapping[str, Any],
+) -> str:
+    """A job config's TOML text: job `name` reading `topics` from `bootstrap_servers`,
+    calling `handler` (on `handler_paths`, `workdir` by default), writing `output_schema`
+    rows to workdir/out, checkpointing in workdir/checkpoint.
+
+    Each keyword in `sections` names a table (`job`, `kafka`, `retry`, `dead_letter`,
+    `metrics`, ...) and updates it key by key: a value of None drops the key, a mapping is a
+    sub-table (`kafka={"options": {"linger.ms": "5"}}` is [kafka.options]).
+    """
+    tables: dict[str, dict[str, Any]] = {
+        "job": {"name": name, "checkpoint": f"{workdir}/checkpoint"},
+        "kafka": {"bootstrap_servers": bootstrap_servers, "topics": list(topics)},
+        "handler": {
+            "function": handler,
+            "output_schema": output_schema,
+            "paths": [str(p) for p in (handler_paths or [workdir])],
+        },
+        "output": {"table": f"{workdir}/out"},
+    }
+    for section, changes in sections.items():
+        table = tables.setdefault(section, {})
+        for key, value in changes.items():
+            if value is None:
+                table.pop(key, None)
+            else:
+                table[key] = value
+    return "".join(_toml_table(section, keys) for section, keys in tables.items())
+
+
+def write_job_toml(path: Path, workdir: str | Path | None = None, **kwargs: Any) -> Path:
+    """Write `job_toml(workdir, **kwargs)` to `path` (workdir: the file's folder by default)
+    and return the path."""
+    path.write_text(job_toml(path.parent if workdir is None else workdir, **kwargs))
+    return path
+
+
+def _toml_table(name: str, keys: Mapping[str, Any]) -> str:
+    plain = [f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in keys.items() if not _is_table(v)]
+    nested = [_toml_table(f"{name}.{_toml_key(k)}", v) for k, v in keys.items() if _is_table(v)]
+    return f"[{name}]\n" + "".join(plain) + "".join(nested)
+
+
+def _is_table(value: Any) -> bool:
+    return isinstance(value, Mapping)
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    # A JSON string is a TOML basic string: the same quotes and escapes.
+    return json.dumps(str(value))
+
+
+def produce(
+    bootstrap: str, topic: str, records: Iterable[tuple[str, str]], partitions: int | None = None
+) -> int:
+    """Produce (key, value) string pairs, spread over `partitions` round-robin if given;
+    returns how many."""
+    producer = make_producer(bootstrap, {})
+    count = 0
+    for i, (key, value) in enumerate(records):
+        kwargs = {"partition": i % partitions} if partitions else {}
+        producer.produce(topic, key=key.encode(), value=value.encode(), **kwargs)
+        count += 1
+    producer.flush(30)
+    return count
+
+
+def run_until(
+    spark: SparkSession, config: Config, settled: Callable[[], bool], timeout: float = 120
+) -> list[BatchResult]:
+    """Run the job with its processing-time trigger until `settled()`, failing the test if
+    the query dies or `timeout` seconds pass first; returns every batch's result."""
+    results: list[BatchResult] = []
+    query, router = start_query(spark, config, on_result=results.append)
+    deadline = time.monotonic() + timeout
+    try:
+        while not settled() and time.monotonic() < deadline:
+            assert query.isActive, f"query died: {query.exception()}"
+            time.sleep(0.25)
+        assert query.isActive, f"query died: {query.exception()}"
+    finally:
+        stop_gracefully(query, router)
+        router.close()
+    assert settled(), f"not settled after {timeout}s; batches: {[r.counters for r in results]}"
+    return results
+
+
+def run_available_now(spark: SparkSession, config: Config) -> list[BatchResult]:
+    """Run the job with the availableNow trigger to its end (at most 180 s); returns every
+    batch's result."""
+    results: list[BatchResult] = []
+    query, router = start_query(spark, config, available_now=True, on_result=results.append)
+    try:
+        assert query.awaitTermination(180), "the availableNow run did not stop by itself"
+    finally:
+        router.close()
+    assert query.exception() is None
+    return results
+
+
+def settled_count(config: Config) -> int:
+    """Records the job has finished with: rows in its output and dead-letter tables."""
+    return read_table(config.output.table).num_rows + read_table(config.dead_letter.table).num_rows
 
 
 def tests_session() -> SparkSession:
@@ -38,7 +172,7 @@ def read_table(table: str) -> pa.Table:
     return tests_session().read.format("delta").load(table).toArrow()
 
 
-def table_frame(spark: SparkSession, path: str):
+def table_frame(spark: SparkSession, path: str) -> DataFrame:
     """The Delta table at `path` as a DataFrame with the table's own column types (a frame
     made from pandas would widen INT to BIGINT on Spark 4.0)."""
     return spark.read.format("delta").load(path)
@@ -47,26 +181,14 @@ def table_frame(spark: SparkSession, path: str):
 def metrics_job_config(tmp_path: Path) -> Config:
     """A job "m" on topic "orders" with a do-nothing handler, two tiers and a metrics table,
     everything under `tmp_path` (no broker is contacted to load it)."""
-    (tmp_path / "h.py").write_text("def handle(record):\n    return None\n")
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[job]
-name = "m"
-checkpoint = "{tmp_path}/cp"
-[kafka]
-bootstrap_servers = "127.0.0.1:9092"
-topics = ["orders"]
-[handler]
-function = "h:handle"
-output_schema = "id STRING"
-paths = ["{tmp_path}"]
-[output]
-table = "{tmp_path}/out"
-[retry]
-delays = ["10s", "1m"]
-[metrics]
-table = "{tmp_path}/metrics"
-""")
+    (tmp_path / "h.py").write_text(NOOP_HANDLER)
+    path = write_job_toml(
+        tmp_path / "job.toml",
+        name="m",
+        job={"checkpoint": f"{tmp_path}/cp"},
+        retry={"delays": ["10s", "1m"]},
+        metrics={"table": f"{tmp_path}/metrics"},
+    )
     return load_config(path)
 
 

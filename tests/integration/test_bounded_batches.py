@@ -9,27 +9,14 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import produce
-from helpers import read_table
+from helpers import produce, read_table, run_available_now
 
-from retrylib.job import start_query
 from retrylib.router import BatchResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
 
 LIMIT = 20
 RECORDS = 60
-
-
-def run_available_now(spark, config) -> list[BatchResult]:
-    results: list[BatchResult] = []
-    query, router = start_query(spark, config, available_now=True, on_result=results.append)
-    try:
-        assert query.awaitTermination(180), "the availableNow run did not stop by itself"
-    finally:
-        router.close()
-    assert query.exception() is None
-    return results
 
 
 def read_per_batch(results: list[BatchResult], counter: str) -> list[int]:
@@ -45,8 +32,8 @@ def test_backlogs_of_main_topic_and_each_tier_run_in_bounded_batches(
     produce(bootstrap_servers, topic, [(k, "v") for k in keys], partitions=2)
     config = write_config(
         [topic],
-        kafka=f'max_offsets_per_trigger = {LIMIT}\nsource = "{source}"',
-        retry='delays = ["1s", "2s"]\nmax_attempts = 3',
+        kafka={"max_offsets_per_trigger": LIMIT, "source": source},
+        retry={"delays": ["1s", "2s"], "max_attempts": 3},
     )
 
     first = run_available_now(spark, config)

@@ -4,8 +4,7 @@ failures of any shape are recorded, never fatal."""
 from __future__ import annotations
 
 import pytest
-from helpers import read_table
-from test_retries import run_until, settled_count
+from helpers import read_table, run_until, settled_count
 
 from retrylib.kafka.clients import make_producer
 from retrylib.retry.headers import MAX_ERROR_MESSAGE_BYTES
@@ -26,7 +25,7 @@ def test_edge_records_keep_every_byte_through_a_retry(
 ):
     topic = make_topic("edges", partitions=1)
     config = write_config(
-        [topic], handler="edge_handlers:handle", retry='delays = ["1s"]\nmax_attempts = 2'
+        [topic], handler="edge_handlers:handle", retry={"delays": ["1s"], "max_attempts": 2}
     )
     producer = make_producer(bootstrap_servers, {})
     for key, value, headers in RECORDS:

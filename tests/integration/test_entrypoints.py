@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import produce
-from helpers import read_table
+from helpers import produce, read_table
 
 from retrylib.config.loader import load_config
 from retrylib.errors import TopicError
@@ -51,7 +50,7 @@ def test_spark_submit_available_now_exits_zero(bootstrap_servers, make_topic, wr
 def test_sigterm_stops_after_the_batch_and_exits_zero(bootstrap_servers, make_topic, write_config):
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
-    config = write_config([topic], kafka="max_offsets_per_trigger = 50")  # a long backlog
+    config = write_config([topic], kafka={"max_offsets_per_trigger": 50})  # a long backlog
     job = subprocess.Popen(
         [sys.executable, "-m", "retrylib", "run", config.source_path, "--master", "local[2]"],
         env=child_env(),
@@ -84,7 +83,7 @@ def test_sigterm_to_the_spark_submit_jvm_stops_after_the_batch_and_exits_zero(
     Python driver (its child), which never gets a signal of its own."""
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
-    config = write_config([topic], kafka="max_offsets_per_trigger = 50")  # a long backlog
+    config = write_config([topic], kafka={"max_offsets_per_trigger": 50})  # a long backlog
     env = {**child_env(), "SPARK_SUBMIT_OPTS_EXTRA": "--master local[2]"}
     log_path = tmp_path / "job.log"
     with log_path.open("w") as log_file:  # a file, not a pipe: a full pipe would stall the job

@@ -12,11 +12,9 @@ import time
 
 import pytest
 from chispa import assert_df_equality
-from conftest import produce
-from helpers import read_table
+from helpers import produce, read_table, run_until, settled_count
 
 from retrylib.config.loader import load_config
-from retrylib.job import start_query, stop_gracefully
 from retrylib.router import BatchResult
 
 pytestmark = pytest.mark.slow
@@ -24,27 +22,6 @@ pytestmark = pytest.mark.slow
 TIMEOUT_MS = 2_000
 RECOVERING = ("exit", "hang", "interrupt", "swallow", "schema", "badtype", "unknowncol")
 """Prefixes whose handler misbehaves on attempt 0 only, and succeeds on attempt 1."""
-
-
-def run_until_settled(spark, config, expected: int, timeout: float = 150) -> list[BatchResult]:
-    results: list[BatchResult] = []
-    query, router = start_query(spark, config, on_result=results.append)
-    deadline = time.monotonic() + timeout
-
-    def settled() -> bool:
-        done = read_table(config.output.table).num_rows
-        return done + read_table(config.dead_letter.table).num_rows >= expected
-
-    try:
-        while not settled() and time.monotonic() < deadline:
-            assert query.isActive, f"query died: {query.exception()}"
-            time.sleep(0.25)
-        assert query.isActive, f"query died: {query.exception()}"
-    finally:
-        stop_gracefully(query, router)
-        router.close()
-    assert settled(), f"not settled after {timeout}s: {[r.counters for r in results]}"
-    return results
 
 
 def test_misbehaving_handlers_fail_attempts_and_recover(
@@ -59,7 +36,7 @@ def test_misbehaving_handlers_fail_attempts_and_recover(
     assert config.handler.timeout_ms == TIMEOUT_MS
 
     started = time.monotonic()
-    results = run_until_settled(spark, config, expected=len(keys))
+    results = run_until(spark, config, lambda: settled_count(config) >= len(keys), timeout=150)
     elapsed = time.monotonic() - started
 
     attempt = {"ok": 0, **{prefix: 1 for prefix in RECOVERING}}
@@ -100,8 +77,8 @@ def test_failure_reasons_are_recorded(spark, bootstrap_servers, make_topic, writ
     prefixes = ("exit", "interrupt", "hang", "schema", "badtype", "unknowncol", "nullkey")
     keys = [f"{prefix}-0" for prefix in prefixes]
     produce(bootstrap_servers, topic, [(k, "v") for k in keys])
-    write_config([topic], retry='delays = ["1s"]\nmax_attempts = 1')
-    from job_handlers import OUTPUT_SCHEMA  # noqa: PLC0415 - put on sys.path by write_config
+    write_config([topic], retry={"delays": ["1s"], "max_attempts": 1})
+    from job_handlers import OUTPUT_SCHEMA  # on sys.path via write_config
 
     not_null_key = OUTPUT_SCHEMA.replace("key STRING", "key STRING NOT NULL", 1)
     config = load_config(
@@ -109,7 +86,7 @@ def test_failure_reasons_are_recorded(spark, bootstrap_servers, make_topic, writ
         overrides={"handler.timeout": "2s", "handler.output_schema": not_null_key},
     )
 
-    run_until_settled(spark, config, expected=len(keys))
+    run_until(spark, config, lambda: settled_count(config) >= len(keys), timeout=150)
 
     assert read_table(config.output.table).num_rows == 0
     dead = {r["key"].decode(): r for r in read_table(config.dead_letter.table).to_pylist()}

@@ -10,25 +10,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
-from conftest import produce
-from helpers import read_table, table_frame
+from helpers import produce, read_table, run_available_now, table_frame
 
 from retrylib.checkpoint import Checkpoint
 from retrylib.job import start_query
-from retrylib.router import BatchResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
-
-
-def run_available_now(spark, config) -> list[BatchResult]:
-    results: list[BatchResult] = []
-    query, router = start_query(spark, config, available_now=True, on_result=results.append)
-    try:
-        query.awaitTermination()
-    finally:
-        router.close()
-    assert query.exception() is None
-    return results
 
 
 def expected_frame(spark, rows: list[tuple]):
@@ -59,7 +46,7 @@ def test_restart_processes_only_new_records(
     """A plain checkpoint path, and a URI (retrylib's files then go through Hadoop's API)."""
     topic = make_topic("orders", partitions=3)
     produce(bootstrap_servers, topic, [(f"ok-a{i}", "first") for i in range(500)])
-    config = write_config([topic], checkpoint=f"{scheme}{tmp_path}/checkpoint")
+    config = write_config([topic], job={"checkpoint": f"{scheme}{tmp_path}/checkpoint"})
     run_available_now(spark, config)
     produce(bootstrap_servers, topic, [(f"ok-b{i}", "second") for i in range(300)])
 
@@ -100,7 +87,7 @@ def test_each_batch_commits_with_its_own_transaction(
 ):
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(300)], partitions=2)
-    config = write_config([topic], kafka="max_offsets_per_trigger = 100")
+    config = write_config([topic], kafka={"max_offsets_per_trigger": 100})
 
     results = run_available_now(spark, config)
 
@@ -121,7 +108,7 @@ def test_catalog_table_names(spark, bootstrap_servers, make_topic, write_config)
     produce(bootstrap_servers, topic, records)
     suffix = uuid.uuid4().hex[:8]
     output, dead = f"default.orders_{suffix}", f"spark_catalog.default.orders_dlq_{suffix}"
-    config = write_config([topic], output_table=output, dead_letter_table=dead)
+    config = write_config([topic], output={"table": output}, dead_letter={"table": dead})
 
     run_available_now(spark, config)
 

@@ -9,8 +9,7 @@ import logging
 import time
 
 import pytest
-from conftest import produce
-from helpers import read_table
+from helpers import produce, read_table
 
 from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once
@@ -34,8 +33,8 @@ def test_metrics_lines_and_table_match_the_run(
     produce(bootstrap_servers, topic, records, partitions=2)
     config = write_config(
         [topic],
-        retry='delays = ["1s"]\nmax_attempts = 2',
-        extra=f'[metrics]\ntable = "{tmp_path}/metrics"',
+        retry={"delays": ["1s"], "max_attempts": 2},
+        metrics={"table": f"{tmp_path}/metrics"},
     )
     results: list[BatchResult] = []
     query, router = start_query(spark, config, on_result=results.append)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import pytest
 from chispa import assert_df_equality
-from conftest import produce
-from helpers import read_table, read_topic, table_frame
+from helpers import produce, read_table, read_topic, run_until, settled_count, table_frame
 
 from retrylib.job import start_query, stop_gracefully
 from retrylib.kafka.clients import make_producer
@@ -20,30 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
 log = logging.getLogger(__name__)
 
 
-def run_until(
-    spark, config, settled: Callable[[], bool], timeout: float = 120
-) -> list[BatchResult]:
-    """Run the job with its processing-time trigger until `settled()` or the timeout."""
-    results: list[BatchResult] = []
-    query, router = start_query(spark, config, on_result=results.append)
-    deadline = time.monotonic() + timeout
-    try:
-        while not settled() and time.monotonic() < deadline:
-            assert query.isActive, f"query died: {query.exception()}"
-            time.sleep(0.25)
-    finally:
-        stop_gracefully(query, router)
-        router.close()
-    assert settled(), f"not settled after {timeout}s; batches: {[r.counters for r in results]}"
-    return results
-
-
 def table_rows(path: str) -> list[dict]:
     return read_table(path).to_pylist()
-
-
-def settled_count(config) -> int:
-    return read_table(config.output.table).num_rows + read_table(config.dead_letter.table).num_rows
 
 
 @pytest.mark.parametrize("source", ["builtin", "python"])
@@ -60,7 +36,7 @@ def test_outcomes_by_kind(spark, bootstrap_servers, make_topic, write_config, so
     )
     produce(bootstrap_servers, topic, [(k, f"v-{k}") for k in keys])
     # delays 1s, 2s; max_attempts 3; ValueError non-retryable
-    config = write_config([topic], kafka=f'source = "{source}"')
+    config = write_config([topic], kafka={"source": source})
 
     run_until(spark, config, lambda: settled_count(config) >= len(keys))
     time.sleep(1)  # nothing more may arrive
@@ -101,7 +77,7 @@ def test_delays_are_honoured_and_lateness_is_bounded(
     timing_file = tmp_path / "failures.txt"
     topic = make_topic("orders", partitions=2)
     config = write_config(
-        [topic], handler="timing_handlers:timed_by_key", retry='delays = ["3s"]\nmax_attempts = 2'
+        [topic], handler="timing_handlers:timed_by_key", retry={"delays": ["3s"], "max_attempts": 2}
     )
     keys = [f"timed-{i}" for i in range(6)]
     produce(bootstrap_servers, topic, [(k, str(timing_file)) for k in keys])
@@ -125,7 +101,7 @@ def test_delays_are_honoured_and_lateness_is_bounded(
 
 def test_main_records_flow_while_retries_wait(spark, bootstrap_servers, make_topic, write_config):
     topic = make_topic("orders", partitions=2)
-    config = write_config([topic], retry='delays = ["30s"]\nmax_attempts = 2')
+    config = write_config([topic], retry={"delays": ["30s"], "max_attempts": 2})
     produce(bootstrap_servers, topic, [("always-0", "v")])
     results: list[BatchResult] = []
     query, router = start_query(spark, config, on_result=results.append)
@@ -147,7 +123,7 @@ def test_main_records_flow_while_retries_wait(spark, bootstrap_servers, make_top
 
 def test_retry_after_and_unsigned_retry_records(spark, bootstrap_servers, make_topic, write_config):
     topic = make_topic("orders", partitions=1)
-    config = write_config([topic], retry='delays = ["1s"]\nmax_attempts = 3')
+    config = write_config([topic], retry={"delays": ["1s"], "max_attempts": 3})
     tier_topic = config.retry.tiers[0].topics[topic]
     produce(bootstrap_servers, topic, [("after-0", "v")])
     start_query(spark, config, available_now=True)[0].awaitTermination()  # creates the tiers

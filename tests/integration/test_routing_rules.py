@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import produce
-from helpers import read_table
-from test_retries import read_topic, run_until, settled_count
+from helpers import produce, read_table, run_until, settled_count
+from test_retries import read_topic
 
 pytestmark = pytest.mark.slow
 
@@ -19,8 +18,8 @@ def test_routes_timeout_and_skip(spark, bootstrap_servers, make_topic, write_con
     config = write_config(
         [topic],
         # "always" fails every 2 s or so until a failure comes 3 s or more after the first.
-        retry='delays = ["2s"]\nmax_attempts = 10\ntimeout = "3s"',
-        extra=f'[dead_letter.routes]\n"ValueError" = "{invalid}"\n',
+        retry={"delays": ["2s"], "max_attempts": 10, "timeout": "3s"},
+        dead_letter={"routes": {"ValueError": invalid}},
     )
     keys = ["ok-1", "bad-1", "always-1", "skip-1", "skip-2", "ok-2"]
     produce(bootstrap_servers, topic, [(k, "v") for k in keys])

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
-from conftest import produce
 from delta.tables import DeltaTable
-from helpers import read_table
+from helpers import produce, read_table
 
 from retrylib.checkpoint import Checkpoint, read_json, replace_json
 from retrylib.config.loader import load_config
@@ -25,7 +24,7 @@ def test_a_short_optimize_every_compacts_the_output_table(
     topic = make_topic("orders", partitions=2)
     records = [(f"ok-{i}", f"v{i}") for i in range(240)]
     produce(bootstrap_servers, topic, records, partitions=2)
-    written = write_config([topic], kafka="max_offsets_per_trigger = 60")
+    written = write_config([topic], kafka={"max_offsets_per_trigger": 60})
     config = load_config(written.source_path, overrides={"output.optimize_every": "1ms"})
 
     query, router = start_query(spark, config, available_now=True)

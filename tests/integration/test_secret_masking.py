@@ -8,7 +8,7 @@ import sys
 import uuid
 
 import pytest
-from conftest import produce
+from helpers import produce
 
 pytestmark = pytest.mark.slow
 
@@ -28,10 +28,10 @@ def test_a_value_from_the_environment_is_masked_in_the_workers_output(
     config = write_config(
         [topic],
         name="masked",
-        kafka=(
-            'source = "python"\n[kafka.options]\n'
-            f'"client.id" = "${{env:{VARIABLE}}}"\n"linger.ms" = "10"'
-        ),
+        kafka={
+            "source": "python",
+            "options": {"client.id": f"${{env:{VARIABLE}}}", "linger.ms": "10"},
+        },
     )
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 

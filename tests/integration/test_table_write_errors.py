@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
-from conftest import produce
-from helpers import refusing_writes
+from helpers import produce, refusing_writes
 
 pytestmark = pytest.mark.slow
 

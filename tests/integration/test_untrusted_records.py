@@ -5,9 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import produce
-from helpers import read_table
-from test_retries import run_until, settled_count
+from helpers import produce, read_table, run_until, settled_count
 
 from retrylib.errors import RedriveError
 from retrylib.job import prepare_topics
@@ -57,7 +55,7 @@ def test_a_forged_retry_does_not_make_the_genuine_record_vanish(
     spark, bootstrap_servers, make_topic, write_config
 ):
     topic = make_topic("orders", partitions=1)
-    config = write_config([topic], retry='delays = ["2s"]\nmax_attempts = 3')
+    config = write_config([topic], retry={"delays": ["2s"], "max_attempts": 3})
     prepare_topics(config)
     [tier] = config.retry.tier_topics()
     now = int(time.time() * 1000)
@@ -88,7 +86,7 @@ def test_main_records_lose_reserved_headers_only(
     spark, bootstrap_servers, make_topic, write_config
 ):
     topic = make_topic("orders", partitions=1)
-    config = write_config([topic], retry='delays = ["1s"]\nmax_attempts = 3')
+    config = write_config([topic], retry={"delays": ["1s"], "max_attempts": 3})
     headers = [
         ("retrylib.x", b"mine"),
         ("retrylib.id", b"forged"),
@@ -116,7 +114,7 @@ def test_retry_after_beyond_the_maximum_is_dead_lettered_and_a_long_one_holds_no
 ):
     topic = make_topic("orders", partitions=1)
     config = write_config(
-        [topic], retry='delays = ["1s"]\nmax_attempts = 3\nmax_retry_after = "1m"'
+        [topic], retry={"delays": ["1s"], "max_attempts": 3, "max_retry_after": "1m"}
     )
     started = time.monotonic()
     produce(
@@ -159,15 +157,15 @@ def test_jobs_on_one_topic_keep_their_retries_apart(
             [topic],
             name=name,
             retry=retry,
-            output_table=f"{tmp_path}/{name}/out",
-            dead_letter_table=f"{tmp_path}/{name}/dlq",
-            checkpoint=f"{tmp_path}/{name}/checkpoint",
+            output={"table": f"{tmp_path}/{name}/out"},
+            dead_letter={"table": f"{tmp_path}/{name}/dlq"},
+            job={"checkpoint": f"{tmp_path}/{name}/checkpoint"},
         )
 
-    own_tiers = 'delays = ["1s"]\nmax_attempts = 3'
+    own_tiers = {"delays": ["1s"], "max_attempts": 3}
     first, second = job("first", own_tiers), job("second", own_tiers)
     assert set(first.retry.tier_topics()).isdisjoint(second.retry.tier_topics())
-    shared = own_tiers + '\ntopic_template = "{topic}.shared.retry.{delay}"'
+    shared = {**own_tiers, "topic_template": "{topic}.shared.retry.{delay}"}
     third, fourth = job("third", shared), job("fourth", shared)
 
     skipped = {}
@@ -185,7 +183,7 @@ def test_the_broker_refuses_a_tier_record_that_would_hold_the_tier_up(
     bootstrap_servers, make_topic, write_config
 ):
     topic = make_topic("orders", partitions=1)
-    config = write_config([topic], retry='delays = ["2s"]\nmax_attempts = 3')
+    config = write_config([topic], retry={"delays": ["2s"], "max_attempts": 3})
     prepare_topics(config)
     [tier] = config.retry.tier_topics()
     errors: dict[bytes, object] = {}

@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import produce
-from helpers import read_table
+from helpers import produce, read_table
 
 from retrylib.job import start_query
 
@@ -19,7 +18,7 @@ def test_handler_killing_its_worker_is_a_failed_attempt(
     topic = make_topic("orders", partitions=2)
     keys = [f"ok-{i}" for i in range(20)] + ["crash-0", "crashalways-0"]
     produce(bootstrap_servers, topic, [(k, "v") for k in keys])
-    config = write_config([topic], retry='delays = ["1s"]\nmax_attempts = 2')
+    config = write_config([topic], retry={"delays": ["1s"], "max_attempts": 2})
 
     for _ in range(4):  # availableNow runs until the retry of crash-0 has been due and handled
         query, router = start_query(spark, config, available_now=True)
