@@ -25,9 +25,6 @@ from retrylib.kafka.clients import make_consumer, make_producer, topic_partition
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
 from retrylib.router import BatchResult
 
-NOOP_HANDLER = "def handle(record):\n    return None\n"
-"""A handler module's text: `h:handle` once written as h.py on the handler's paths."""
-
 
 def job_toml(
     workdir: str | Path,
@@ -73,6 +70,14 @@ def write_job_toml(path: Path, workdir: str | Path | None = None, **kwargs: Any)
     and return the path."""
     path.write_text(job_toml(path.parent if workdir is None else workdir, **kwargs))
     return path
+
+
+def write_noop_job(workdir: Path, **kwargs: Any) -> Path:
+    """Write workdir/job.toml, `job_toml(workdir, **kwargs)`, and the do-nothing handler it
+    names by default (`h:handle`, in workdir/h.py); return the config's path. Loading it
+    contacts no broker."""
+    (workdir / "h.py").write_text("def handle(record):\n    return None\n")
+    return write_job_toml(workdir / "job.toml", **kwargs)
 
 
 def _toml_table(name: str, keys: Mapping[str, Any]) -> str:
@@ -181,9 +186,8 @@ def table_frame(spark: SparkSession, path: str) -> DataFrame:
 def metrics_job_config(tmp_path: Path) -> Config:
     """A job "m" on topic "orders" with a do-nothing handler, two tiers and a metrics table,
     everything under `tmp_path` (no broker is contacted to load it)."""
-    (tmp_path / "h.py").write_text(NOOP_HANDLER)
-    path = write_job_toml(
-        tmp_path / "job.toml",
+    path = write_noop_job(
+        tmp_path,
         name="m",
         job={"checkpoint": f"{tmp_path}/cp"},
         retry={"delays": ["10s", "1m"]},

@@ -47,3 +47,26 @@ def test_a_value_from_the_environment_is_masked_in_the_workers_output(
     assert done.returncode == 0, done.stderr[-3000:]
     assert secret not in done.stdout + done.stderr
     assert "CONFWARN [***#consumer-" in done.stderr, done.stderr[-3000:]
+
+
+WORKER = """
+import logging, sys
+from retrylib.kafka.clients import client_config
+secret = sys.argv[1]
+config = client_config("127.0.0.1:1", {"client.id": secret, "linger.ms": "5"}, {"client.id"})
+config["logger"].warning("CONFWARN [%s#consumer-1] [thrd:app]: a librdkafka line", secret)
+logging.getLogger("retrylib.kafka.range_reader").warning("reading with client %s", secret)
+"""
+
+
+def test_a_worker_process_masks_its_clients_secret_options():
+    secret = "wkr-5ecret-client-id"
+
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER, secret], capture_output=True, text=True, timeout=60
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "CONFWARN [***#consumer-1] [thrd:app]: a librdkafka line" in done.stderr
+    assert "reading with client ***" in done.stderr
+    assert secret not in done.stderr

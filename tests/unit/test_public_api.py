@@ -1,9 +1,6 @@
-"""The package's public names, and the imports they do not cost Spark's Python processes."""
+"""The package's public names."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 
@@ -19,22 +16,3 @@ def test_every_public_name_resolves_and_is_listed() -> None:
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = retrylib.nope
-
-
-def test_reading_kafka_does_not_import_the_job() -> None:
-    """Every Spark streaming source process imports retrylib.kafka.tier_source; the job's modules
-    (Delta, the router, the config parser) would add ~0.1-0.2 s to each one's start."""
-    loaded = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys, retrylib.kafka.tier_source; "
-            "print(sorted(m for m in sys.modules if m.startswith('retrylib')))",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "retrylib.job" not in loaded
-    assert "retrylib.config.model" not in loaded
-    assert "retrylib.config.loader" not in loaded

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from helpers import write_noop_job
 
 from retrylib.config.loader import load_config
 from retrylib.logs import (
@@ -24,28 +25,15 @@ from retrylib.logs import (
 def config_file(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setenv("REDACT_TEST_PASSWORD", "pw-61c0ffee")
     monkeypatch.setenv("REDACT_TEST_USER", "svc-user")
-    (tmp_path / "h.py").write_text("def handle(record):\n    return None\n")
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[job]
-name = "redacted"
-checkpoint = "{tmp_path}/cp"
-[kafka]
-bootstrap_servers = "127.0.0.1:9092"
-topics = ["orders"]
-[kafka.options]
-"sasl.password" = "${{env:REDACT_TEST_PASSWORD}}"
-"ssl.key.password" = "inline-jaas-9d2e"
-"client.id" = "user=${{env:REDACT_TEST_USER}}"
-"linger.ms" = "5"
-[handler]
-function = "h:handle"
-output_schema = "id STRING"
-paths = ["{tmp_path}"]
-[output]
-table = "{tmp_path}/out"
-""")
-    return path
+    options = {
+        "sasl.password": "${env:REDACT_TEST_PASSWORD}",
+        "ssl.key.password": "inline-jaas-9d2e",
+        "client.id": "user=${env:REDACT_TEST_USER}",
+        "linger.ms": "5",
+    }
+    return write_noop_job(
+        tmp_path, name="redacted", job={"checkpoint": f"{tmp_path}/cp"}, kafka={"options": options}
+    )
 
 
 def test_config_secrets_are_the_hidden_values_and_env_variables(config_file):
