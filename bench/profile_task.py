@@ -66,28 +66,21 @@ def synthetic_batches(records: int, rate: float, size: int, rows: int = 10_000):
 def make_plan(workdir: Path, handler: str):
     from retrylib.config.loader import load_config
     from retrylib.job import task_plan
+    from tests.helpers import write_job_toml
 
-    config_path = workdir / "profile.toml"
-    config_path.write_text(f"""
-[job]
-name = "profile"
-checkpoint = "{workdir}/checkpoint"
-[kafka]
-bootstrap_servers = "127.0.0.1:1"
-topics = ["bench-main"]
-[handler]
-function = "bench.handlers:{handler}"
-output_schema = "{OUTPUT_DDL}"
-paths = ["{REPO}"]
-[output]
-table = "{workdir}/out"
-[retry]
-delays = ["10s"]
-max_attempts = 2
-[dead_letter]
-topic = "bench-main.dlt"
-table = "{workdir}/dead_letter"
-""")
+    config_path = write_job_toml(
+        workdir / "profile.toml",
+        topics=["bench-main"],
+        name="profile",
+        bootstrap_servers="127.0.0.1:1",
+        handler={
+            "function": f"bench.handlers:{handler}",
+            "output_schema": OUTPUT_DDL,
+            "paths": [REPO],
+        },
+        retry={"delays": ["10s"], "max_attempts": 2},
+        dead_letter={"topic": "bench-main.dlt", "table": f"{workdir}/dead_letter"},
+    )
     config = load_config(config_path)
     partitions = {t: 6 for tier in config.retry.tiers for t in tier.topics.values()}
     partitions[config.dead_letter.topic] = 6

@@ -38,6 +38,7 @@ from bench.report import (
     sum_counters,
     table,
 )
+from tests.helpers import write_job_toml
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("ceiling", "baseline", "bare", "retrylib", "arrow", "python", "memory", "lateness")
@@ -248,42 +249,32 @@ class Bench:
 
     def write_config(self, label, handler, cap, topic, ddl, delay, trigger, kind, source):
         root = self.workdir / label
-        cap_line = f"max_offsets_per_trigger = {cap}" if cap else ""
-        text = f"""
-[job]
-name = "{label}"
-checkpoint = "{root}/checkpoint"
-trigger = "{trigger}"
-
-[kafka]
-bootstrap_servers = "{self.bootstrap}"
-topics = ["{topic}"]
-starting_offsets = "earliest"
-source = "{source}"
-{cap_line}
-
-[handler]
-function = "bench.handlers:{handler}"
-kind = "{kind}"
-output_schema = "{ddl}"
-paths = ["{REPO}"]
-
-[output]
-table = "{root}/out"
-
-[retry]
-delays = ["{delay}"]
-max_attempts = 2
-jitter = "0%"
-topic_template = "{{topic}}.{label}.retry.{{delay}}"
-
-[dead_letter]
-topic = "{topic}.{label}.dlt"
-table = "{root}/dead_letter"
-"""
-        path = self.workdir / f"{label}.toml"
-        path.write_text(text)
-        return path
+        return write_job_toml(
+            self.workdir / f"{label}.toml",
+            workdir=root,
+            topics=[topic],
+            name=label,
+            bootstrap_servers=self.bootstrap,
+            handler={
+                "function": f"bench.handlers:{handler}",
+                "output_schema": ddl,
+                "paths": [REPO],
+                "kind": kind,
+            },
+            job={"trigger": trigger},
+            kafka={
+                "starting_offsets": "earliest",
+                "source": source,
+                "max_offsets_per_trigger": cap or None,
+            },
+            retry={
+                "delays": [delay],
+                "max_attempts": 2,
+                "jitter": "0%",
+                "topic_template": f"{{topic}}.{label}.retry.{{delay}}",
+            },
+            dead_letter={"topic": f"{topic}.{label}.dlt", "table": f"{root}/dead_letter"},
+        )
 
     # -- the parts ----------------------------------------------------------------------
 

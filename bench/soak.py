@@ -32,6 +32,7 @@ from pathlib import Path
 from bench.data import marked_value, soak_mark
 from bench.procmem import _all_stats, _read, descendants, parse_kb
 from bench.report import fmt, table, trend
+from tests.helpers import write_job_toml
 
 REPO = Path(__file__).resolve().parents[1]
 TOPIC = "soak"
@@ -73,41 +74,26 @@ def say(message: str) -> None:
 
 
 def write_config(args: argparse.Namespace, workdir: Path, bootstrap: str) -> Path:
-    delays = ", ".join(json.dumps(d.strip()) for d in args.delays.split(",") if d.strip())
-    optimize = f'optimize_every = "{args.optimize_every}"' if args.optimize_every else ""
-    text = f"""
-[job]
-name = "{JOB}"
-checkpoint = "{workdir}/checkpoint"
-trigger = "{args.trigger}"
-
-[kafka]
-bootstrap_servers = "{bootstrap}"
-topics = ["{TOPIC}"]
-starting_offsets = "earliest"
-
-[handler]
-function = "bench.handlers:soak"
-output_schema = "partition INT, offset BIGINT, size INT"
-paths = ["{REPO}"]
-
-[output]
-table = "{workdir}/tables/out"
-{optimize}
-
-[retry]
-delays = [{delays}]
-max_attempts = 3
-
-[dead_letter]
-table = "{workdir}/tables/dead_letter"
-
-[metrics]
-table = "{workdir}/tables/metrics"
-"""
-    path = workdir / "soak.toml"
-    path.write_text(text)
-    return path
+    return write_job_toml(
+        workdir / "soak.toml",
+        topics=[TOPIC],
+        name=JOB,
+        bootstrap_servers=bootstrap,
+        handler={
+            "function": "bench.handlers:soak",
+            "output_schema": "partition INT, offset BIGINT, size INT",
+            "paths": [REPO],
+        },
+        job={"trigger": args.trigger},
+        kafka={"starting_offsets": "earliest"},
+        output={"table": f"{workdir}/tables/out", "optimize_every": args.optimize_every or None},
+        retry={
+            "delays": [d.strip() for d in args.delays.split(",") if d.strip()],
+            "max_attempts": 3,
+        },
+        dead_letter={"table": f"{workdir}/tables/dead_letter"},
+        metrics={"table": f"{workdir}/tables/metrics"},
+    )
 
 
 class SteadyProducer(threading.Thread):

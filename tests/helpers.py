@@ -32,27 +32,20 @@ def job_toml(
     *,
     name: str = "job",
     bootstrap_servers: str = "127.0.0.1:9092",
-    handler: str = "h:handle",
-    output_schema: str = "id STRING",
-    handler_paths: Sequence[str | Path] | None = None,
     **sections: Mapping[str, Any],
 ) -> str:
     """A job config's TOML text: job `name` reading `topics` from `bootstrap_servers`,
-    calling `handler` (on `handler_paths`, `workdir` by default), writing `output_schema`
-    rows to workdir/out, checkpointing in workdir/checkpoint.
+    calling the handler `h:handle` from `workdir` with `id STRING` rows, writing them to
+    workdir/out, checkpointing in workdir/checkpoint.
 
-    Each keyword in `sections` names a table (`job`, `kafka`, `retry`, `dead_letter`,
-    `metrics`, ...) and updates it key by key: a value of None drops the key, a mapping is a
-    sub-table (`kafka={"options": {"linger.ms": "5"}}` is [kafka.options]).
+    Each keyword in `sections` names a table (`job`, `kafka`, `handler`, `output`, `retry`,
+    `dead_letter`, `metrics`, ...) and updates it key by key: a value of None drops the key,
+    a mapping is a sub-table (`kafka={"options": {"linger.ms": "5"}}` is [kafka.options]).
     """
     tables: dict[str, dict[str, Any]] = {
         "job": {"name": name, "checkpoint": f"{workdir}/checkpoint"},
         "kafka": {"bootstrap_servers": bootstrap_servers, "topics": list(topics)},
-        "handler": {
-            "function": handler,
-            "output_schema": output_schema,
-            "paths": [str(p) for p in (handler_paths or [workdir])],
-        },
+        "handler": {"function": "h:handle", "output_schema": "id STRING", "paths": [workdir]},
         "output": {"table": f"{workdir}/out"},
     }
     for section, changes in sections.items():

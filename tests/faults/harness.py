@@ -53,6 +53,10 @@ from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.retry.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, record_id
 
+# tests/, for the helpers shared by the tests, when this file runs as a script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import write_job_toml  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 JOB = "faults"
@@ -231,33 +235,28 @@ class FaultHarness:
         return f"{self.topic}.dlt"
 
     def _write_config(self) -> Path:
-        from fault_handlers import OUTPUT_SCHEMA  # noqa: PLC0415 - next to this file
+        from fault_handlers import OUTPUT_SCHEMA
 
-        path = self.workdir / "job.toml"
-        path.write_text(f"""
-[job]
-name = "{JOB}"
-checkpoint = "{self.workdir}/checkpoint"
-trigger = "500ms"
-[kafka]
-bootstrap_servers = "{self.broker.bootstrap_servers}"
-topics = ["{self.topic}"]
-starting_offsets = "earliest"
-[handler]
-function = "fault_handlers:handle"
-output_schema = "{OUTPUT_SCHEMA}"
-paths = ["{HERE}"]
-[output]
-table = "{self.output_table}"
-[retry]
-delays = {json.dumps(list(DELAYS))}
-max_attempts = {MAX_ATTEMPTS}
-non_retryable = ["ValueError"]
-[dead_letter]
-topic = "{self.dead_letter_topic}"
-table = "{self.dead_letter_table}"
-""")
-        return path
+        return write_job_toml(
+            self.workdir / "job.toml",
+            topics=[self.topic],
+            name=JOB,
+            bootstrap_servers=self.broker.bootstrap_servers,
+            handler={
+                "function": "fault_handlers:handle",
+                "output_schema": OUTPUT_SCHEMA,
+                "paths": [HERE],
+            },
+            job={"trigger": "500ms"},
+            kafka={"starting_offsets": "earliest"},
+            output={"table": self.output_table},
+            retry={
+                "delays": list(DELAYS),
+                "max_attempts": MAX_ATTEMPTS,
+                "non_retryable": ["ValueError"],
+            },
+            dead_letter={"topic": self.dead_letter_topic, "table": self.dead_letter_table},
+        )
 
     def produce_wave(self, size: int | None = None) -> None:
         """Produce `size` new input records of mixed kinds; remember where each landed."""

@@ -45,9 +45,7 @@ def write_config(tmp_path: Path, bootstrap_servers: str) -> Callable[..., Config
             topics=topics,
             name=name,
             bootstrap_servers=bootstrap_servers,
-            handler=handler,
-            output_schema=OUTPUT_SCHEMA,
-            handler_paths=[HANDLERS_DIR],
+            handler={"function": handler, "output_schema": OUTPUT_SCHEMA, "paths": [HANDLERS_DIR]},
             **defaults,
         )
         return load_config(path)

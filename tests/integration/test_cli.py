@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
-from helpers import read_table, read_topic
+from helpers import read_table, read_topic, write_job_toml
 
 import retrylib.ops.redrive as redrive_module
 from retrylib.config.loader import load_config
@@ -48,34 +48,22 @@ RECORDS = (
 
 
 def job_config(tmp: Path, bootstrap: str, topic: str, name: str = "clitest") -> Path:
-    path = tmp / f"{name}.toml"
-    path.write_text(f"""
-[job]
-name = "{name}"
-checkpoint = "{tmp}/checkpoint"
-trigger = "500ms"
-[kafka]
-bootstrap_servers = "{bootstrap}"
-topics = ["{topic}"]
-[kafka.options]
-"sasl.password" = "${{env:{SECRET_VARIABLE}}}"
-[handler]
-function = "job_handlers:by_key"
-output_schema = "{OUTPUT_SCHEMA}"
-paths = ["{HANDLERS_DIR}"]
-[output]
-table = "{tmp}/out"
-[retry]
-delays = ["30m", "1h"]
-max_attempts = 3
-non_retryable = ["ValueError"]
-[dead_letter]
-topic = "{topic}.dlt"
-table = "{tmp}/dlq"
-[metrics]
-table = "{tmp}/metrics"
-""")
-    return path
+    return write_job_toml(
+        tmp / f"{name}.toml",
+        topics=[topic],
+        name=name,
+        bootstrap_servers=bootstrap,
+        handler={
+            "function": "job_handlers:by_key",
+            "output_schema": OUTPUT_SCHEMA,
+            "paths": [HANDLERS_DIR],
+        },
+        job={"trigger": "500ms"},
+        kafka={"options": {"sasl.password": f"${{env:{SECRET_VARIABLE}}}"}},
+        retry={"delays": ["30m", "1h"], "max_attempts": 3, "non_retryable": ["ValueError"]},
+        dead_letter={"topic": f"{topic}.dlt", "table": f"{tmp}/dlq"},
+        metrics={"table": f"{tmp}/metrics"},
+    )
 
 
 @contextlib.contextmanager
