@@ -11,19 +11,24 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Message
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from retrylib.config.loader import load_config
+from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.config.model import Config
+from retrylib.errors import ConfigError
 from retrylib.job import start_query, stop_gracefully
-from retrylib.kafka.clients import make_consumer, make_producer, topic_partitions
-from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
+from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA
+from retrylib.results import result_schema
 from retrylib.router import BatchResult
+from retrylib.task import TaskPlan, run_task
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def job_toml(
@@ -71,6 +76,53 @@ def write_noop_job(workdir: Path, **kwargs: Any) -> Path:
     contacts no broker."""
     (workdir / "h.py").write_text("def handle(record):\n    return None\n")
     return write_job_toml(workdir / "job.toml", **kwargs)
+
+
+# The smallest valid config, as section -> key -> TOML literal; "{tmp}" becomes tmp_path.
+MINIMAL_CONFIG = {
+    "job": {"name": '"orders"', "checkpoint": '"{tmp}/checkpoint"'},
+    "kafka": {"bootstrap_servers": '"127.0.0.1:9092"', "topics": '["orders"]'},
+    "handler": {
+        "function": '"examples.handlers:enrich_order"',
+        "output_schema": '"order_id STRING, total DOUBLE"',
+    },
+    "output": {"table": '"{tmp}/out"'},
+}
+
+
+def write_literal_config(
+    tmp_path: Path, changes: dict[str, str | None] | None = None, extra: str = ""
+) -> Path:
+    """Write MINIMAL_CONFIG with `changes` ("section.key" -> TOML literal, None to delete the key;
+    "section" -> None to drop a table) and raw `extra` TOML appended; return its path.
+    """
+    sections = {name: dict(keys) for name, keys in MINIMAL_CONFIG.items()}
+    for dotted, literal in (changes or {}).items():
+        section, _, key = dotted.partition(".")
+        if not key:
+            sections.pop(section)
+        elif literal is None:
+            sections[section].pop(key)
+        else:
+            sections.setdefault(section, {})[key] = literal
+    lines = [
+        f"[{name}]\n" + "".join(f"{key} = {literal}\n" for key, literal in keys.items())
+        for name, keys in sections.items()
+    ]
+    path = tmp_path / "job.toml"
+    path.write_text(("\n".join(lines) + extra).replace("{tmp}", str(tmp_path)))
+    return path
+
+
+def problem_for(tmp_path: Path, changes: dict[str, str | None], extra: str = "") -> str:
+    """The one problem the changed config has, after checking load_config raises it."""
+    path = write_literal_config(tmp_path, changes, extra)
+    problems = collect_config_errors(path)
+    assert len(problems) == 1, problems
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert raised.value.problems == tuple(problems)  # type: ignore[attr-defined]
+    return problems[0]
 
 
 def _toml_table(name: str, keys: Mapping[str, Any]) -> str:
@@ -210,20 +262,45 @@ def refusing_writes(directory: str | Path) -> Iterator[None]:
         os.chmod(directory, mode)
 
 
-def read_topic(
-    bootstrap: str, topic: str, *, isolation: str = "read_committed", timeout_s: float = 60.0
-) -> list[Message]:
-    """Every record of `topic` (none when it does not exist) that a reader with `isolation`
-    sees, up to the end offsets of when the read starts, in offset order per partition.
+TIER = "orders.retry.5s"
+"""The first retry tier of the unit tests' `plan` fixture."""
 
-    Fails the test when the topic is not read to its end within `timeout_s`.
-    """
-    consumer = make_consumer(bootstrap, {**READ_TO_END_OPTIONS, "isolation.level": isolation})
-    try:
-        partitions = topic_partitions(consumer, [topic]).get(topic, [])
-        read = ReadToEnd.from_earliest(consumer, [(topic, p) for p in partitions])
-        messages = list(read.messages(timeout_s))
-    finally:
-        consumer.close()
-    assert not read.unfinished, f"{topic} not read to its end in {timeout_s:.0f}s"
-    return messages
+
+def kafka_batch(rows: list[dict]) -> pa.RecordBatch:
+    """Records as Spark's Kafka source hands them to a task: `rows` give the columns that
+    differ from a record on "orders", partition 1, read now, with no headers."""
+    now = datetime.now(UTC)
+    full = [
+        {
+            "value": b"v",
+            "topic": "orders",
+            "partition": 1,
+            "timestamp": now,
+            "timestampType": 0,
+            "headers": [],
+            **row,
+        }
+        for row in rows
+    ]
+    for row in full:
+        row["headers"] = [{"key": k, "value": v} for k, v in row["headers"]]
+    return pa.RecordBatch.from_pylist(full, schema=KAFKA_ARROW_SCHEMA)
+
+
+def route(plan: TaskPlan, rows: list[dict]) -> tuple[dict, dict[str, list[dict]]]:
+    """Run the executor task on one batch of `rows`: its counters, and the rows it wrote by
+    kind ("output", "dead_letter", "staged")."""
+    batches = list(run_task(plan, iter([kafka_batch(rows)])))
+    assert all(batch.schema == result_schema(plan.output_schema) for batch in batches)
+    results = pa.Table.from_batches(batches).to_pylist()
+    [counters] = [json.loads(r["counters"]) for r in results if r["kind"] == "counters"]
+    written: dict[str, list[dict]] = {"output": [], "dead_letter": [], "staged": []}
+    for row in results:
+        if row["kind"] != "counters":
+            written[row["kind"]].append(row[row["kind"]])
+    return counters, written
+
+
+def staged_headers(staged: dict) -> list[tuple[str, bytes | None]]:
+    """A staged record's headers as (key, value) pairs."""
+    return [(h["key"], h["value"]) for h in staged["headers"]]

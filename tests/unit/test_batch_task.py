@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 
-import pyarrow as pa
 import pytest
+from helpers import TIER, route, staged_headers
 
-from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA
-from retrylib.results import result_schema
 from retrylib.retry.headers import (
     RetryState,
     decode_retry_state,
@@ -22,65 +17,7 @@ from retrylib.retry.headers import (
     sign,
     split_headers,
 )
-from retrylib.task import TaskPlan, run_task
-
-OUTPUT = pa.schema(
-    [("key", pa.string()), ("topic", pa.string()), ("offset", pa.int64()), ("attempt", pa.int32())]
-)
-TIER = "orders.retry.5s"
-
-
-@pytest.fixture
-def plan(tmp_path: Path) -> TaskPlan:
-    return TaskPlan(
-        job="job",
-        batch_id=4,
-        now_ms=int(time.time() * 1000),
-        handler="unit_handlers:by_key",
-        handler_paths=(str(Path(__file__).parent),),
-        handler_timeout_ms=None,
-        output_schema=OUTPUT,
-        dead_letter_topic="orders.dlt",
-        retry_topics={"orders": (TIER, "orders.retry.1m")},
-        tier_delays_ms=(5000, 60000),
-        partition_counts={TIER: 3, "orders.retry.1m": 3, "orders.dlt": 3},
-        max_attempts=3,
-        jitter=0.0,
-        non_retryable=("ValueError",),
-        max_retry_after_ms=3_600_000,
-        signing_key=b"s" * 32,
-    )
-
-
-def kafka_batch(rows: list[dict]) -> pa.RecordBatch:
-    now = datetime.now(UTC)
-    full = [
-        {
-            "value": b"v",
-            "topic": "orders",
-            "partition": 1,
-            "timestamp": now,
-            "timestampType": 0,
-            "headers": [],
-            **row,
-        }
-        for row in rows
-    ]
-    for row in full:
-        row["headers"] = [{"key": k, "value": v} for k, v in row["headers"]]
-    return pa.RecordBatch.from_pylist(full, schema=KAFKA_ARROW_SCHEMA)
-
-
-def route(plan: TaskPlan, rows: list[dict]) -> tuple[dict, dict[str, list[dict]]]:
-    batches = list(run_task(plan, iter([kafka_batch(rows)])))
-    assert all(batch.schema == result_schema(OUTPUT) for batch in batches)
-    results = pa.Table.from_batches(batches).to_pylist()
-    [counters] = [json.loads(r["counters"]) for r in results if r["kind"] == "counters"]
-    written: dict[str, list[dict]] = {"output": [], "dead_letter": [], "staged": []}
-    for row in results:
-        if row["kind"] != "counters":
-            written[row["kind"]].append(row[row["kind"]])
-    return counters, written
+from retrylib.task import TaskPlan
 
 
 def retry_row(
@@ -106,10 +43,6 @@ def retry_row(
         value=b"v",
     )
     return {"key": key, "topic": TIER, "offset": offset, "headers": headers}
-
-
-def staged_headers(staged: dict) -> list[tuple[str, bytes | None]]:
-    return [(h["key"], h["value"]) for h in staged["headers"]]
 
 
 def is_signed(plan: TaskPlan, staged: dict) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_batch_task import TIER, plan, route  # noqa: F401 (plan: the fixture used here)
+from helpers import TIER, route
 
 from retrylib.kafka.record_size import wire_size
 from retrylib.retry import headers as h

@@ -9,72 +9,21 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import REPO, problem_for, write_literal_config
 
 from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.config.model import Config, RetryTier
 from retrylib.errors import ConfigError
 from retrylib.kafka.clients import is_secret_key
 
-REPO = Path(__file__).resolve().parents[2]
-
-# The smallest valid config, as section -> key -> TOML literal; "{tmp}" becomes tmp_path.
-MINIMAL = {
-    "job": {"name": '"orders"', "checkpoint": '"{tmp}/checkpoint"'},
-    "kafka": {"bootstrap_servers": '"127.0.0.1:9092"', "topics": '["orders"]'},
-    "handler": {
-        "function": '"examples.handlers:enrich_order"',
-        "output_schema": '"order_id STRING, total DOUBLE"',
-    },
-    "output": {"table": '"{tmp}/out"'},
-}
-
-
-@pytest.fixture(autouse=True)
-def _run_from_repo(monkeypatch: pytest.MonkeyPatch) -> None:
-    """handler.paths defaults to ".", so examples.handlers imports from the repository root."""
-    monkeypatch.chdir(REPO)
-
-
-def write_config(
-    tmp_path: Path, changes: dict[str, str | None] | None = None, extra: str = ""
-) -> Path:
-    """Write MINIMAL with `changes` ("section.key" -> TOML literal, None to delete the key;
-    "section" -> None to drop a table) and raw `extra` TOML appended; return its path.
-    """
-    sections = {name: dict(keys) for name, keys in MINIMAL.items()}
-    for dotted, literal in (changes or {}).items():
-        section, _, key = dotted.partition(".")
-        if not key:
-            sections.pop(section)
-        elif literal is None:
-            sections[section].pop(key)
-        else:
-            sections.setdefault(section, {})[key] = literal
-    lines = [
-        f"[{name}]\n" + "".join(f"{key} = {literal}\n" for key, literal in keys.items())
-        for name, keys in sections.items()
-    ]
-    path = tmp_path / "job.toml"
-    path.write_text(("\n".join(lines) + extra).replace("{tmp}", str(tmp_path)))
-    return path
-
-
-def problem_for(tmp_path: Path, changes: dict[str, str | None], extra: str = "") -> str:
-    """The one problem the changed config has, after checking load_config raises it."""
-    path = write_config(tmp_path, changes, extra)
-    problems = collect_config_errors(path)
-    assert len(problems) == 1, problems
-    with pytest.raises(ConfigError) as raised:
-        load_config(path)
-    assert raised.value.problems == tuple(problems)  # type: ignore[attr-defined]
-    return problems[0]
+pytestmark = pytest.mark.usefixtures("run_from_repo")
 
 
 # Valid configs
 
 
 def test_minimal_config_fills_defaults(tmp_path: Path) -> None:
-    config = load_config(write_config(tmp_path))
+    config = load_config(write_literal_config(tmp_path))
     assert config.job.name == "orders"
     assert config.job.checkpoint == f"{tmp_path}/checkpoint"
     assert config.job.trigger_ms == 1_000
@@ -196,7 +145,7 @@ table = "s3://bucket/orders/metrics"
 
 def test_explicit_retry_topics(tmp_path: Path) -> None:
     config = load_config(
-        write_config(
+        write_literal_config(
             tmp_path, {"retry.delays": '["5s", "1m"]', "retry.topics": '["o.wait.a", "o.wait.b"]'}
         )
     )
@@ -207,7 +156,9 @@ def test_explicit_retry_topics(tmp_path: Path) -> None:
 
 
 def test_config_is_frozen_and_pickles(tmp_path: Path) -> None:
-    config = load_config(write_config(tmp_path, extra='[kafka.options]\n"client.id" = "x"\n'))
+    config = load_config(
+        write_literal_config(tmp_path, extra='[kafka.options]\n"client.id" = "x"\n')
+    )
     with pytest.raises(AttributeError):
         config.job.name = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -228,7 +179,7 @@ def test_relative_handler_paths_resolve_from_the_working_directory(
     )
     monkeypatch.chdir(tmp_path)
     config = load_config(
-        write_config(
+        write_literal_config(
             tmp_path,
             {
                 "handler.function": '"cfg_test_handlers:handle"',
@@ -241,7 +192,7 @@ def test_relative_handler_paths_resolve_from_the_working_directory(
 
 
 def test_check_imports_false_skips_importing(tmp_path: Path) -> None:
-    path = write_config(
+    path = write_literal_config(
         tmp_path,
         {"handler.function": '"no_such_module:f"', "retry.non_retryable": '["nope:Err"]'},
     )
@@ -427,7 +378,7 @@ def test_option_values_must_be_scalars_and_dotted_names_quoted(tmp_path: Path) -
 
 
 def test_error_message_lists_every_problem_one_per_line(tmp_path: Path) -> None:
-    path = write_config(
+    path = write_literal_config(
         tmp_path,
         {
             "job.name": None,
@@ -457,7 +408,7 @@ def test_error_message_lists_every_problem_one_per_line(tmp_path: Path) -> None:
 
 
 def test_valid_config_has_no_problems(tmp_path: Path) -> None:
-    assert collect_config_errors(write_config(tmp_path)) == []
+    assert collect_config_errors(write_literal_config(tmp_path)) == []
 
 
 def test_table_of_wrong_type(tmp_path: Path) -> None:
@@ -487,7 +438,7 @@ def test_env_references_are_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("RL_BROKERS", "broker:9093")
     monkeypatch.setenv("RL_USER", "svc")
     monkeypatch.setenv("RL_PASSWORD", "hunter2")
-    path = write_config(
+    path = write_literal_config(
         tmp_path,
         {"kafka.bootstrap_servers": '"${env:RL_BROKERS}"', "kafka.topics": '["${env:RL_USER}-in"]'},
         extra=(
@@ -510,7 +461,9 @@ def test_unset_env_variable_is_one_problem_naming_key_and_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("RL_MISSING", raising=False)
-    path = write_config(tmp_path, {"kafka.topics": '["${env:RL_MISSING}"]', "retry.jitter": '"x"'})
+    path = write_literal_config(
+        tmp_path, {"kafka.topics": '["${env:RL_MISSING}"]', "retry.jitter": '"x"'}
+    )
     problems = collect_config_errors(path)
     assert problems[0] == (
         "kafka.topics[0]: environment variable RL_MISSING is not set (the value is "
@@ -549,7 +502,7 @@ def test_redacted_hides_secret_options_and_env_values(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RL_BROKERS", "internal-broker:9093")
-    path = write_config(
+    path = write_literal_config(
         tmp_path,
         {"kafka.bootstrap_servers": '"${env:RL_BROKERS}"'},
         extra=(
@@ -589,7 +542,7 @@ def test_problem_messages_never_echo_secrets(tmp_path: Path) -> None:
 
 def test_overrides_apply_before_validation(tmp_path: Path) -> None:
     config = load_config(
-        write_config(tmp_path),
+        write_literal_config(tmp_path),
         overrides={
             "kafka.bootstrap_servers": "127.0.0.1:5555",
             "kafka.options.sasl.mechanism": "PLAIN",
@@ -609,16 +562,16 @@ def test_bad_override_is_reported_like_a_bad_file_value(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match=r"retry\.max_attempts: expected a whole number >= 1, got 0"
     ):
-        load_config(write_config(tmp_path), overrides={"retry.max_attempts": 0})
+        load_config(write_literal_config(tmp_path), overrides={"retry.max_attempts": 0})
 
 
 def test_override_through_a_non_table(tmp_path: Path) -> None:
-    problems = collect_config_errors(write_config(tmp_path), overrides={"job.name.x": 1})
+    problems = collect_config_errors(write_literal_config(tmp_path), overrides={"job.name.x": 1})
     assert problems == ["overrides['job.name.x']: job.name is not a table; override job.name"]
 
 
 def test_overrides_can_supply_missing_keys(tmp_path: Path) -> None:
-    path = write_config(tmp_path, {"kafka.bootstrap_servers": None})
+    path = write_literal_config(tmp_path, {"kafka.bootstrap_servers": None})
     assert "kafka.bootstrap_servers: missing" in collect_config_errors(path)[0]
     config = load_config(path, overrides={"kafka.bootstrap_servers": "b:1"})
     assert config.kafka.bootstrap_servers == "b:1"
@@ -629,7 +582,7 @@ def test_several_unset_env_variables_in_one_value(
 ) -> None:
     monkeypatch.delenv("RL_A", raising=False)
     monkeypatch.delenv("RL_B", raising=False)
-    path = write_config(tmp_path, {"kafka.bootstrap_servers": '"${env:RL_A}:${env:RL_B}"'})
+    path = write_literal_config(tmp_path, {"kafka.bootstrap_servers": '"${env:RL_A}:${env:RL_B}"'})
     assert collect_config_errors(path) == [
         "kafka.bootstrap_servers: environment variables RL_A and RL_B are not set (the value is "
         '"${env:RL_A}:${env:RL_B}"); export RL_A and RL_B before starting the job'
@@ -641,7 +594,7 @@ def test_several_unset_env_variables_in_one_value(
 
 def test_output_table_settings(tmp_path: Path) -> None:
     config = load_config(
-        write_config(
+        write_literal_config(
             tmp_path,
             {
                 "output.table": '"main.sales.orders"',
@@ -659,7 +612,7 @@ def test_output_table_settings(tmp_path: Path) -> None:
 
 
 def test_output_defaults_create_a_plain_table(tmp_path: Path) -> None:
-    output = load_config(write_config(tmp_path)).output
+    output = load_config(write_literal_config(tmp_path)).output
     assert (output.partition_by, dict(output.properties), output.schema_evolution) == (
         (),
         {},
@@ -669,7 +622,7 @@ def test_output_defaults_create_a_plain_table(tmp_path: Path) -> None:
 
 
 def test_optimize_every_is_read_in_milliseconds(tmp_path: Path) -> None:
-    config = load_config(write_config(tmp_path, {"output.optimize_every": '"1h30m"'}))
+    config = load_config(write_literal_config(tmp_path, {"output.optimize_every": '"1h30m"'}))
     assert config.output.optimize_every_ms == 5_400_000
 
 
@@ -713,7 +666,7 @@ def test_dead_letter_routes_and_retry_timeout(tmp_path: Path) -> None:
         '\n[dead_letter.routes]\n"KeyError" = "orders.missing.dlt"\n'
         '"ValueError" = "orders.invalid.dlt"\n"LookupError" = "orders.missing.dlt"\n'
     )
-    config = load_config(write_config(tmp_path, {"retry.timeout": '"90s"'}, extra))
+    config = load_config(write_literal_config(tmp_path, {"retry.timeout": '"90s"'}, extra))
     assert config.dead_letter.routes == (
         ("KeyError", "orders.missing.dlt"),
         ("ValueError", "orders.invalid.dlt"),
@@ -725,7 +678,7 @@ def test_dead_letter_routes_and_retry_timeout(tmp_path: Path) -> None:
         "orders.invalid.dlt",
     )
     assert config.retry.timeout_ms == 90_000
-    assert load_config(write_config(tmp_path)).retry.timeout_ms is None
+    assert load_config(write_literal_config(tmp_path)).retry.timeout_ms is None
 
 
 @pytest.mark.parametrize(

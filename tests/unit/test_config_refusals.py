@@ -8,16 +8,12 @@ malformed ${...} references. Each problem names the key and the fix.
 from __future__ import annotations
 
 import pytest
-from test_config import REPO, problem_for, write_config
+from helpers import problem_for, write_literal_config
 
 from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.kafka.clients import option_problem
 
-
-@pytest.fixture(autouse=True)
-def _run_from_repo(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The configs name examples.handlers, imported from the repository root."""
-    monkeypatch.chdir(REPO)
+pytestmark = pytest.mark.usefixtures("run_from_repo")
 
 
 def option(name: str, literal: str) -> str:
@@ -99,7 +95,7 @@ def test_documented_overrides_are_accepted(tmp_path) -> None:
         '"linger.ms" = 20\n'
         '"fetch.wait.max.ms" = 50\n'
     )
-    assert collect_config_errors(write_config(tmp_path, extra=extra)) == []
+    assert collect_config_errors(write_literal_config(tmp_path, extra=extra)) == []
 
 
 @pytest.mark.parametrize(
@@ -125,7 +121,9 @@ def test_a_job_name_too_long_for_its_control_topic_is_refused(tmp_path) -> None:
         f'job.name: makes the job\'s control topic "_retrylib.{name}.produced", 250 characters '
         "long, and Kafka allows 249; use a name of at most 230 characters"
     )
-    assert collect_config_errors(write_config(tmp_path, {"job.name": f'"{name[:230]}"'})) == []
+    assert (
+        collect_config_errors(write_literal_config(tmp_path, {"job.name": f'"{name[:230]}"'})) == []
+    )
 
 
 @pytest.mark.parametrize(
@@ -190,12 +188,12 @@ def test_a_location_inside_another_is_refused(tmp_path, changes, key, outer) -> 
 
 def test_siblings_with_a_common_prefix_are_not_nested(tmp_path) -> None:
     changes = {"output.table": '"{tmp}/out"', "dead_letter.table": '"{tmp}/out_dead"'}
-    assert collect_config_errors(write_config(tmp_path, changes)) == []
+    assert collect_config_errors(write_literal_config(tmp_path, changes)) == []
 
 
 def test_catalog_names_are_not_locations(tmp_path) -> None:
     changes = {"output.table": '"sales.orders"', "dead_letter.table": '"sales.orders_dlq"'}
-    assert collect_config_errors(write_config(tmp_path, changes)) == []
+    assert collect_config_errors(write_literal_config(tmp_path, changes)) == []
 
 
 # ${...}
@@ -221,5 +219,5 @@ def test_a_malformed_reference_is_refused(tmp_path, literal: str, shown: str) ->
 
 def test_a_well_formed_reference_still_reads_the_environment(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RL_HOST", "broker")
-    path = write_config(tmp_path, {"kafka.bootstrap_servers": '"${env:RL_HOST}:9092"'})
+    path = write_literal_config(tmp_path, {"kafka.bootstrap_servers": '"${env:RL_HOST}:9092"'})
     assert load_config(path).kafka.bootstrap_servers == "broker:9092"

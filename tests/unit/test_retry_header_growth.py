@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from test_batch_task import TIER, plan, route, staged_headers  # noqa: F401  (plan: fixture)
+from helpers import TIER, route, staged_headers
 
 from retrylib.retry.headers import (
     ERROR_STACK_TRACE,
