@@ -1,6 +1,7 @@
-"""Shared by the tests: job configs written as TOML, records produced, a job run until it
-settles, Delta tables read back through Spark's Delta reader, as users read them, and topics
-read back from Kafka."""
+"""Shared by the tests (and the bench's job configs): job configs written as TOML, records
+produced, a job run until it settles, Delta tables read back through Spark's Delta reader as
+users read them, topics read back from Kafka, and an executor task driven with Arrow batches
+directly."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Message
 from pyspark.sql import DataFrame, SparkSession
 
 from retrylib.config.loader import collect_config_errors, load_config
@@ -24,6 +26,8 @@ from retrylib.config.model import Config
 from retrylib.errors import ConfigError
 from retrylib.job import start_query, stop_gracefully
 from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA
+from retrylib.kafka.clients import make_consumer, make_producer, topic_partitions
+from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
 from retrylib.results import result_schema
 from retrylib.router import BatchResult
 from retrylib.task import TaskPlan, run_task
@@ -78,6 +82,31 @@ def write_noop_job(workdir: Path, **kwargs: Any) -> Path:
     return write_job_toml(workdir / "job.toml", **kwargs)
 
 
+def _toml_table(name: str, keys: Mapping[str, Any]) -> str:
+    plain = [f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in keys.items() if not _is_table(v)]
+    nested = [_toml_table(f"{name}.{_toml_key(k)}", v) for k, v in keys.items() if _is_table(v)]
+    return f"[{name}]\n" + "".join(plain) + "".join(nested)
+
+
+def _is_table(value: Any) -> bool:
+    return isinstance(value, Mapping)
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    # A JSON string is a TOML basic string: the same quotes and escapes.
+    return json.dumps(str(value))
+
+
 # The smallest valid config, as section -> key -> TOML literal; "{tmp}" becomes tmp_path.
 MINIMAL_CONFIG = {
     "job": {"name": '"orders"', "checkpoint": '"{tmp}/checkpoint"'},
@@ -95,6 +124,8 @@ def write_literal_config(
 ) -> Path:
     """Write MINIMAL_CONFIG with `changes` ("section.key" -> TOML literal, None to delete the key;
     "section" -> None to drop a table) and raw `extra` TOML appended; return its path.
+    The config-parsing tests write values as TOML literals, as a user might mistype them;
+    `job_toml` writes every value well-formed.
     """
     sections = {name: dict(keys) for name, keys in MINIMAL_CONFIG.items()}
     for dotted, literal in (changes or {}).items():
@@ -123,31 +154,6 @@ def problem_for(tmp_path: Path, changes: dict[str, str | None], extra: str = "")
         load_config(path)
     assert raised.value.problems == tuple(problems)  # type: ignore[attr-defined]
     return problems[0]
-
-
-def _toml_table(name: str, keys: Mapping[str, Any]) -> str:
-    plain = [f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in keys.items() if not _is_table(v)]
-    nested = [_toml_table(f"{name}.{_toml_key(k)}", v) for k, v in keys.items() if _is_table(v)]
-    return f"[{name}]\n" + "".join(plain) + "".join(nested)
-
-
-def _is_table(value: Any) -> bool:
-    return isinstance(value, Mapping)
-
-
-def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    # A JSON string is a TOML basic string: the same quotes and escapes.
-    return json.dumps(str(value))
 
 
 def produce(
@@ -260,6 +266,25 @@ def refusing_writes(directory: str | Path) -> Iterator[None]:
         yield
     finally:
         os.chmod(directory, mode)
+
+
+def read_topic(
+    bootstrap: str, topic: str, *, isolation: str = "read_committed", timeout_s: float = 60.0
+) -> list[Message]:
+    """Every record of `topic` (none when it does not exist) that a reader with `isolation`
+    sees, up to the end offsets of when the read starts, in offset order per partition.
+
+    Fails the test when the topic is not read to its end within `timeout_s`.
+    """
+    consumer = make_consumer(bootstrap, {**READ_TO_END_OPTIONS, "isolation.level": isolation})
+    try:
+        partitions = topic_partitions(consumer, [topic]).get(topic, [])
+        read = ReadToEnd.from_earliest(consumer, [(topic, p) for p in partitions])
+        messages = list(read.messages(timeout_s))
+    finally:
+        consumer.close()
+    assert not read.unfinished, f"{topic} not read to its end in {timeout_s:.0f}s"
+    return messages
 
 
 TIER = "orders.retry.5s"
