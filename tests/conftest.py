@@ -7,6 +7,7 @@ testcontainers' Kafka where a Docker engine answers; else an embedded Apache Kaf
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -81,3 +82,14 @@ def spark(tmp_path_factory):
     )
     yield session
     session.stop()
+
+
+@pytest.fixture
+def keep_root_logger() -> Iterator[None]:
+    """Put the root logger's handlers and level back after a test that configures logging
+    (as `retrylib` commands do)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -5,7 +5,6 @@ of its own: tests/integration/test_check_command.py)."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +15,7 @@ from helpers import write_noop_job
 from retrylib.metrics import KafkaOffsets
 from retrylib.ops.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, main
 
-
-@pytest.fixture(autouse=True)
-def keep_root_logger():
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("keep_root_logger")
 
 
 @pytest.fixture(autouse=True)
