@@ -16,8 +16,7 @@ import uuid
 import pyarrow as pa
 import pytest
 from confluent_kafka.admin import NewTopic
-from helpers import produce, read_table, run_until, settled_count
-from test_retries import read_topic
+from helpers import produce, read_table, read_topic, run_until, settled_count
 
 from retrylib.config.topics import produced_topic
 from retrylib.errors import RecordTooLargeError

@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import produce, read_table, run_until, settled_count
-from test_retries import read_topic
+from helpers import produce, read_table, read_topic, run_until, settled_count
 
 pytestmark = pytest.mark.slow
 
