@@ -1,4 +1,7 @@
-"""Fixtures for the integration tests: job configs under tmp_path on the session's broker."""
+"""Fixtures for the integration tests: job configs under tmp_path on the session's broker.
+
+Every test here is marked `slow` (`pytest -m slow` runs them all).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +17,13 @@ from retrylib.config.loader import load_config
 from retrylib.config.model import Config
 
 HANDLERS_DIR = Path(__file__).parent / "handlers"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from helpers import produce, read_table, run_available_now
 
 from retrylib.router import BatchResult
 
-pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
+pytestmark = pytest.mark.every_spark
 
 LIMIT = 20
 RECORDS = 60

@@ -10,7 +10,7 @@ from helpers import write_noop_job
 
 from retrylib.ops.cli import EXIT_CONFIG, EXIT_OK, main
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("keep_root_logger")]
+pytestmark = pytest.mark.usefixtures("keep_root_logger")
 
 
 def test_a_closed_port_is_a_broker_not_reachable_within_the_timeout(tmp_path, capsys):

@@ -33,8 +33,6 @@ from retrylib.config.loader import load_config
 from retrylib.kafka.clients import make_producer
 from retrylib.ops.cli import main
 
-pytestmark = pytest.mark.slow
-
 HANDLERS_DIR = Path(__file__).parent / "handlers"
 SECRET = f"s3cr3t-{uuid.uuid4().hex}"
 SECRET_VARIABLE = "RETRYLIB_TEST_KAFKA_PASSWORD"

@@ -184,7 +184,6 @@ def topics(bootstrap_servers, make_topic):
     return job, make_topic("tier", partitions=2)
 
 
-@pytest.mark.slow
 def test_a_replay_after_the_commit_produces_nothing(bootstrap_servers, topics):
     job, tier = topics
     producer = StagedProducer(job, "app-1", bootstrap_servers, {})
@@ -219,7 +218,6 @@ def test_a_replay_after_the_commit_produces_nothing(bootstrap_servers, topics):
     assert _read(bootstrap_servers, tier) == _once(b0, b1)
 
 
-@pytest.mark.slow
 def test_a_crash_before_the_commit_then_replay_produces_once(bootstrap_servers, topics):
     job, tier = topics
     crashed = _python(
@@ -245,7 +243,6 @@ def test_a_crash_before_the_commit_then_replay_produces_once(bootstrap_servers, 
     assert _markers(bootstrap_servers, job) == [b"5", b"6"]
 
 
-@pytest.mark.slow
 def test_a_fenced_instance_stops_instead_of_fencing_back(bootstrap_servers, topics):
     job, tier = topics
     old = StagedProducer(job, "app-1", bootstrap_servers, {})
@@ -258,7 +255,6 @@ def test_a_fenced_instance_stops_instead_of_fencing_back(bootstrap_servers, topi
     assert _read(bootstrap_servers, tier) == _once(live)
 
 
-@pytest.mark.slow
 def test_a_zombie_fenced_inside_its_transaction_commits_nothing(bootstrap_servers, topics):
     job, tier = topics
     old = StagedProducer(job, "app-1", bootstrap_servers, {})
@@ -293,7 +289,6 @@ def own_broker(tmp_path):
         yield broker
 
 
-@pytest.mark.slow
 def test_broker_restarts_between_batches_and_inside_a_transaction(own_broker):
     bootstrap = own_broker.bootstrap_servers
     producer = StagedProducer("j", "app", bootstrap, {})
@@ -318,7 +313,6 @@ def test_broker_restarts_between_batches_and_inside_a_transaction(own_broker):
     assert _markers(bootstrap, "j") == [b"0", b"1", b"2"]
 
 
-@pytest.mark.slow
 def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
     own_broker, monkeypatch, caplog
 ):
@@ -360,9 +354,6 @@ def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
 
 
 # -- the real job, killed over and over ---------------------------------------------------
-
-
-@pytest.mark.slow
 def test_exactly_once_across_crashes_and_a_broker_restart(tmp_path, request):
     plan = plan_rounds(SEED, random_kills=3, broker_restarts=1)
     with FaultHarness(tmp_path, SEED, say=lambda line: print(line, flush=True)) as harness:

@@ -30,8 +30,6 @@ from retrylib.delta.tables import (
 )
 from retrylib.errors import RetrylibError
 
-pytestmark = pytest.mark.slow
-
 ORDERS = "id BIGINT, part STRING, total DOUBLE"
 
 

@@ -5,10 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
-pytestmark = pytest.mark.slow
-
 
 def test_the_demo_accounts_for_every_order(tmp_path):
     done = subprocess.run(

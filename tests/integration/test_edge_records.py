@@ -3,13 +3,10 @@ failures of any shape are recorded, never fatal."""
 
 from __future__ import annotations
 
-import pytest
 from helpers import read_table, run_until, settled_count
 
 from retrylib.kafka.clients import make_producer
 from retrylib.retry.headers import MAX_ERROR_MESSAGE_BYTES
-
-pytestmark = pytest.mark.slow
 
 THOUSAND = [(f"h{i}", i.to_bytes(2, "big")) for i in range(1000)]
 RECORDS = [

@@ -18,7 +18,7 @@ from retrylib.config.loader import load_config
 from retrylib.errors import TopicError
 from retrylib.job import start_query
 
-pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
+pytestmark = pytest.mark.every_spark
 REPO = Path(__file__).resolve().parents[2]
 
 

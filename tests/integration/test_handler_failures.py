@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from chispa import assert_df_equality
 from helpers import produce, read_table, run_until, settled_count
 
 from retrylib.config.loader import load_config
 from retrylib.router import BatchResult
-
-pytestmark = pytest.mark.slow
 
 TIMEOUT_MS = 2_000
 RECOVERING = ("exit", "hang", "interrupt", "swallow", "schema", "badtype", "unknowncol")

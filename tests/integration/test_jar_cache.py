@@ -6,10 +6,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-pytestmark = pytest.mark.slow
-
 
 def test_a_second_resolution_runs_no_maven(tmp_path):
     # setup.sh resolved both sets already; with no `mvn` on PATH, only the cache can answer.

@@ -15,7 +15,7 @@ from helpers import produce, read_table, run_available_now, table_frame
 from retrylib.checkpoint import Checkpoint
 from retrylib.job import start_query
 
-pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
+pytestmark = pytest.mark.every_spark
 
 
 def expected_frame(spark, rows: list[tuple]):

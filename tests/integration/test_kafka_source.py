@@ -31,8 +31,6 @@ from retrylib.kafka.tier_source import (
 )
 from retrylib.task import TaskPlan, run_task
 
-pytestmark = pytest.mark.slow
-
 RecordId = tuple[str, int, int]  # topic, partition, offset
 
 

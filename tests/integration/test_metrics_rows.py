@@ -4,7 +4,6 @@ figures themselves are checked without Spark in `tests/unit/test_metrics_row.py`
 
 from __future__ import annotations
 
-import pytest
 from chispa import assert_df_equality
 from helpers import metrics_job_config
 
@@ -12,8 +11,6 @@ from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import read_table
 from retrylib.metrics import MetricsRecorder
 from retrylib.router import BatchResult
-
-pytestmark = pytest.mark.slow
 
 
 def result(batch_id: int, **counters: int) -> BatchResult:

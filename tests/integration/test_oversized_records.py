@@ -26,8 +26,6 @@ from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.kafka.transactional_producer import StagedProducer
 from retrylib.retry import headers as h
 
-pytestmark = pytest.mark.slow
-
 TIER_LIMIT, DEAD_LETTER_LIMIT = 200_000, 100_000
 BIG_VALUE = 199_700  # fits the tier alone; with retrylib's retry headers it does not
 

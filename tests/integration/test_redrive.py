@@ -26,8 +26,6 @@ from retrylib.ops.check import preflight
 from retrylib.ops.redrive import Selection, redrive
 from retrylib.ops.status import collect_status
 
-pytestmark = pytest.mark.slow
-
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 DEAD_LETTER = from_arrow_schema(DEAD_LETTER_SCHEMA)
 

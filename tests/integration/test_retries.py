@@ -14,7 +14,7 @@ from retrylib.kafka.clients import make_producer
 from retrylib.retry.headers import split_headers
 from retrylib.router import BatchResult
 
-pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
+pytestmark = pytest.mark.every_spark
 log = logging.getLogger(__name__)
 
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from helpers import produce, read_table, read_topic, run_until, settled_count
-
-pytestmark = pytest.mark.slow
 
 
 def test_routes_timeout_and_skip(spark, bootstrap_servers, make_topic, write_config):

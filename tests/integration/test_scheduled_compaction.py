@@ -15,8 +15,6 @@ from retrylib.checkpoint import Checkpoint, read_json, replace_json
 from retrylib.config.loader import load_config
 from retrylib.job import start_query
 
-pytestmark = pytest.mark.slow
-
 
 def test_a_short_optimize_every_compacts_the_output_table(
     spark, bootstrap_servers, make_topic, write_config, tmp_path

@@ -7,10 +7,7 @@ import subprocess
 import sys
 import uuid
 
-import pytest
 from helpers import produce
-
-pytestmark = pytest.mark.slow
 
 VARIABLE = "RETRYLIB_TEST_CLIENT_ID"
 

@@ -12,11 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from chispa import assert_df_equality
 from helpers import produce, refusing_writes
-
-pytestmark = pytest.mark.slow
 
 
 def run_job(config_path: str) -> subprocess.CompletedProcess[str]:

@@ -13,8 +13,6 @@ from retrylib.kafka.clients import make_producer
 from retrylib.ops.redrive import Selection, redrive
 from retrylib.retry.headers import RetryState, encode_retry_headers, record_id
 
-pytestmark = pytest.mark.slow
-
 TEN_YEARS_MS = 10 * 365 * 24 * 3600 * 1000
 
 

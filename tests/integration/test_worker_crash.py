@@ -9,7 +9,7 @@ from helpers import produce, read_table
 
 from retrylib.job import start_query
 
-pytestmark = [pytest.mark.slow, pytest.mark.every_spark]
+pytestmark = pytest.mark.every_spark
 
 
 def test_handler_killing_its_worker_is_a_failed_attempt(

@@ -5,10 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
-pytestmark = pytest.mark.slow
-
 
 def test_reading_kafka_does_not_import_the_job() -> None:
     """Every Spark streaming source process imports retrylib.kafka.tier_source; the job's modules
