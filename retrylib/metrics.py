@@ -51,6 +51,7 @@ from retrylib.config.model import Config
 from retrylib.delta.tables import append_once, ensure_table
 from retrylib.kafka.clients import client_config, topic_partitions
 from retrylib.kafka.offsets import PartitionKey, delay_frontier
+from retrylib.retry.outcomes import Count, retried_tier
 from retrylib.retry.policy import due_timestamp_ms
 
 if TYPE_CHECKING:
@@ -60,21 +61,21 @@ log = logging.getLogger(__name__)  # "retrylib.metrics": the batch lines and the
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _COUNTERS = (
-    "records_main",
-    "records_retry",
-    "succeeded",
-    "output_rows",
-    "retried",
-    "dead_lettered",
-    "dead_lettered_too_large",
-    "dead_letter_truncated",
-    "duplicates_skipped",
-    "requeued_not_due",
-    "skipped_other_job",
-    "skipped_by_handler",
-    "reserved_headers_removed",
-    "handler_ms",
-    "produced",
+    Count.RECORDS_MAIN,
+    Count.RECORDS_RETRY,
+    Count.SUCCEEDED,
+    Count.OUTPUT_ROWS,
+    "retried",  # the tiers' retried_tier_N summed
+    Count.DEAD_LETTERED,
+    Count.DEAD_LETTERED_TOO_LARGE,
+    Count.DEAD_LETTER_TRUNCATED,
+    Count.DUPLICATES_SKIPPED,
+    Count.REQUEUED_NOT_DUE,
+    Count.SKIPPED_OTHER_JOB,
+    Count.SKIPPED_BY_HANDLER,
+    Count.RESERVED_HEADERS_REMOVED,
+    Count.HANDLER_MS,
+    "produced",  # records the batch produced to tiers and dead-letter topics
 )
 METRICS_SCHEMA = pa.schema(
     [
@@ -189,7 +190,7 @@ def metrics_row(
 ) -> dict[str, Any]:
     """The figures of one batch, as logged (JSON-ready; see the module docstring)."""
     counters = result.counters
-    by_tier = [int(counters.get(f"retried_tier_{i}", 0)) for i in range(tiers)]
+    by_tier = [int(counters.get(retried_tier(i), 0)) for i in range(tiers)]
     row: dict[str, Any] = {
         "job": job,
         "batch_id": result.batch_id,

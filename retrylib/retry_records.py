@@ -34,6 +34,7 @@ from retrylib.retry.headers import (
     sign,
     split_headers,
 )
+from retrylib.retry.outcomes import Count, Reason, retried_tier
 from retrylib.retry.policy import (
     RetryDecision,
     RetryPolicy,
@@ -97,12 +98,12 @@ class RetryRecords:
         """The Delivery of a record read from a retry tier, or None when it is not handled
         now: another job's (skipped and counted), not signed by this job or with corrupt
         retry headers (dead-lettered), a duplicate, or not due yet (re-queued)."""
-        self.counters["records_retry"] += 1
+        self.counters[Count.RECORDS_RETRY] += 1
         user_headers, own = split_headers(header_pairs)
         writer = own.get(JOB)
         if writer is not None and writer != self.job_header:
             # A neighbour sharing the tier topic handles its own records.
-            self.counters["skipped_other_job"] += 1
+            self.counters[Count.SKIPPED_OTHER_JOB] += 1
             log.warning(
                 "skipped %s[%d]@%d on a retry tier: written by job %r, not this job %r",
                 topic,
@@ -124,13 +125,13 @@ class RetryRecords:
                 )
             state = decode_retry_state(own)
         except (UnverifiedRetryRecord, CorruptRetryHeaders) as e:
-            reason = "unverified_retry_record" if not signed else "corrupt_retry_headers"
+            reason = Reason.UNVERIFIED_RETRY_RECORD if not signed else Reason.CORRUPT_RETRY_HEADERS
             record = Record(key, value, user_headers, topic, partition, offset, timestamp_ms)
             delivery = Delivery(record, topic, self.plan.job)
             self.dead_letter(delivery, e, reason, 0, _now_ms())
             return None
         if (state.id, state.attempt) in self.seen:
-            self.counters["duplicates_skipped"] += 1
+            self.counters[Count.DUPLICATES_SKIPPED] += 1
             return None
         self.seen.add((state.id, state.attempt))
         record = Record(
@@ -147,7 +148,7 @@ class RetryRecords:
         if not is_due(state.not_before_ms, self.plan.now_ms):
             # A wait longer than the tier holds in one pass, or clocks that disagree: never
             # hand it over early, wait in the tier again.
-            self.counters["requeued_not_due"] += 1
+            self.counters[Count.REQUEUED_NOT_DUE] += 1
             delay_ms = self.plan.tier_delays_ms[self.tier_of[topic]]
             timestamp = tier_timestamp_ms(state.not_before_ms, delay_ms, self.plan.now_ms)
             self.stage(topic, partition, timestamp, record, header_pairs[:-1])
@@ -162,7 +163,7 @@ class RetryRecords:
         """
         record = delivery.record
         if isinstance(error, Skip):
-            self.counters["skipped_by_handler"] += 1
+            self.counters[Count.SKIPPED_BY_HANDLER] += 1
             log.info(
                 "%s[%d]@%d skipped at the handler's request: %s",
                 record.topic,
@@ -186,23 +187,23 @@ class RetryRecords:
             self.dead_letter(delivery, error, decision.reason, attempts, failed_at)
             return
         if tier_topics is None:
-            self.dead_letter(delivery, error, "unknown_origin_topic", attempts, failed_at)
+            self.dead_letter(delivery, error, Reason.UNKNOWN_ORIGIN_TOPIC, attempts, failed_at)
             return
         error_class, message, _ = describe_error(error, with_trace=False)
         state = _state(delivery, attempts, decision.not_before_ms, failed_at, error_class, message)
         topic = tier_topics[decision.tier]
         headers = encode_retry_headers(record.headers, state)
         if self._too_large(topic, record, headers):
-            self.dead_letter(delivery, error, "record_too_large", attempts, failed_at)
+            self.dead_letter(delivery, error, Reason.RECORD_TOO_LARGE, attempts, failed_at)
             return
         self.stage(topic, record.partition, decision.kafka_timestamp_ms, record, headers)
-        self.counters[f"retried_tier_{decision.tier}"] += 1
+        self.counters[retried_tier(decision.tier)] += 1
 
     def dead_letter(
         self,
         delivery: Delivery,
         error: BaseException,
-        reason: str,
+        reason: Reason,
         attempts: int,
         failed_at: int,
     ) -> None:
@@ -233,7 +234,7 @@ class RetryRecords:
         )
         topic = self.policy.dead_letter_topic(error, self.plan.dead_letter_topic)
         self.stage(topic, record.partition, failed_at, record, headers)
-        self.counters["dead_lettered"] += 1
+        self.counters[Count.DEAD_LETTERED] += 1
 
     def _too_large(self, topic: str, record: Record, headers: list) -> bool:
         """True (logged and counted) when the retry copy is more than `topic` accepts.
@@ -254,7 +255,7 @@ class RetryRecords:
             limit,
             topic,
         )
-        self.counters["dead_lettered_too_large"] += 1
+        self.counters[Count.DEAD_LETTERED_TOO_LARGE] += 1
         return True
 
     def stage(self, topic, partition, timestamp_ms, record, headers) -> None:
@@ -277,7 +278,7 @@ class RetryRecords:
                     topic,
                     fitted.bytes + SIGNATURE_BYTES,
                 )
-                self.counters["dead_letter_truncated"] += 1
+                self.counters[Count.DEAD_LETTER_TRUNCATED] += 1
         signed = sign(headers, signing_key=self.plan.signing_key, topic=topic, key=key, value=value)
         self._staged_rows.append(
             {

@@ -37,6 +37,7 @@ from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read
 from retrylib.record import Record
 from retrylib.results import ResultRows, output_batch
 from retrylib.retry.headers import without_reserved
+from retrylib.retry.outcomes import Count
 from retrylib.retry.policy import RetryPolicy
 from retrylib.retry_records import Delivery, RetryRecords
 from retrylib.vectorized import (
@@ -178,7 +179,7 @@ class TaskRouter:
                 retries = self._retries_of_messages(topic, partition, messages)
                 self._handle_each([delivery.record for delivery in retries], retries)
             else:
-                self.counters["records_main"] += len(messages)
+                self.counters[Count.RECORDS_MAIN] += len(messages)
                 self._handle_each(
                     [
                         Record(
@@ -211,9 +212,9 @@ class TaskRouter:
         """Yields the result rows not yet handed over, then the task's counters row."""
         self._flush()
         yield from self.results.drain()
-        self.counters["handler_ms"] = self.handler_ns // 1_000_000
+        self.counters[Count.HANDLER_MS] = self.handler_ns // 1_000_000
         if self.read_ns:
-            self.counters["kafka_read_ms"] = self.read_ns // 1_000_000
+            self.counters[Count.KAFKA_READ_MS] = self.read_ns // 1_000_000
         yield self.results.counters(json.dumps(dict(self.counters)))
 
     # -- reading a record ---------------------------------------------------------------
@@ -240,7 +241,7 @@ class TaskRouter:
             )
             if delivery is not None:
                 retries.append(delivery)
-        self.counters["records_main"] += len(main)
+        self.counters[Count.RECORDS_MAIN] += len(main)
         return main, retries
 
     def _main_headers(self, header_pairs: list | None) -> list:
@@ -250,7 +251,7 @@ class TaskRouter:
             return []
         headers, removed = without_reserved(header_pairs)
         if removed:
-            self.counters["reserved_headers_removed"] += removed
+            self.counters[Count.RESERVED_HEADERS_REMOVED] += removed
         return headers
 
     def _retries_of_messages(self, topic: str, partition: int, messages: list) -> list[Delivery]:
@@ -336,10 +337,10 @@ class TaskRouter:
             return
         if table is not None:
             if deliveries is None:
-                self.counters["records_main"] += batch.num_rows
+                self.counters[Count.RECORDS_MAIN] += batch.num_rows
             for output in table.to_batches():
                 self._write_output(output)
-            self.counters["succeeded"] += handler_input.num_rows
+            self.counters[Count.SUCCEEDED] += handler_input.num_rows
             return
         for delivery, outcome in zip(self._decoded(batch, deliveries), results, strict=True):
             if isinstance(outcome, BaseException):
@@ -377,7 +378,7 @@ class TaskRouter:
             batch = None
         if batch is not None:
             self._write_output(batch)
-            self.counters["succeeded"] += len(pending)
+            self.counters[Count.SUCCEEDED] += len(pending)
             return
         for record, delivery, rows in pending:
             try:
@@ -389,11 +390,11 @@ class TaskRouter:
                 )
                 continue
             self._write_output(batch)
-            self.counters["succeeded"] += 1
+            self.counters[Count.SUCCEEDED] += 1
 
     def _write_output(self, batch: pa.RecordBatch) -> None:
         self.results.add("output", batch)
-        self.counters["output_rows"] += batch.num_rows
+        self.counters[Count.OUTPUT_ROWS] += batch.num_rows
 
 
 def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

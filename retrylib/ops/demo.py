@@ -17,6 +17,7 @@ from pathlib import Path
 from retrylib.config.loader import load_config
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
+from retrylib.retry.outcomes import Count
 from retrylib.router import BatchResult
 
 log = logging.getLogger(__name__)
@@ -102,8 +103,8 @@ def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float
         settled: list[int] = [0]
 
         def count(result: BatchResult) -> None:
-            settled[0] += result.counters.get("succeeded", 0)
-            settled[0] += result.counters.get("dead_lettered", 0)
+            settled[0] += result.counters.get(Count.SUCCEEDED, 0)
+            settled[0] += result.counters.get(Count.DEAD_LETTERED, 0)
             print(f"batch {result.batch_id}: {json.dumps(result.counters, sort_keys=True)}")
 
         spark = build_spark_session("retrylib-demo", master="local[2]")

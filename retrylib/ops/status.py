@@ -39,6 +39,7 @@ from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.reading import ReadToEnd, reading_consumer
 from retrylib.metrics import KafkaOffsets
 from retrylib.retry import headers
+from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count
 from retrylib.retry.policy import due_time_ms
 from retrylib.spark.session import tool_session
 
@@ -275,12 +276,12 @@ def dead_letter_summary(spark: SparkSession, table: TableRef) -> dict[str, Any]:
 
 
 BATCH_COUNTS = (
-    "records_main",
-    "records_retry",
-    "succeeded",
-    "retried",
-    "dead_lettered",
-    "duplicates_skipped",
+    Count.RECORDS_MAIN,
+    Count.RECORDS_RETRY,
+    Count.SUCCEEDED,
+    "retried",  # the tiers' retried_tier_N summed
+    Count.DEAD_LETTERED,
+    Count.DUPLICATES_SKIPPED,
 )
 """The record counts `last_batches` gives for each batch, in the order `status` shows them."""
 _BATCH_COLUMNS = ("batch_id", "replayed", "duration_ms", *BATCH_COUNTS)
@@ -319,7 +320,7 @@ def last_batches(
         counters = manifest.get("counters", {})
         counts = {name: counters.get(name, 0) for name in BATCH_COUNTS}
         # A manifest counts retries per tier.
-        counts["retried"] = sum(v for k, v in counters.items() if k.startswith("retried_tier_"))
+        counts["retried"] = sum(v for k, v in counters.items() if k.startswith(RETRIED_TIER_PREFIX))
         batches.append(
             {
                 "batch_id": number,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from retrylib.config.importing import import_object
 from retrylib.errors import NonRetryable, RetryAfter
 from retrylib.retry.headers import MAX_ERROR_MESSAGE_BYTES, MAX_STACK_TRACE_BYTES, bound_text
+from retrylib.retry.outcomes import Reason
 
 
 @dataclass(frozen=True)
@@ -120,10 +121,9 @@ class RetryDecision:
 
 @dataclass(frozen=True)
 class DeadLetterDecision:
-    """Send the record to the dead letter; `reason` is "non_retryable", "attempts_exhausted",
-    "retry_timeout" or "retry_after_too_long"."""
+    """Send the record to the dead letter, for `reason`."""
 
-    reason: str
+    reason: Reason
 
 
 def decide(
@@ -151,16 +151,16 @@ def decide(
     if attempt < 0:
         raise ValueError(f"attempt must be >= 0, got {attempt!r}")
     if _is_non_retryable(policy, error):
-        return DeadLetterDecision("non_retryable")
+        return DeadLetterDecision(Reason.NON_RETRYABLE)
     if attempt + 1 >= policy.max_attempts:
-        return DeadLetterDecision("attempts_exhausted")
+        return DeadLetterDecision(Reason.ATTEMPTS_EXHAUSTED)
     first = now_ms if first_failure_ms is None else first_failure_ms
     if policy.timeout_ms is not None and now_ms - first >= policy.timeout_ms:
-        return DeadLetterDecision("retry_timeout")
+        return DeadLetterDecision(Reason.RETRY_TIMEOUT)
     requested_ms = _requested_ms(error)
     if requested_ms is not None:
         if requested_ms > policy.max_retry_after_ms:
-            return DeadLetterDecision("retry_after_too_long")
+            return DeadLetterDecision(Reason.RETRY_AFTER_TOO_LONG)
         return _retry_after(policy, requested_ms=requested_ms, now_ms=now_ms)
     return _scheduled(policy, next_attempt=attempt + 1, record_id=record_id, now_ms=now_ms)
 

@@ -1,0 +1,72 @@
+"""What becomes of a record, by name: why it went to the dead letter, and the batch counters.
+
+Pure: no Spark, no Kafka. These names are data users keep and query (a dead letter's
+`reason` column and `retrylib.dead_letter.reason` header; the counters of the metrics log
+line, the metrics table and `status`), so a name, once released, stays.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Why a record went to the dead letter."""
+
+    NON_RETRYABLE = "non_retryable"
+    """`NonRetryable`, or an exception class listed in `retry.non_retryable`."""
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    """`retry.max_attempts` handler calls failed."""
+    RETRY_TIMEOUT = "retry_timeout"
+    """`retry.timeout` passed since the first failure."""
+    RETRY_AFTER_TOO_LONG = "retry_after_too_long"
+    """A `RetryAfter` asked for more than `retry.max_retry_after`."""
+    UNVERIFIED_RETRY_RECORD = "unverified_retry_record"
+    """A record on a retry tier not signed by this job (`headers.sign`)."""
+    RECORD_TOO_LARGE = "record_too_large"
+    """The retry copy is larger than its tier topic accepts."""
+    CORRUPT_RETRY_HEADERS = "corrupt_retry_headers"
+    """A signed record on a retry tier whose retry headers cannot be read."""
+    UNKNOWN_ORIGIN_TOPIC = "unknown_origin_topic"
+    """The record's origin topic is no longer one of the job's main topics."""
+
+
+class Count(StrEnum):
+    """A counter a routing task keeps for its batch (summed over the batch's tasks)."""
+
+    RECORDS_MAIN = "records_main"
+    """Records read from main topics."""
+    RECORDS_RETRY = "records_retry"
+    """Records read from retry tiers."""
+    SUCCEEDED = "succeeded"
+    """Records the handler handled."""
+    OUTPUT_ROWS = "output_rows"
+    """Rows for the output table."""
+    DEAD_LETTERED = "dead_lettered"
+    """Records sent to the dead letter."""
+    DEAD_LETTERED_TOO_LARGE = "dead_lettered_too_large"
+    """Of those, records whose retry copy was too large for its tier."""
+    DEAD_LETTER_TRUNCATED = "dead_letter_truncated"
+    """Dead-letter records cut to fit the dead-letter topic (in full in the table)."""
+    DUPLICATES_SKIPPED = "duplicates_skipped"
+    """Retry records seen twice in one batch."""
+    REQUEUED_NOT_DUE = "requeued_not_due"
+    """Retry records released before they were due, sent round their tier again."""
+    SKIPPED_OTHER_JOB = "skipped_other_job"
+    """Records on a shared tier written by another job."""
+    SKIPPED_BY_HANDLER = "skipped_by_handler"
+    """Records the handler dropped with `Skip`."""
+    RESERVED_HEADERS_REMOVED = "reserved_headers_removed"
+    """retrylib's own header names taken off main-topic records."""
+    HANDLER_MS = "handler_ms"
+    """Time spent in the handler."""
+    KAFKA_READ_MS = "kafka_read_ms"
+    """Time a task spent reading Kafka itself (`kafka.source = "python"` and tiers)."""
+
+
+RETRIED_TIER_PREFIX = "retried_tier_"
+
+
+def retried_tier(tier: int) -> str:
+    """The counter of records sent to retry tier `tier` (0 = the first)."""
+    return f"{RETRIED_TIER_PREFIX}{tier}"
