@@ -22,7 +22,7 @@ from retrylib.router import BatchResult
 
 log = logging.getLogger(__name__)
 
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+_REPO_ROOT = Path(__file__).resolve().parents[2]  # holds examples/, the demo handler's package
 _TOPIC = "orders"
 _DEMO_CONFIG = """
 [job]
