@@ -55,7 +55,7 @@ from retrylib.retry.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, re
 
 # tests/, for the helpers shared by the tests, when this file runs as a script
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import write_job_toml  # noqa: E402
+from helpers import read_topic, write_job_toml
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -526,7 +526,7 @@ class FaultHarness:
 
     def _check(self, spark) -> None:
         from chispa import assert_df_equality
-        from fault_handlers import OUTPUT_SCHEMA  # noqa: PLC0415
+        from fault_handlers import OUTPUT_SCHEMA
 
         output = read_table(self.output_table).to_pylist()
         dead = read_table(self.dead_letter_table).to_pylist()
@@ -616,8 +616,6 @@ class FaultHarness:
 
     def _topic_records(self, topic: str) -> list[dict]:
         """The retrylib headers of every committed record of `topic`, read from the start."""
-        from helpers import read_topic  # noqa: PLC0415 - tests/, on sys.path
-
         return [dict(m.headers() or ()) for m in read_topic(self.broker.bootstrap_servers, topic)]
 
     def log_tails(self, lines: int = 25) -> str:

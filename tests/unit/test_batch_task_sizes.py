@@ -15,7 +15,7 @@ TIER_LIMIT, DEAD_LETTER_LIMIT = 20_000, 18_000
 
 
 @pytest.fixture
-def sized(plan: TaskPlan) -> TaskPlan:  # noqa: F811
+def sized(plan: TaskPlan) -> TaskPlan:
     limits = {TIER: TIER_LIMIT, "orders.retry.1m": TIER_LIMIT, "orders.dlt": DEAD_LETTER_LIMIT}
     return dataclasses.replace(plan, max_record_bytes=limits)
 

@@ -23,7 +23,7 @@ def header_bytes(headers: list[tuple[str, bytes | None]]) -> int:
     return sum(len(name.encode()) + len(value or b"") for name, value in headers)
 
 
-def test_retry_headers_keep_their_size_over_many_attempts(plan):  # noqa: F811
+def test_retry_headers_keep_their_size_over_many_attempts(plan):
     plan = dataclasses.replace(plan, max_attempts=ATTEMPTS)
     user = [("trace", b"t1"), ("tenant", b"acme")]
     delivery = {"key": b"deep-1", "offset": 7, "headers": user}

@@ -13,10 +13,10 @@ class _Throwable:
     def __init__(self, text: str, cause: _Throwable | None = None) -> None:
         self.text, self.cause = text, cause
 
-    def getCause(self) -> _Throwable | None:  # noqa: N802 - Java's name
+    def getCause(self) -> _Throwable | None:  # Java's name
         return self.cause
 
-    def toString(self) -> str:  # noqa: N802 - Java's name
+    def toString(self) -> str:  # Java's name
         return self.text
 
 
