@@ -311,7 +311,7 @@ def start_query(
     writer = (
         source_frame(spark, config, target)
         .writeStream.queryName(config.job.name)
-        .option("checkpointLocation", Checkpoint(config.job.checkpoint).spark)
+        .option("checkpointLocation", checkpoint.spark)
         .foreachBatch(router)
     )
     if target is not None:

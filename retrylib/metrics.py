@@ -244,6 +244,7 @@ class MetricsRecorder:
         self._kafka: KafkaOffsets | None = None
         self._spark = None
         self._table = config.metrics.table_ref()
+        self._checkpoint = Checkpoint(config.job.checkpoint)
 
     def prepare(self, spark) -> None:
         self._spark = spark
@@ -286,7 +287,7 @@ class MetricsRecorder:
 
     def _lag(self, batch_id: int, now_ms: int) -> dict[str, dict[str, int]] | None:
         try:
-            end, _ = Checkpoint(self.config.job.checkpoint).batch_offsets(self._spark, batch_id)
+            end, _ = self._checkpoint.batch_offsets(self._spark, batch_id)
             if self._kafka is None:
                 kafka = self.config.kafka
                 self._kafka = KafkaOffsets(kafka.bootstrap_servers, kafka.options)
