@@ -385,9 +385,7 @@ class TaskRouter:
                 batch = output_batch(list(rows), self.plan.output_schema)
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
                 failure = BadHandlerResult(f"rows do not fit the output schema: {e}")
-                self.retries.fail(
-                    delivery or Delivery(record, record.topic, self.plan.job), failure
-                )
+                self.retries.fail(delivery or self._first_delivery(record), failure)
                 continue
             self._write_output(batch)
             self.counters[Count.SUCCEEDED] += 1
