@@ -38,19 +38,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from confluent_kafka import IsolationLevel, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import Config
 from retrylib.delta.tables import append_once, ensure_table
-from retrylib.kafka.clients import client_config, topic_partitions
 from retrylib.kafka.offsets import PartitionKey, delay_frontier
+from retrylib.kafka.reading import KafkaOffsets
 from retrylib.retry.outcomes import Count, retried_tier
 from retrylib.retry.policy import due_timestamp_ms
 
@@ -101,55 +99,6 @@ METRICS_SCHEMA = pa.schema(
     ]
 )
 """Columns of the metrics Delta table, one row per batch (see the module docstring)."""
-
-_KAFKA_TIMEOUT_S = 10.0
-
-
-class KafkaOffsets:
-    """Offset look-ups for many partitions at once (AdminClient ListOffsets, read_committed),
-    with the job's pass-through Kafka options.
-    """
-
-    def __init__(
-        self,
-        bootstrap_servers: str,
-        options: Mapping[str, str],
-        timeout: float = _KAFKA_TIMEOUT_S,
-        errors: list[str] | None = None,
-    ) -> None:
-        """`errors`, when given, collects the client's connection errors as text."""
-        settings = client_config(bootstrap_servers, options)
-        if errors is not None:
-            settings["error_cb"] = lambda error: errors.append(error.str())
-        self.admin = AdminClient(settings)
-        self.timeout = timeout
-
-    def partitions(self, topics: Iterable[str]) -> dict[str, list[int]]:
-        """Partition numbers of each existing topic among `topics` (missing ones left out).
-
-        Raises `KafkaException` when the broker does not answer within the timeout.
-        """
-        return topic_partitions(self.admin, topics, self.timeout)
-
-    def latest(self, keys: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
-        return self._list({key: OffsetSpec.latest() for key in keys})
-
-    def earliest(self, keys: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
-        return self._list({key: OffsetSpec.earliest() for key in keys})
-
-    def first_at(self, times_ms: Mapping[PartitionKey, int]) -> dict[PartitionKey, int]:
-        """The first offset with a timestamp at or after the given time; -1 when none."""
-        return self._list({key: OffsetSpec.for_timestamp(ms) for key, ms in times_ms.items()})
-
-    def _list(self, specs: Mapping[PartitionKey, OffsetSpec]) -> dict[PartitionKey, int]:
-        if not specs:
-            return {}
-        futures = self.admin.list_offsets(
-            {TopicPartition(topic, partition): spec for (topic, partition), spec in specs.items()},
-            isolation_level=IsolationLevel.READ_COMMITTED,
-            request_timeout=self.timeout,
-        )
-        return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
 
 
 def input_lag(

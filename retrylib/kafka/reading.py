@@ -6,6 +6,7 @@
   the read started are not read, so a read of a busy topic ends.
 - `last_marker` finds the last committed marker of a producer in a control topic.
 - `produce` queues one record, waiting while the producer's local queue is full.
+- `KafkaOffsets` looks up many partitions' offsets at once (latest, earliest, by time).
 
 The topic look-up (which partitions a topic has) is `clients.topic_partitions`, next to the
 topic administration that needs it.
@@ -16,10 +17,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from retrylib.errors import MarkerReadError
-from retrylib.kafka.clients import make_consumer
+from retrylib.kafka.clients import client_config, make_consumer, topic_partitions
 from retrylib.kafka.offsets import PartitionKey
 
 READ_TO_END_OPTIONS = {
@@ -32,6 +42,7 @@ offset and skips aborted transactions), the partition's end reported (EOF), and 
 offset that retention has already deleted read from the log's new start."""
 
 WATERMARK_TIMEOUT_S = 15.0
+OFFSETS_TIMEOUT_S = 10.0
 MARKER_WINDOW = 64
 """Offsets of a control topic read first when looking for the last marker (then 2x, 4x...)."""
 MARKER_READ_TIMEOUT_S = 30.0
@@ -64,6 +75,53 @@ def watermarks(
         key: consumer.get_watermark_offsets(TopicPartition(*key), timeout=timeout, cached=False)
         for key in keys
     }
+
+
+class KafkaOffsets:
+    """Offset look-ups for many partitions at once (AdminClient ListOffsets, read_committed),
+    with the job's pass-through Kafka options.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        options: Mapping[str, str],
+        timeout: float = OFFSETS_TIMEOUT_S,
+        errors: list[str] | None = None,
+    ) -> None:
+        """`errors`, when given, collects the client's connection errors as text."""
+        settings = client_config(bootstrap_servers, options)
+        if errors is not None:
+            settings["error_cb"] = lambda error: errors.append(error.str())
+        self.admin = AdminClient(settings)
+        self.timeout = timeout
+
+    def partitions(self, topics: Iterable[str]) -> dict[str, list[int]]:
+        """Partition numbers of each existing topic among `topics` (missing ones left out).
+
+        Raises `KafkaException` when the broker does not answer within the timeout.
+        """
+        return topic_partitions(self.admin, topics, self.timeout)
+
+    def latest(self, keys: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        return self._list({key: OffsetSpec.latest() for key in keys})
+
+    def earliest(self, keys: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        return self._list({key: OffsetSpec.earliest() for key in keys})
+
+    def first_at(self, times_ms: Mapping[PartitionKey, int]) -> dict[PartitionKey, int]:
+        """The first offset with a timestamp at or after the given time; -1 when none."""
+        return self._list({key: OffsetSpec.for_timestamp(ms) for key, ms in times_ms.items()})
+
+    def _list(self, specs: Mapping[PartitionKey, OffsetSpec]) -> dict[PartitionKey, int]:
+        if not specs:
+            return {}
+        futures = self.admin.list_offsets(
+            {TopicPartition(topic, partition): spec for (topic, partition), spec in specs.items()},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=self.timeout,
+        )
+        return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
 
 
 class ReadToEnd:

@@ -17,7 +17,7 @@ from retrylib.config.model import Config
 from retrylib.config.topics import produced_topic
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import kafka_error_text
-from retrylib.metrics import KafkaOffsets
+from retrylib.kafka.reading import KafkaOffsets
 from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:

@@ -36,8 +36,7 @@ from retrylib.config.durations import format_duration
 from retrylib.config.model import Config, RetryTier
 from retrylib.kafka.clients import kafka_error_text
 from retrylib.kafka.offsets import PartitionKey
-from retrylib.kafka.reading import ReadToEnd, reading_consumer
-from retrylib.metrics import KafkaOffsets
+from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.retry import headers
 from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count
 from retrylib.retry.policy import due_time_ms

@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from helpers import write_noop_job
 
-from retrylib.metrics import KafkaOffsets
+from retrylib.kafka.reading import KafkaOffsets
 from retrylib.ops.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, main
 
 pytestmark = pytest.mark.usefixtures("keep_root_logger")

@@ -10,9 +10,9 @@ from confluent_kafka import KafkaException
 from helpers import metrics_job_config
 
 from retrylib.checkpoint import Checkpoint
+from retrylib.kafka.reading import KafkaOffsets
 from retrylib.metrics import (
     METRICS_SCHEMA,
-    KafkaOffsets,
     input_lag,
     metrics_row,
     table_row,
