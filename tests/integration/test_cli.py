@@ -308,31 +308,55 @@ class Crash(BaseException):
     """Stands for the process dying: nothing catches it, nothing is cleaned up."""
 
 
-def test_redrive_crash_before_commit_is_resent_once(job, capsys, bootstrap_servers, monkeypatch):
+class MortalProducer:
+    """The redrive's producer, with a way to die as the process around it would.
+
+    `die()` sends what was produced and destroys the real producer at once, in this thread,
+    then raises `Crash`. Otherwise the producer would live on in the traceback until the
+    garbage collector frees it, at some later moment and after the resumed redrive has
+    fenced it: not what a crash leaves behind.
+    """
+
+    made: list[MortalProducer] = []
+
+    def __init__(self, producer):
+        self._producer = producer
+        MortalProducer.made.append(self)
+
+    def __getattr__(self, name):
+        return getattr(self._producer, name)
+
+    def die(self, *_args):
+        self._producer.flush(30)
+        self._producer = None
+        raise Crash()
+
+
+@pytest.fixture
+def mortal_producers(monkeypatch):
+    """Redrives in the test make `MortalProducer`s; yields the list of those made."""
+    real = redrive_module.make_producer
+    MortalProducer.made = []
+    monkeypatch.setattr(
+        redrive_module, "make_producer", lambda *a, **k: MortalProducer(real(*a, **k))
+    )
+    yield MortalProducer.made
+    monkeypatch.undo()
+
+
+def test_redrive_crash_before_commit_is_resent_once(
+    job, capsys, bootstrap_servers, monkeypatch, mortal_producers
+):
     chosen = dead_letter_ids(job, "stop-")[1]
 
     # Records produced inside the transaction, then the process dies before committing.
-    original_producer = redrive_module.make_producer
-
-    class DyingProducer:
-        def __init__(self, producer):
-            self._producer = producer
-
-        def __getattr__(self, name):
-            return getattr(self._producer, name)
-
-        def commit_transaction(self, *args):
-            raise Crash()
-
-    monkeypatch.setattr(
-        redrive_module, "make_producer", lambda *a, **k: DyingProducer(original_producer(*a, **k))
-    )
+    monkeypatch.setattr(MortalProducer, "commit_transaction", MortalProducer.die, raising=False)
     with pytest.raises(Crash):
         main(["redrive", str(job[0]), "--id", chosen])
     capsys.readouterr()
     row = next(r for r in dead_letters(job) if r["id"] == chosen)
     assert row["redrive_id"] is not None and row["redriven_at"] is None
-    monkeypatch.setattr(redrive_module, "make_producer", original_producer)
+    monkeypatch.delattr(MortalProducer, "commit_transaction")
 
     code, out, err = run_cli(capsys, "redrive", str(job[0]), "--id", chosen, "--json")
 
@@ -345,17 +369,20 @@ def test_redrive_crash_before_commit_is_resent_once(job, capsys, bootstrap_serve
     assert row["redriven_at"] is not None
 
 
-def test_redrive_crash_after_commit_is_not_resent(job, capsys, bootstrap_servers, monkeypatch):
+def test_redrive_crash_after_commit_is_not_resent(
+    job, capsys, bootstrap_servers, monkeypatch, mortal_producers
+):
     chosen = dead_letter_ids(job, "stop-")[2]
+    confirm = redrive_module._confirm
 
     def die(*args, **kwargs):
-        raise Crash()
+        mortal_producers[-1].die()
 
     monkeypatch.setattr(redrive_module, "_confirm", die)
     with pytest.raises(Crash):
         main(["redrive", str(job[0]), "--id", chosen])
     capsys.readouterr()
-    monkeypatch.undo()
+    monkeypatch.setattr(redrive_module, "_confirm", confirm)
     assert len(copies_in_topic(bootstrap_servers, job[1], "stop-2")) == 2
 
     code, out, err = run_cli(capsys, "redrive", str(job[0]), "--id", chosen, "--json")
