@@ -78,7 +78,7 @@ def prepare_topics(config: Config) -> dict[str, int]:
     naming a missing main topic, or missing other topics when `kafka.create_topics` is off.
     """
     kafka = config.kafka
-    admin = make_admin(kafka.bootstrap_servers, kafka.options)
+    admin = make_admin(kafka.bootstrap_servers, kafka.client_options())
     main = partition_counts(admin, kafka.topics)
     missing = [topic for topic in kafka.topics if topic not in main]
     if missing:
@@ -103,28 +103,27 @@ def _read_kafka(spark: SparkSession, format_name: str, options: dict[str, str]) 
 
 
 def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
-    """The options of the main-topic source and of the retry tiers' `retrylib_kafka` source.
+    """The options of Spark's Kafka source for the main topics (Java client options) and of
+    the retry tiers' `retrylib_kafka` source (librdkafka's).
 
     `kafka.max_offsets_per_trigger` bounds both, so a retry backlog is read in batches too.
     """
     kafka = config.kafka
     delays = config.retry.tier_delays_ms()
-    # Records of aborted transactions (a failed `retrylib redrive`, a user's transactional
-    # producer) are never handed to the handler, unless the user's options say otherwise.
-    common = {"kafka.isolation.level": "read_committed"}
-    common.update({f"kafka.{key}": value for key, value in kafka.options.items()})
-    common["kafka.bootstrap.servers"] = kafka.bootstrap_servers
+    common = {"kafka.bootstrap.servers": kafka.bootstrap_servers}
     if kafka.max_offsets_per_trigger:
         common["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
     main = {
+        **_client_options(kafka.spark_options()),
         **common,
         "subscribe": ",".join(kafka.topics),
         "startingOffsets": kafka.starting_offsets,
     }
     tiers = {
-        **common,
+        **_client_options(kafka.client_options()),
         # The source's offset look-ups: a tier's end must not pass an open transaction.
         **{f"kafka.{key}": value for key, value in TIER_CLIENT_OPTIONS.items()},
+        **common,
         "subscribe": ",".join(sorted(delays)),
         "retrylib.topicDelaysMs": json.dumps(delays),
         "retrylib.secretOptions": json.dumps(config.secret_options()),
@@ -132,11 +131,23 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
     return main, tiers
 
 
+def _client_options(options: dict[str, str]) -> dict[str, str]:
+    """Kafka client `options` as a Kafka source's "kafka."-prefixed options.
+
+    Records of aborted transactions (a failed `retrylib redrive`, a user's transactional
+    producer) are never handed to the handler, unless the user's options say otherwise.
+    """
+    return {
+        "kafka.isolation.level": "read_committed",
+        **{f"kafka.{key}": value for key, value in options.items()},
+    }
+
+
 def _every_topic(config: Config) -> dict[str, str]:
     """One `retrylib_kafka` source's options for the main topics and the tiers together."""
     main, tiers = source_options(config)
     topics = [*config.kafka.topics, *sorted(config.retry.tier_delays_ms())]
-    return {**main, **tiers, "subscribe": ",".join(topics)}
+    return {**tiers, "subscribe": ",".join(topics), "startingOffsets": main["startingOffsets"]}
 
 
 def available_now_target(config: Config) -> Offsets:
@@ -222,7 +233,7 @@ def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) ->
         non_retryable=retry.non_retryable,
         handler_kind=config.handler.kind,
         bootstrap_servers=config.kafka.bootstrap_servers,
-        client_options=dict(config.kafka.options),
+        client_options=config.kafka.client_options(),
         secret_options=config.secret_options(),
     )
 
@@ -240,10 +251,10 @@ def record_limits(
     kafka = config.kafka
     control = produced_topic(config.job.name)
     limits = RecordLimits(
-        kafka.bootstrap_servers, kafka.options, [t for t in partitions if t != control]
+        kafka.bootstrap_servers, kafka.client_options(), [t for t in partitions if t != control]
     )
     limits.current()
-    options = dict(kafka.options)
+    options = kafka.client_options()
     batch_bytes = producer_batch_bytes(options, limits.topic_max)
     if batch_bytes is not None:
         log.info(

@@ -239,7 +239,7 @@ class MetricsRecorder:
             end, _ = self._checkpoint.batch_offsets(self._spark, batch_id)
             if self._kafka is None:
                 kafka = self.config.kafka
-                self._kafka = KafkaOffsets(kafka.bootstrap_servers, kafka.options)
+                self._kafka = KafkaOffsets(kafka.bootstrap_servers, kafka.client_options())
             return input_lag(self.config, end, self._kafka, now_ms)
         except Exception as e:
             log.warning("input lag after batch %d unknown: %s", batch_id, e)

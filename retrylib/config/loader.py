@@ -14,12 +14,14 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from retrylib.config.locations import check_locations
-from retrylib.config.model import OPTIONS_KEY, Config
+from retrylib.config.model import OPTION_TABLES, Config
 from retrylib.config.sections import (
+    check_callable,
     check_exception_classes,
     read_dead_letter,
     read_handler,
@@ -107,11 +109,13 @@ def _apply_overrides(
 ) -> None:
     """Set each dotted key in `data`, creating tables on the way.
 
-    Below "kafka.options." the rest of the key is one option name ("sasl.mechanism").
+    Below an option table ("kafka.options.") the rest of the key is one option name
+    ("sasl.mechanism").
     """
     for dotted, value in overrides.items():
-        if dotted.startswith(OPTIONS_KEY + "."):
-            parts = [*OPTIONS_KEY.split("."), dotted[len(OPTIONS_KEY) + 1 :]]
+        table = next((t for t in OPTION_TABLES if dotted.startswith(f"{t}.")), None)
+        if table is not None:
+            parts = [*table.split("."), dotted[len(table) + 1 :]]
         else:
             parts = dotted.split(".")
         node = data
@@ -200,6 +204,13 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
     check_locations(root.problems, tables)
     non_retryable = tables["retry"].values["non_retryable"]
     handler_paths = tables["handler"].values["paths"]
+    token_provider = kafka.security.token_provider if kafka and kafka.security else None
+    if token_provider and handler_paths:
+        kafka = replace(kafka, import_paths=handler_paths)
+        if check_imports:
+            check_callable(
+                root.problems, "kafka.security.token_provider", token_provider, handler_paths
+            )
     if check_imports and non_retryable and handler_paths:
         check_exception_classes(root.problems, "retry.non_retryable", non_retryable, handler_paths)
     if check_imports and dead_letter and dead_letter.routes and handler_paths:

@@ -16,8 +16,12 @@ from typing import Any
 from retrylib.config.schema import OutputSchema
 from retrylib.delta.table_ref import TableRef
 from retrylib.kafka.clients import is_secret_key
+from retrylib.kafka.security import java_security, librdkafka_security
 
-OPTIONS_KEY = "kafka.options"  # the dotted key of the Kafka client options
+OPTION_TABLES = ("kafka.options", "kafka.java_options", "kafka.librdkafka_options")
+"""The dotted keys of the Kafka client option tables: below each, the rest of a key is one
+option name ("sasl.mechanism")."""
+_SECRET_KEYS = frozenset({"kafka.security.password"})
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,38 @@ class _ReadOnlyMappings:
 
 
 @dataclass(frozen=True)
+class KafkaSecurity:
+    """[kafka.security]: how every Kafka client of the job connects and logs in.
+
+    `mechanism` is set exactly when `protocol` is SASL_*; `username` and `password` go with
+    PLAIN and SCRAM; `token_provider` ("module:function", called as confluent-kafka calls
+    `oauth_cb`) with OAUTHBEARER; `ca_file` (PEM) with SSL and SASL_SSL.
+    """
+
+    protocol: str = "PLAINTEXT"
+    mechanism: str | None = None
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    token_provider: str | None = None
+
+    def describe(self) -> str:
+        """How the job logs in, for error messages: never the password."""
+        if self.mechanism is None:
+            return f"security.protocol {self.protocol}"
+        user = f", user {self.username!r}" if self.username else ""
+        return f"SASL {self.mechanism} over {self.protocol}{user}"
+
+
+@dataclass(frozen=True)
 class KafkaConfig(_ReadOnlyMappings):
-    """[kafka]: where to read the main topics, and options passed to every Kafka client."""
+    """[kafka]: where to read the main topics, and how its clients connect.
+
+    The job runs two kinds of Kafka client: Spark's connector (Java) for the main topics and
+    librdkafka's for everything else. `security` is written for both (see
+    `retrylib.kafka.security`); `options` go to both as they are; `java_options` and
+    `librdkafka_options` go to one kind each and win over the rest.
+    """
 
     bootstrap_servers: str
     topics: tuple[str, ...]
@@ -61,6 +95,27 @@ class KafkaConfig(_ReadOnlyMappings):
     source: str
     create_topics: bool
     options: Mapping[str, str]
+    security: KafkaSecurity | None = None
+    java_options: Mapping[str, str] = field(default_factory=dict)
+    librdkafka_options: Mapping[str, str] = field(default_factory=dict)
+    import_paths: tuple[str, ...] = ()  # where the token provider is imported from
+
+    def client_options(self) -> dict[str, str]:
+        """The options of every librdkafka client the job makes (without the brokers)."""
+        return {
+            **librdkafka_security(self.security, self.import_paths),
+            **self.options,
+            **self.librdkafka_options,
+        }
+
+    def spark_options(self) -> dict[str, str]:
+        """The options of Spark's Kafka connector, without the "kafka." prefix it wants."""
+        return {**java_security(self.security), **self.options, **self.java_options}
+
+    def describe_login(self) -> str:
+        """How the clients log in, for error messages (never a secret)."""
+        security = self.security or KafkaSecurity()
+        return security.describe()
 
 
 @dataclass(frozen=True)
@@ -182,18 +237,38 @@ class Config:
         }
 
     def secret_options(self) -> tuple[str, ...]:
-        """Names of the Kafka options whose values `redacted()` hides: what a process that
-        only has the options (a Spark worker) must mask.
+        """Names of the librdkafka options (`KafkaConfig.client_options`) whose values
+        `redacted()` hides: what a process that only has the options (a Spark worker) must
+        mask.
         """
-        return tuple(
-            name for name in self.kafka.options if is_hidden(f"{OPTIONS_KEY}.{name}", self.from_env)
-        )
+        kafka = self.kafka
+        entries = [
+            (f"{table}.{name}", value)
+            for table, options in zip(
+                OPTION_TABLES,
+                (kafka.options, kafka.java_options, kafka.librdkafka_options),
+                strict=True,
+            )
+            for name, value in options.items()
+        ]
+        if kafka.security is not None:
+            entries += [
+                (f"kafka.security.{f.name}", getattr(kafka.security, f.name))
+                for f in fields(kafka.security)
+            ]
+        hidden = {value for key, value in entries if is_hidden(key, self.from_env)}
+        return tuple(name for name, value in kafka.client_options().items() if value in hidden)
 
 
 def is_hidden(key: str, from_env: Collection[str]) -> bool:
-    """True for values never to show: set from ${env:...}, or a Kafka option that looks secret."""
-    option = key.removeprefix(OPTIONS_KEY + ".")
-    return key in from_env or (option != key and is_secret_key(option))
+    """True for values never to show: set from ${env:...}, the login's password, or a Kafka
+    option that looks secret."""
+    if key in from_env or key in _SECRET_KEYS:
+        return True
+    return any(
+        key.startswith(f"{table}.") and is_secret_key(key[len(table) + 1 :])
+        for table in OPTION_TABLES
+    )
 
 
 def _plain(value: Any, key: str, from_env: Collection[str]) -> Any:

@@ -25,6 +25,7 @@ from retrylib.config.model import (
     is_hidden,
 )
 from retrylib.config.schema import OutputSchema, parse_schema
+from retrylib.config.security import check_security, read_security
 from retrylib.config.topics import check_dead_letter_topics, explicit_tiers, template_tiers
 from retrylib.config.values import (
     BOOL,
@@ -74,7 +75,23 @@ def read_kafka(t: Table) -> KafkaConfig | None:
     options = _kafka_options(
         t.table("options", '[kafka.options] "client.id" = "x"', required=False)
     )
+    java_options = _kafka_options(
+        t.table("java_options", '[kafka.java_options] "sasl.jaas.config" = "..."', required=False),
+        librdkafka=False,
+    )
+    librdkafka_options = _kafka_options(
+        t.table(
+            "librdkafka_options",
+            '[kafka.librdkafka_options] "socket.nagle.disable" = true',
+            required=False,
+        )
+    )
+    security = read_security(
+        t.table("security", '[kafka.security] protocol = "SASL_SSL"', required=False)
+    )
     t.finish()
+    if security is not None:
+        check_security(t, security, options, java_options, librdkafka_options, source)
     if starting not in (None, "earliest", "latest") and topics:
         unknown = sorted(set(json.loads(starting)) - set(topics))
         if unknown:
@@ -85,7 +102,18 @@ def read_kafka(t: Table) -> KafkaConfig | None:
             )
     if not t.ok:
         return None
-    return KafkaConfig(servers, topics, starting, max_offsets, source, create_topics, options)
+    return KafkaConfig(
+        servers,
+        topics,
+        starting,
+        max_offsets,
+        source,
+        create_topics,
+        options,
+        security,
+        java_options,
+        librdkafka_options,
+    )
 
 
 def _options(t: Table) -> dict[str, str]:
@@ -99,10 +127,11 @@ def _options(t: Table) -> dict[str, str]:
     }
 
 
-def _kafka_options(t: Table) -> dict[str, str]:
-    """Kafka client options (`_options`), each checked the way librdkafka will take it, so
-    that a bad one fails here rather than at the first client: not one the job sets itself
-    (`JOB_OWNED_OPTIONS`), a property librdkafka knows, a value it accepts.
+def _kafka_options(t: Table, *, librdkafka: bool = True) -> dict[str, str]:
+    """Kafka client options (`_options`), none of them one the job sets itself
+    (`JOB_OWNED_OPTIONS`). With `librdkafka`, each is also checked the way librdkafka will
+    take it, so that a bad one fails here rather than at the first client: a property
+    librdkafka knows, a value it accepts.
     """
     options = _options(t)
     for name, value in options.items():
@@ -111,6 +140,8 @@ def _kafka_options(t: Table) -> dict[str, str]:
             continue  # reported already
         if name in JOB_OWNED_OPTIONS:
             t.problems.add(key, f"set by the job itself: {JOB_OWNED_OPTIONS[name]}")
+            continue
+        if not librdkafka:
             continue
         reason = option_problem(name, value)
         if reason is None:
@@ -123,9 +154,9 @@ def _kafka_options(t: Table) -> dict[str, str]:
             fix = f'drop the "kafka." prefix Spark uses: "{name.removeprefix("kafka.")}"'
         else:
             fix = (
-                "the job's own Kafka clients are librdkafka's (Spark's connector gets the same "
-                "options): use librdkafka's properties (for SASL: sasl.mechanism, "
-                "sasl.username, sasl.password), or remove it"
+                "the job's own Kafka clients are librdkafka's: use librdkafka's properties, "
+                "put a login in [kafka.security] (written for every client), or a property "
+                "of Spark's Java connector only in [kafka.java_options]"
             )
         t.problems.add(key, f"{reason.rstrip('.')}; {fix}")
     return options
@@ -327,3 +358,8 @@ def check_exception_classes(
     for i, reference in enumerate(references):
         where = f"{key}[{i}]" if key == "retry.non_retryable" else f"{key}.{reference}"
         _check_import(problems, where, reference, paths, is_exception_class, "an exception class")
+
+
+def check_callable(problems: Problems, key: str, reference: str, paths: tuple[str, ...]) -> None:
+    """`reference` (the value at `key`) must import, with the handler's paths, as a callable."""
+    _check_import(problems, key, reference, paths, callable, "callable")

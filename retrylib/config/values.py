@@ -103,6 +103,8 @@ PERCENT = Kind('a percentage from "0%" to "100%"', _is_percent)
 TOPIC_TEMPLATE = Kind("a pattern using only {topic} and {delay}", _is_topic_template)
 SOURCE = _one_of("auto", "builtin", "python")
 HANDLER_KIND = _one_of("record", "arrow", "pandas")
+SECURITY_PROTOCOL = _one_of("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISM = _one_of("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 STARTING_OFFSETS = Kind(
     '"earliest", "latest" or JSON like {"orders": {"0": 12}} (offset -2 earliest, -1 latest)',
     _is_starting_offsets,

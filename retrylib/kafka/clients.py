@@ -9,13 +9,15 @@ worker, executor), librdkafka's log lines and the errors raised here show them a
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from retrylib.config.importing import import_object
 from retrylib.errors import TopicError
 from retrylib.kafka.record_size import MIN_RECORD_LIMIT_BYTES, largest_record, producer_limit
 from retrylib.logs import KAFKA_CLIENT_LOGGER, redact, redact_secrets
@@ -60,6 +62,12 @@ JOB_OWNED_OPTIONS = {
 """Options the job sets on its clients (or on Spark's Kafka source) itself, each with what
 to do instead: a user's value would silently replace the job's, or be ignored."""
 _PROBE = "retrylib.probe"
+TOKEN_PROVIDER_OPTION = "retrylib.oauth_token_provider"
+"""The librdkafka option that carries the token provider's reference ("module:function") to
+every process; `token_callback` turns it into confluent-kafka's `oauth_cb` there."""
+TOKEN_PROVIDER_PATHS_OPTION = "retrylib.oauth_token_provider_paths"
+"""JSON list of the folders to import the token provider from (`handler.paths`)."""
+
 
 log = logging.getLogger(__name__)
 
@@ -128,11 +136,32 @@ def client_config(
         for name, value in options.items()
         if name in secret_options or is_secret_key(name)
     )
-    return {
+    config: dict[str, object] = {
         "bootstrap.servers": bootstrap_servers,
         "logger": logging.getLogger(KAFKA_CLIENT_LOGGER),
         **dict(options),
     }
+    provider = token_callback(config)
+    if provider is not None:
+        config["oauth_cb"] = provider
+    return config
+
+
+def token_callback(options: dict[str, object]) -> Callable[[str], tuple] | None:
+    """Take the token provider's pseudo options out of librdkafka `options` and return the
+    provider itself (confluent-kafka's `oauth_cb`), imported in this process; None when
+    there is none.
+
+    Raises `ImportError` or `AttributeError` naming the reference when it does not resolve.
+    """
+    reference = options.pop(TOKEN_PROVIDER_OPTION, None)
+    paths = json.loads(str(options.pop(TOKEN_PROVIDER_PATHS_OPTION, "[]")))
+    if reference is None:
+        return None
+    provider = import_object(str(reference), paths)
+    if not callable(provider):
+        raise TypeError(f"kafka.security.token_provider {reference!r} is not callable")
+    return provider
 
 
 def _create(kind: type, config: Mapping[str, object]):

@@ -144,7 +144,7 @@ def redrive(
     if dry_run:
         return _dry_run(config, dead, selection, to, report)
     kafka = config.kafka
-    options = kafka.options
+    options = kafka.client_options()
     admin = make_admin(kafka.bootstrap_servers, options)
     ensure_topics(admin, {redriven_topic(config.job.name): 1}, create=kafka.create_topics)
     producer = make_producer(
@@ -213,7 +213,7 @@ def _dry_run(
 def committed_redrives(config: Config) -> dict[str, int]:
     """Redrive id -> commit time (epoch ms) of every committed marker in the control topic."""
     kafka = config.kafka
-    consumer = reading_consumer(kafka.bootstrap_servers, kafka.options, "retrylib-redrive")
+    consumer = reading_consumer(kafka.bootstrap_servers, kafka.client_options(), "retrylib-redrive")
     topic = redriven_topic(config.job.name)
     markers: dict[str, int] = {}
     try:

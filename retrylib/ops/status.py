@@ -81,7 +81,7 @@ def collect_status(
         last_batch = {"id": committed, "triggered_at": _iso(triggered_ms)}
     errors: list[str] = []
     kafka = KafkaOffsets(
-        config.kafka.bootstrap_servers, config.kafka.options, timeout=timeout, errors=errors
+        config.kafka.bootstrap_servers, config.kafka.client_options(), timeout=timeout, errors=errors
     )
     broker: dict[str, Any] = {
         "bootstrap_servers": config.redacted()["kafka"]["bootstrap_servers"],
@@ -188,7 +188,7 @@ def _scan(
     if all(latest[key] <= offset for key, offset in start.items()):
         return summary
     consumer = reading_consumer(
-        config.kafka.bootstrap_servers, config.kafka.options, "retrylib-status"
+        config.kafka.bootstrap_servers, config.kafka.client_options(), "retrylib-status"
     )
     try:
         read = ReadToEnd(consumer, start, latest)
