@@ -53,7 +53,9 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
     kafka = config.kafka
     shown_servers = config.redacted()["kafka"]["bootstrap_servers"]
     errors: list[str] = []
-    lookups = KafkaOffsets(kafka.bootstrap_servers, kafka.client_options(), timeout=timeout, errors=errors)
+    lookups = KafkaOffsets(
+        kafka.bootstrap_servers, kafka.client_options(), timeout=timeout, errors=errors
+    )
     tier_topics = {
         topic: (tier, main) for tier in config.retry.tiers for main, topic in tier.topics.items()
     }

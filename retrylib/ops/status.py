@@ -81,7 +81,10 @@ def collect_status(
         last_batch = {"id": committed, "triggered_at": _iso(triggered_ms)}
     errors: list[str] = []
     kafka = KafkaOffsets(
-        config.kafka.bootstrap_servers, config.kafka.client_options(), timeout=timeout, errors=errors
+        config.kafka.bootstrap_servers,
+        config.kafka.client_options(),
+        timeout=timeout,
+        errors=errors,
     )
     broker: dict[str, Any] = {
         "bootstrap_servers": config.redacted()["kafka"]["bootstrap_servers"],
