@@ -30,6 +30,10 @@ class JarsError(RetrylibError):
     """Raised when Maven is missing or cannot resolve the jars."""
 
 
+class KafkaConnectError(RetrylibError):
+    """Raised when the Kafka brokers refuse the job's login or none of them answers."""
+
+
 class KafkaSourceError(RetrylibError):
     """Raised when reading Kafka fails: broker errors, missing partitions, a stalled read."""
 

@@ -21,8 +21,8 @@ from retrylib.errors import TopicError
 from retrylib.kafka.clients import (
     TIER_CLIENT_OPTIONS,
     RecordLimits,
+    connected_admin,
     ensure_topics,
-    make_admin,
     partition_counts,
 )
 from retrylib.kafka.offsets import Offsets, offsets_to_json, progress_end_offsets, reached
@@ -74,11 +74,13 @@ the broker refuses anyone's record that would hold a tier partition up for longe
 def prepare_topics(config: Config) -> dict[str, int]:
     """Check the main topics; create missing retry, dead-letter and control topics if allowed.
 
-    Returns the partition count of every retry and dead-letter topic. Raises `TopicError`
-    naming a missing main topic, or missing other topics when `kafka.create_topics` is off.
+    Returns the partition count of every retry and dead-letter topic. Raises
+    `KafkaConnectError` when the brokers refuse the job's login or do not answer, and
+    `TopicError` naming a missing main topic, or missing other topics when
+    `kafka.create_topics` is off.
     """
     kafka = config.kafka
-    admin = make_admin(kafka.bootstrap_servers, kafka.client_options())
+    admin = connected_admin(kafka.bootstrap_servers, kafka.client_options(), kafka.describe_login())
     main = partition_counts(admin, kafka.topics)
     missing = [topic for topic in kafka.topics if topic not in main]
     if missing:

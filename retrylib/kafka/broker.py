@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from retrylib.errors import RetrylibError
@@ -51,6 +52,7 @@ _SINGLE_NODE = {
     "group.initial.rebalance.delay.ms": "0",
     "num.partitions": "1",
 }
+_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 _JVM_OPTIONS = ["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
 
 
@@ -77,13 +79,23 @@ class EmbeddedBroker:
     """
 
     def __init__(
-        self, data_dir: str | Path | None = None, host: str = "127.0.0.1", port: int | None = None
+        self,
+        data_dir: str | Path | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        sasl_users: Mapping[str, str] | None = None,
     ) -> None:
+        """`sasl_users` (name -> password), when given, opens a second listener,
+        `sasl_bootstrap_servers`, where clients log in with SASL (PLAIN, SCRAM-SHA-256,
+        SCRAM-SHA-512, or OAUTHBEARER with unsecured tokens) over plaintext.
+        """
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="retrylib-broker-"))
         self.host = host
         self.port = port or _free_port(host)
         self.controller_port = _free_port(host)
+        self.sasl_users = dict(sasl_users or {})
+        self.sasl_port = _free_port(host) if self.sasl_users else None
         self.log_path = self.data_dir / "broker.log"
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -91,25 +103,61 @@ class EmbeddedBroker:
     def bootstrap_servers(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def sasl_bootstrap_servers(self) -> str:
+        if self.sasl_port is None:
+            raise RetrylibError("this broker has no SASL listener: give it sasl_users")
+        return f"{self.host}:{self.sasl_port}"
+
     def _write_config(self) -> Path:
+        listeners = {"PLAINTEXT": self.port}
+        if self.sasl_port is not None:
+            listeners["SASL_PLAINTEXT"] = self.sasl_port
+        served = ",".join(f"{name}://{self.host}:{port}" for name, port in listeners.items())
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
-            "listeners": (
-                f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}"
-            ),
-            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
+            "listeners": f"{served},CONTROLLER://{self.host}:{self.controller_port}",
+            "advertised.listeners": served,
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(
+                [*(f"{name}:{name}" for name in listeners), "CONTROLLER:PLAINTEXT"]
+            ),
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.data_dir / "data"),
             **_SINGLE_NODE,
+            **self._sasl_settings(),
         }
         config = self.data_dir / "server.properties"
         config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
         (self.data_dir / "log4j2.properties").write_text(_LOG4J.format(path=self.log_path))
         return config
+
+    def _sasl_settings(self) -> dict[str, str]:
+        """The SASL listener's mechanisms and their broker-side logins.
+
+        PLAIN checks the users listed in its JAAS line; SCRAM checks the credentials
+        written into the storage when it is formatted (`_format_storage`); OAUTHBEARER takes
+        Kafka's unsecured tokens (no signature), which is only for tests.
+        """
+        if not self.sasl_users:
+            return {}
+        prefix = "listener.name.sasl_plaintext"
+        users = " ".join(f'user_{name}="{password}"' for name, password in self.sasl_users.items())
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        return {
+            "sasl.enabled.mechanisms": ",".join(_SASL_MECHANISMS),
+            f"{prefix}.plain.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+            ),
+            f"{prefix}.scram-sha-256.sasl.jaas.config": scram,
+            f"{prefix}.scram-sha-512.sasl.jaas.config": scram,
+            f"{prefix}.oauthbearer.sasl.jaas.config": (
+                "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+                'unsecuredLoginStringClaim_sub="broker";'
+            ),
+        }
 
     def _java_command(self, main_class: str, *args: str) -> list[str]:
         classpath = os.pathsep.join(str(jar) for jar in kafka_jars())
@@ -128,8 +176,18 @@ class EmbeddedBroker:
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         # "--cluster-id=" keeps an id that starts with "-" (1 in 64) from reading as an option.
+        scram = [
+            f"--add-scram={mechanism}=[name={name},password={password}]"
+            for name, password in self.sasl_users.items()
+            for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+        ]
         command = self._java_command(
-            "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config)
+            "kafka.tools.StorageTool",
+            "format",
+            f"--cluster-id={cluster_id}",
+            "-c",
+            str(config),
+            *scram,
         )
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:

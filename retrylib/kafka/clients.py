@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from retrylib.config.importing import import_object
-from retrylib.errors import TopicError
+from retrylib.errors import KafkaConnectError, TopicError
 from retrylib.kafka.record_size import MIN_RECORD_LIMIT_BYTES, largest_record, producer_limit
 from retrylib.logs import KAFKA_CLIENT_LOGGER, redact, redact_secrets
 
@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 # (EOF) only after such an empty fetch: measured on Apache Kafka 4.1, EOF came 0.1 s after
 # the last record with 100 ms and 0.5 s with librdkafka's default of 500 ms.
 _METADATA_POLL_S = 0.2
+_LOGIN_POLL_S = 1.0  # one metadata request's wait while logging in
 _CONSUMER_DEFAULTS = {
     "enable.auto.commit": False,
     "enable.partition.eof": False,
@@ -217,6 +218,41 @@ def make_producer(
 def make_admin(bootstrap_servers: str, options: Mapping[str, str]) -> AdminClient:
     """An admin client; raises `KafkaException` when librdkafka refuses the configuration."""
     return _create(AdminClient, client_config(bootstrap_servers, options))
+
+
+def connected_admin(
+    bootstrap_servers: str, options: Mapping[str, str], login: str, timeout: float = 30.0
+) -> AdminClient:
+    """An admin client that has reached the brokers and logged in.
+
+    Raises `KafkaConnectError` as soon as the brokers refuse the login (a wrong password
+    would otherwise show only as a time-out), or when none answers within `timeout`. Its
+    message names the brokers and `login` (how the job logs in, never a secret).
+    """
+    refusals: list[KafkaError] = []
+    config = client_config(bootstrap_servers, options)
+    config["error_cb"] = refusals.append
+    admin = _create(AdminClient, config)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=_LOGIN_POLL_S)
+            return admin
+        except KafkaException as e:
+            last = kafka_error_text(e)
+        admin.poll(0)
+        refused = [error for error in refusals if error.code() == KafkaError._AUTHENTICATION]
+        if refused:
+            raise KafkaConnectError(
+                f"the Kafka brokers at {bootstrap_servers} refused the login ({login}): "
+                f"{redact(refused[0].str())}; check kafka.security (or the SASL options)"
+            )
+        if time.monotonic() >= deadline:
+            reason = redact(refusals[-1].str()) if refusals else last
+            raise KafkaConnectError(
+                f"no Kafka broker at {bootstrap_servers} answered within {timeout:g}s "
+                f"({login}): {reason}"
+            )
 
 
 def topic_partitions(

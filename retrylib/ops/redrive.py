@@ -54,7 +54,12 @@ from retrylib.config.topics import redriven_topic
 from retrylib.delta.dead_letter_table import SHOWN_COLUMNS, DeadLetterTable
 from retrylib.delta.tables import sql_string, sql_timestamp, table_exists
 from retrylib.errors import RedriveError
-from retrylib.kafka.clients import ensure_topics, make_admin, make_producer, partition_counts
+from retrylib.kafka.clients import (
+    connected_admin,
+    ensure_topics,
+    make_producer,
+    partition_counts,
+)
 from retrylib.kafka.reading import ReadToEnd, produce, reading_consumer
 from retrylib.retry.headers import without_reserved
 from retrylib.spark.session import tool_session
@@ -145,7 +150,7 @@ def redrive(
         return _dry_run(config, dead, selection, to, report)
     kafka = config.kafka
     options = kafka.client_options()
-    admin = make_admin(kafka.bootstrap_servers, options)
+    admin = connected_admin(kafka.bootstrap_servers, options, kafka.describe_login())
     ensure_topics(admin, {redriven_topic(config.job.name): 1}, create=kafka.create_topics)
     producer = make_producer(
         kafka.bootstrap_servers,
