@@ -149,11 +149,8 @@ def test_a_wrong_password_stops_the_job_at_start_naming_brokers_and_mechanism(
 
 
 @pytest.mark.parametrize("source", ["python", "builtin"])
-def test_oauthbearer_token_provider_logs_in_every_process(
-    spark, broker, topic, tmp_path, monkeypatch, capsys, source
-):
+def test_oauthbearer_token_provider_logs_in_every_process(spark, broker, topic, tmp_path, source):
     calls = tmp_path / "token-calls"
-    monkeypatch.setenv("RETRYLIB_TEST_TOKEN_LOG", str(calls))
     security = {
         "protocol": "SASL_PLAINTEXT",
         "mechanism": "OAUTHBEARER",
@@ -164,7 +161,15 @@ def test_oauthbearer_token_provider_logs_in_every_process(
         "sasl.jaas.config": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
         f' required unsecuredLoginStringClaim_sub="{USER}";'
     }
-    path = secure_job(tmp_path, broker, topic, security, source=source, java_options=java)
+    path = secure_job(
+        tmp_path,
+        broker,
+        topic,
+        security,
+        source=source,
+        java_options=java,
+        librdkafka_options={"sasl.oauthbearer.config": f"calls={calls}"},
+    )
 
     assert main(["run", str(path), "--available-now"]) == 0
     time.sleep(1.5)

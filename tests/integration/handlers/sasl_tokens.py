@@ -1,7 +1,7 @@
 """An OAUTHBEARER token provider for the tests' broker, which takes unsigned tokens.
 
-Each call appends "<pid>" to the file named by $RETRYLIB_TEST_TOKEN_LOG, so a test can see
-which processes logged in with it.
+Each call appends "<pid>" to the file named in librdkafka's `sasl.oauthbearer.config`
+("calls=<path>"), so a test can see which processes logged in with it.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ def _part(claims: dict) -> str:
 
 def unsecured_token(config: str) -> tuple[str, float]:
     """A token for `SUBJECT` valid for an hour, and when it expires (epoch seconds)."""
-    log = os.environ.get("RETRYLIB_TEST_TOKEN_LOG")
-    if log:
-        with open(log, "a") as calls:
+    settings = dict(item.split("=", 1) for item in config.split())
+    if "calls" in settings:
+        with open(settings["calls"], "a") as calls:
             calls.write(f"{os.getpid()}\n")
     now = time.time()
     claims = {"sub": SUBJECT, "iat": int(now), "exp": int(now) + 3600}
