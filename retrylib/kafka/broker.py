@@ -9,6 +9,7 @@ data survives `stop()`, so a test can restart it on the same ports; its log is
 from __future__ import annotations
 
 import base64
+import ipaddress
 import logging
 import os
 import shutil
@@ -53,6 +54,7 @@ _SINGLE_NODE = {
     "num.partitions": "1",
 }
 _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+_KEYSTORE_PASSWORD = "embedded-broker"  # guards nothing: a throwaway test key
 _JVM_OPTIONS = ["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
 
 
@@ -60,6 +62,15 @@ def _free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def _san(host: str) -> str:
+    """`host` as a certificate's subject alternative name, for keytool."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return f"dns:{host}"
+    return f"ip:{host}"
 
 
 def _java() -> str:
@@ -85,9 +96,10 @@ class EmbeddedBroker:
         port: int | None = None,
         sasl_users: Mapping[str, str] | None = None,
     ) -> None:
-        """`sasl_users` (name -> password), when given, opens a second listener,
-        `sasl_bootstrap_servers`, where clients log in with SASL (PLAIN, SCRAM-SHA-256,
-        SCRAM-SHA-512, or OAUTHBEARER with unsecured tokens) over plaintext.
+        """`sasl_users` (name -> password), when given, open two more listeners where
+        clients log in with SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, or OAUTHBEARER with
+        unsecured tokens): `sasl_bootstrap_servers` over plaintext, `sasl_ssl_bootstrap_servers`
+        over TLS with a self-signed certificate for `host`, whose PEM is `ca_file`.
         """
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="retrylib-broker-"))
@@ -96,6 +108,8 @@ class EmbeddedBroker:
         self.controller_port = _free_port(host)
         self.sasl_users = dict(sasl_users or {})
         self.sasl_port = _free_port(host) if self.sasl_users else None
+        self.sasl_ssl_port = _free_port(host) if self.sasl_users else None
+        self.ca_file = self.data_dir / "ca.pem"
         self.log_path = self.data_dir / "broker.log"
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -109,10 +123,17 @@ class EmbeddedBroker:
             raise RetrylibError("this broker has no SASL listener: give it sasl_users")
         return f"{self.host}:{self.sasl_port}"
 
+    @property
+    def sasl_ssl_bootstrap_servers(self) -> str:
+        if self.sasl_ssl_port is None:
+            raise RetrylibError("this broker has no SASL listener: give it sasl_users")
+        return f"{self.host}:{self.sasl_ssl_port}"
+
     def _write_config(self) -> Path:
         listeners = {"PLAINTEXT": self.port}
-        if self.sasl_port is not None:
+        if self.sasl_port is not None and self.sasl_ssl_port is not None:
             listeners["SASL_PLAINTEXT"] = self.sasl_port
+            listeners["SASL_SSL"] = self.sasl_ssl_port
         served = ",".join(f"{name}://{self.host}:{port}" for name, port in listeners.items())
         settings = {
             "process.roles": "broker,controller",
@@ -135,7 +156,7 @@ class EmbeddedBroker:
         return config
 
     def _sasl_settings(self) -> dict[str, str]:
-        """The SASL listener's mechanisms and their broker-side logins.
+        """The SASL listeners' mechanisms, their broker-side logins, and the TLS key.
 
         PLAIN checks the users listed in its JAAS line; SCRAM checks the credentials
         written into the storage when it is formatted (`_format_storage`); OAUTHBEARER takes
@@ -143,21 +164,51 @@ class EmbeddedBroker:
         """
         if not self.sasl_users:
             return {}
-        prefix = "listener.name.sasl_plaintext"
         users = " ".join(f'user_{name}="{password}"' for name, password in self.sasl_users.items())
         scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-        return {
-            "sasl.enabled.mechanisms": ",".join(_SASL_MECHANISMS),
-            f"{prefix}.plain.sasl.jaas.config": (
-                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
-            ),
-            f"{prefix}.scram-sha-256.sasl.jaas.config": scram,
-            f"{prefix}.scram-sha-512.sasl.jaas.config": scram,
-            f"{prefix}.oauthbearer.sasl.jaas.config": (
+        logins = {
+            "plain": f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
+            "scram-sha-256": scram,
+            "scram-sha-512": scram,
+            "oauthbearer": (
                 "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
                 'unsecuredLoginStringClaim_sub="broker";'
             ),
         }
+        return {
+            "sasl.enabled.mechanisms": ",".join(_SASL_MECHANISMS),
+            **{
+                f"listener.name.{listener}.{mechanism}.sasl.jaas.config": login
+                for listener in ("sasl_plaintext", "sasl_ssl")
+                for mechanism, login in logins.items()
+            },
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.location": str(self._keystore),
+            "ssl.keystore.password": _KEYSTORE_PASSWORD,
+        }
+
+    @property
+    def _keystore(self) -> Path:
+        return self.data_dir / "broker.p12"
+
+    def _write_certificate(self) -> None:
+        """A self-signed key and certificate for `host` (keytool, from the JDK), and the
+        certificate as PEM (`ca_file`) for clients to trust."""
+        if self._keystore.exists():
+            return
+        keytool = str(Path(_java()).with_name("keytool"))
+        store = ["-keystore", str(self._keystore), "-storepass", _KEYSTORE_PASSWORD]
+        for command in (
+            [
+                "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048",
+                "-validity", "3650", "-dname", f"CN={self.host}",
+                "-ext", f"SAN={_san(self.host)},dns:localhost", "-storetype", "PKCS12",
+            ],
+            ["-exportcert", "-alias", "broker", "-rfc", "-file", str(self.ca_file)],
+        ):  # fmt: skip
+            done = subprocess.run([keytool, *command, *store], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RetrylibError(f"keytool failed: {done.stdout}{done.stderr}")
 
     def _java_command(self, main_class: str, *args: str) -> list[str]:
         classpath = os.pathsep.join(str(jar) for jar in kafka_jars())
@@ -198,6 +249,8 @@ class EmbeddedBroker:
     def start(self, timeout: float = 60.0) -> EmbeddedBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self._write_config()
+        if self.sasl_users:
+            self._write_certificate()
         self._format_storage(config)
         with open(self.data_dir / "broker.out", "ab") as out:
             self._process = subprocess.Popen(

@@ -77,6 +77,11 @@ log = logging.getLogger(__name__)
 # the last record with 100 ms and 0.5 s with librdkafka's default of 500 ms.
 _METADATA_POLL_S = 0.2
 _LOGIN_POLL_S = 1.0  # one metadata request's wait while logging in
+# Connection errors that trying again cannot cure, and what they mean.
+_REFUSALS = {
+    KafkaError._AUTHENTICATION: "refused the login",
+    KafkaError._SSL: "failed the TLS handshake",
+}
 _CONSUMER_DEFAULTS = {
     "enable.auto.commit": False,
     "enable.partition.eof": False,
@@ -225,8 +230,9 @@ def connected_admin(
 ) -> AdminClient:
     """An admin client that has reached the brokers and logged in.
 
-    Raises `KafkaConnectError` as soon as the brokers refuse the login (a wrong password
-    would otherwise show only as a time-out), or when none answers within `timeout`. Its
+    Raises `KafkaConnectError` as soon as the brokers refuse the login or the TLS handshake
+    fails (a wrong password or CA would otherwise show only as a time-out), or when none
+    answers within `timeout`. Its
     message names the brokers and `login` (how the job logs in, never a secret).
     """
     refusals: list[KafkaError] = []
@@ -241,11 +247,12 @@ def connected_admin(
         except KafkaException as e:
             last = kafka_error_text(e)
         admin.poll(0)
-        refused = [error for error in refusals if error.code() == KafkaError._AUTHENTICATION]
+        refused = [error for error in refusals if error.code() in _REFUSALS]
         if refused:
+            error = refused[0]
             raise KafkaConnectError(
-                f"the Kafka brokers at {bootstrap_servers} refused the login ({login}): "
-                f"{redact(refused[0].str())}; check kafka.security (or the SASL options)"
+                f"the Kafka brokers at {bootstrap_servers} {_REFUSALS[error.code()]} "
+                f"({login}): {redact(error.str())}; check kafka.security"
             )
         if time.monotonic() >= deadline:
             reason = redact(refusals[-1].str()) if refusals else last

@@ -54,7 +54,7 @@ def secure_job(tmp_path: Path, broker, topic: str, security: dict, **kafka) -> P
         tmp_path / "secure.toml",
         topics=[topic],
         name="secure",
-        bootstrap_servers=broker.sasl_bootstrap_servers,
+        bootstrap_servers=servers_for(broker, security["protocol"]),
         kafka={"security": security, **kafka},
         handler={
             "function": "job_handlers:by_key",
@@ -66,13 +66,28 @@ def secure_job(tmp_path: Path, broker, topic: str, security: dict, **kafka) -> P
     )
 
 
-def login(mechanism: str) -> dict:
-    return {
-        "protocol": "SASL_PLAINTEXT",
+def servers_for(broker, protocol: str) -> str:
+    """The broker's listener for `protocol`."""
+    if protocol == "SASL_SSL":
+        return broker.sasl_ssl_bootstrap_servers
+    return broker.sasl_bootstrap_servers
+
+
+def login(broker, mechanism: str, protocol: str) -> dict:
+    """[kafka.security] for `mechanism` over `protocol`, trusting the broker's certificate."""
+    security = {
+        "protocol": protocol,
         "mechanism": mechanism,
         "username": USER,
         "password": f"${{env:{PASSWORD_VARIABLE}}}",
     }
+    if protocol == "SASL_SSL":
+        security["ca_file"] = str(broker.ca_file)
+    return security
+
+
+# PLAIN in the clear; SCRAM over TLS, so the CA file reaches both kinds of client too.
+LOGINS = [("PLAIN", "SASL_PLAINTEXT"), ("SCRAM-SHA-512", "SASL_SSL")]
 
 
 def retrylib(*args: str, password: str = PASSWORD) -> subprocess.CompletedProcess[str]:
@@ -104,9 +119,9 @@ def assert_settled(spark, path: Path, topic: str) -> None:
     )
 
 
-@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
-def test_one_login_reaches_every_client(spark, broker, topic, tmp_path, mechanism):
-    path = secure_job(tmp_path, broker, topic, login(mechanism), source="builtin")
+@pytest.mark.parametrize(("mechanism", "protocol"), LOGINS)
+def test_one_login_reaches_every_client(spark, broker, topic, tmp_path, mechanism, protocol):
+    path = secure_job(tmp_path, broker, topic, login(broker, mechanism, protocol), source="builtin")
 
     first = retrylib("run", str(path), "--available-now")
     time.sleep(1.5)  # the flaky record's retry (1s tier) is due after this
@@ -130,22 +145,37 @@ def test_one_login_reaches_every_client(spark, broker, topic, tmp_path, mechanis
     assert keys.count(b"bad-0") == 2  # the original and the redriven copy
 
 
-@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
+@pytest.mark.parametrize(("mechanism", "protocol"), LOGINS)
 def test_a_wrong_password_stops_the_job_at_start_naming_brokers_and_mechanism(
-    broker, topic, tmp_path, mechanism
+    broker, topic, tmp_path, mechanism, protocol
 ):
-    path = secure_job(tmp_path, broker, topic, login(mechanism))
+    security = login(broker, mechanism, protocol)
+    path = secure_job(tmp_path, broker, topic, security)
     wrong = f"wrong-{uuid.uuid4().hex}"
 
     done = retrylib("run", str(path), password=wrong)
 
     assert done.returncode == 1
     assert (
-        f"error: the Kafka brokers at {broker.sasl_bootstrap_servers} refused the login "
-        f"(SASL {mechanism} over SASL_PLAINTEXT, user '{USER}')" in done.stderr
+        f"error: the Kafka brokers at {servers_for(broker, protocol)} refused the login "
+        f"(SASL {mechanism} over {protocol}, user '{USER}')" in done.stderr
     )
     assert wrong not in done.stdout + done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_broker_certificate_without_its_ca_stops_the_job_at_start(broker, topic, tmp_path):
+    security = login(broker, "SCRAM-SHA-512", "SASL_SSL")
+    del security["ca_file"]  # the system's CAs do not know the broker's self-signed one
+    path = secure_job(tmp_path, broker, topic, security)
+
+    done = retrylib("run", str(path))
+
+    assert done.returncode == 1
+    assert (
+        f"error: the Kafka brokers at {broker.sasl_ssl_bootstrap_servers} failed the TLS "
+        "handshake (SASL SCRAM-SHA-512 over SASL_SSL" in done.stderr
+    )
 
 
 @pytest.mark.parametrize("source", ["python", "builtin"])
