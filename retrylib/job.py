@@ -33,7 +33,7 @@ from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder
 from retrylib.router import BatchResult, BatchRouter
 from retrylib.spark.session import build_spark_session
-from retrylib.spark.shipping import ship_handler
+from retrylib.spark.shipping import ship_code
 from retrylib.spark.signals import stop_requests
 from retrylib.task import TaskPlan
 
@@ -391,7 +391,7 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
     spark = build_spark_session(
         f"retrylib-{config.job.name}", master=master, extra=spark_log_conf()
     )
-    ship_handler(spark, config.handler)
+    ship_code(spark, config)
     with stop_requests(spark) as stop_requested:
         query, router = start_query(spark, config, available_now=available_now)
         try:

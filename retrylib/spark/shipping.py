@@ -1,7 +1,7 @@
-"""Shipping the handler's code to the executors of a cluster.
+"""Shipping the user's code (the handler, a token provider) to the executors of a cluster.
 
 Locally the executors share the driver's disk, so `handler.paths` is enough. On a cluster
-they do not: the handler's top-level package (or module) is zipped and added with
+they do not: each top-level package (or module) is zipped and added with
 `SparkContext.addPyFile`, which puts it on every executor's `sys.path`.
 """
 
@@ -16,43 +16,54 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from retrylib.config.model import HandlerConfig
+from retrylib.config.model import Config
 from retrylib.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
-def handler_source(handler: HandlerConfig) -> Path:
-    """The file or package directory holding the handler's top-level module.
+def code_source(reference: str, paths: tuple[str, ...], key: str) -> Path:
+    """The file or package directory holding the top-level module of `reference`
+    ("module:function"), found with `paths` on sys.path.
 
-    Raises `ConfigError` naming `handler.function` when the module cannot be found.
+    Raises `ConfigError` naming `key` when the module cannot be found.
     """
-    for path in reversed(handler.paths):
+    for path in reversed(paths):
         if path not in sys.path:
             sys.path.insert(0, path)
-    top = handler.function.partition(":")[0].split(".")[0]
+    top = reference.partition(":")[0].split(".")[0]
     spec = importlib.util.find_spec(top)
     if spec is None or spec.origin is None:
-        raise ConfigError(f"handler.function: module {top!r} not found on {list(handler.paths)}")
+        raise ConfigError(f"{key}: module {top!r} not found on {list(paths)}")
     origin = Path(spec.origin)
     return origin.parent if origin.name == "__init__.py" else origin
 
 
-def ship_handler(spark: SparkSession, handler: HandlerConfig) -> None:
-    """Add the handler's top-level package or module to every executor's Python path.
+def ship_code(spark: SparkSession, config: Config) -> None:
+    """Add the top-level package or module of the handler, and of the OAUTHBEARER token
+    provider if there is one, to every executor's Python path.
 
     Packages that come from site-packages (installed as a wheel on the cluster) are left
     alone.
     """
-    source = handler_source(handler)
+    references = {"handler.function": config.handler.function}
+    security = config.kafka.security
+    if security is not None and security.token_provider is not None:
+        references["kafka.security.token_provider"] = security.token_provider
+    sources = {code_source(ref, config.handler.paths, key) for key, ref in references.items()}
+    for source in sorted(sources):
+        _ship(spark, source)
+
+
+def _ship(spark: SparkSession, source: Path) -> None:
     if "site-packages" in source.parts:
         return
     if source.is_file():
         spark.sparkContext.addPyFile(str(source))
     else:
-        bundle = Path(tempfile.mkdtemp(prefix="retrylib-handler-")) / f"{source.name}.zip"
+        bundle = Path(tempfile.mkdtemp(prefix="retrylib-code-")) / f"{source.name}.zip"
         with zipfile.ZipFile(bundle, "w") as archive:
             for path in sorted(source.rglob("*.py")):
                 archive.write(path, path.relative_to(source.parent))
         spark.sparkContext.addPyFile(str(bundle))
-    log.info("shipped handler code %s to the executors", source)
+    log.info("shipped %s to the executors", source)
