@@ -80,7 +80,7 @@ def prepare_topics(config: Config) -> dict[str, int]:
     `kafka.create_topics` is off.
     """
     kafka = config.kafka
-    admin = connected_admin(kafka.bootstrap_servers, kafka.client_options(), kafka.describe_login())
+    admin = connected_admin(kafka.bootstrap_servers, kafka.client_options(), config.kafka_login())
     main = partition_counts(admin, kafka.topics)
     missing = [topic for topic in kafka.topics if topic not in main]
     if missing:

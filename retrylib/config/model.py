@@ -70,11 +70,12 @@ class KafkaSecurity:
     ca_file: str | None = None
     token_provider: str | None = None
 
-    def describe(self) -> str:
-        """How the job logs in, for error messages: never the password."""
+    def describe(self, *, user_shown: bool = True) -> str:
+        """How the job logs in, for error messages: never the password, and the user name
+        only when `user_shown`."""
         if self.mechanism is None:
             return f"security.protocol {self.protocol}"
-        user = f", user {self.username!r}" if self.username else ""
+        user = f", user {self.username!r}" if self.username and user_shown else ""
         return f"SASL {self.mechanism} over {self.protocol}{user}"
 
 
@@ -111,11 +112,6 @@ class KafkaConfig(_ReadOnlyMappings):
     def spark_options(self) -> dict[str, str]:
         """The options of Spark's Kafka connector, without the "kafka." prefix it wants."""
         return {**java_security(self.security), **self.options, **self.java_options}
-
-    def describe_login(self) -> str:
-        """How the clients log in, for error messages (never a secret)."""
-        security = self.security or KafkaSecurity()
-        return security.describe()
 
 
 @dataclass(frozen=True)
@@ -235,6 +231,12 @@ class Config:
             for f in fields(self)
             if f.name != "from_env"
         }
+
+    def kafka_login(self) -> str:
+        """How the Kafka clients log in, for error messages: no secret, and the user name
+        only when it did not come from the environment."""
+        security = self.kafka.security or KafkaSecurity()
+        return security.describe(user_shown="kafka.security.username" not in self.from_env)
 
     def secret_options(self) -> tuple[str, ...]:
         """Names of the librdkafka options (`KafkaConfig.client_options`) whose values

@@ -150,7 +150,7 @@ def redrive(
         return _dry_run(config, dead, selection, to, report)
     kafka = config.kafka
     options = kafka.client_options()
-    admin = connected_admin(kafka.bootstrap_servers, options, kafka.describe_login())
+    admin = connected_admin(kafka.bootstrap_servers, options, config.kafka_login())
     ensure_topics(admin, {redriven_topic(config.job.name): 1}, create=kafka.create_topics)
     producer = make_producer(
         kafka.bootstrap_servers,

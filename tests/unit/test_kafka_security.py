@@ -167,7 +167,7 @@ def test_password_and_java_login_are_hidden_when_printed(tmp_path: Path):
     assert "sasl.password" in config.secret_options()
 
 
-def test_a_user_name_from_the_environment_is_masked_in_workers(tmp_path: Path, monkeypatch):
+def test_a_user_name_from_the_environment_is_masked_and_never_named(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("RL_KAFKA_USER", "svc-orders")
     path = write_literal_config(
         tmp_path,
@@ -178,7 +178,9 @@ def test_a_user_name_from_the_environment_is_masked_in_workers(tmp_path: Path, m
             password='"pw"',
         ),
     )
-    assert set(load_config(path).secret_options()) == {"sasl.username", "sasl.password"}
+    config = load_config(path)
+    assert set(config.secret_options()) == {"sasl.username", "sasl.password"}
+    assert config.kafka_login() == "SASL PLAIN over SASL_PLAINTEXT"  # no user name
 
 
 def test_overrides_reach_each_option_table(tmp_path: Path):
