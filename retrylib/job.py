@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib.checkpoint import Checkpoint
-from retrylib.config.model import Config
+from retrylib.config.model import Config, KafkaConfig
 from retrylib.config.topics import produced_topic
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.dead_letter import dead_letter_struct
@@ -112,15 +112,21 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
     """
     kafka = config.kafka
     delays = config.retry.tier_delays_ms()
-    common = {"kafka.bootstrap.servers": kafka.bootstrap_servers}
+    common = {
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
+    }
     if kafka.max_offsets_per_trigger:
         common["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
     main = {
         **_client_options(kafka.spark_options()),
         **common,
         "subscribe": ",".join(kafka.topics),
-        "startingOffsets": kafka.starting_offsets,
+        **_starting_options(kafka),
     }
+    if kafka.starting_timestamp_ms is not None:
+        # A partition with no record from then on starts at its end, not fails the query.
+        main["startingOffsetsByTimestampStrategy"] = "latest"
     tiers = {
         **_client_options(kafka.client_options()),
         # The source's offset look-ups: a tier's end must not pass an open transaction.
@@ -131,6 +137,17 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
         "retrylib.secretOptions": json.dumps(config.secret_options()),
     }
     return main, tiers
+
+
+def _starting_options(kafka: KafkaConfig) -> dict[str, str]:
+    """Where a new query starts reading the main topics, in the options of both sources.
+
+    From a time: on each partition the first record at or after it, or the partition's end
+    when there is none.
+    """
+    if kafka.starting_timestamp_ms is None:
+        return {"startingOffsets": kafka.starting_offsets}
+    return {"startingTimestamp": str(kafka.starting_timestamp_ms)}
 
 
 def _client_options(options: dict[str, str]) -> dict[str, str]:
@@ -147,9 +164,9 @@ def _client_options(options: dict[str, str]) -> dict[str, str]:
 
 def _every_topic(config: Config) -> dict[str, str]:
     """One `retrylib_kafka` source's options for the main topics and the tiers together."""
-    main, tiers = source_options(config)
+    _, tiers = source_options(config)
     topics = [*config.kafka.topics, *sorted(config.retry.tier_delays_ms())]
-    return {**tiers, "subscribe": ",".join(topics), "startingOffsets": main["startingOffsets"]}
+    return {**tiers, "subscribe": ",".join(topics), **_starting_options(config.kafka)}
 
 
 def available_now_target(config: Config) -> Offsets:
@@ -237,6 +254,7 @@ def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) ->
         bootstrap_servers=config.kafka.bootstrap_servers,
         client_options=config.kafka.client_options(),
         secret_options=config.secret_options(),
+        fail_on_data_loss=config.kafka.fail_on_data_loss,
     )
 
 

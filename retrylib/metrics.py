@@ -8,7 +8,8 @@ one line on the `retrylib.metrics` logger whose message is a JSON object:
      "duration_ms": 812, "records_main": 100, "records_retry": 4, "succeeded": 97,
      "output_rows": 97, "retried": 5, "retried_by_tier": [4, 1], "dead_lettered": 2,
      "dead_lettered_too_large": 0, "dead_letter_truncated": 0, "duplicates_skipped": 0,
-     "requeued_not_due": 0, "skipped_other_job": 0, "reserved_headers_removed": 0,
+     "requeued_not_due": 0, "skipped_other_job": 0, "skipped_by_handler": 0,
+     "records_lost": 0, "reserved_headers_removed": 0,
      "handler_ms": 40, "produced": 7,
      "input_lag": {"orders": {"lag": 0, "not_due": 0},
                    "orders.orders.retry.5s": {"lag": 0, "not_due": 3}}}
@@ -71,6 +72,7 @@ _COUNTERS = (
     Count.REQUEUED_NOT_DUE,
     Count.SKIPPED_OTHER_JOB,
     Count.SKIPPED_BY_HANDLER,
+    Count.RECORDS_LOST,
     Count.RESERVED_HEADERS_REMOVED,
     Count.HANDLER_MS,
     "produced",  # records the batch produced to tiers and dead-letter topics

@@ -82,6 +82,7 @@ class TaskPlan:
     bootstrap_servers: str = ""  # and client_options: how the task reads offset ranges
     client_options: Mapping[str, str] = field(default_factory=dict)
     secret_options: tuple[str, ...] = ()  # names among client_options, masked in logs
+    fail_on_data_loss: bool = True
     isolate: bool = False  # each handler call in its own process (after a worker died)
     # Retry and dead-letter topic -> the largest record it accepts (`record_size`); a topic
     # missing here is not checked.
@@ -169,12 +170,13 @@ class TaskRouter:
             self.plan.bootstrap_servers,
             options,
             self.plan.secret_options,
+            self.plan.fail_on_data_loss,
         )
         if self.plan.handler_kind != "record":
-            for batch in self._timed_read(read_range(part)):
+            for batch in self._timed_read(read_range(part, self._count_lost)):
                 self.route(batch)
             return
-        for messages in self._timed_read(read_messages(part)):
+        for messages in self._timed_read(read_messages(part, self._count_lost)):
             if topic in self.tier_of:
                 retries = self._retries_of_messages(topic, partition, messages)
                 self._handle_each([delivery.record for delivery in retries], retries)
@@ -196,6 +198,9 @@ class TaskRouter:
                     None,
                 )
             self._flush()
+
+    def _count_lost(self, records: int) -> None:
+        self.counters[Count.RECORDS_LOST] += records
 
     def _timed_read(self, chunks: Iterator[T]) -> Iterator[T]:
         """`chunks`, with the time spent waiting for each added to `read_ns`."""

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -169,6 +170,25 @@ def produce(
         count += 1
     producer.flush(30)
     return count
+
+
+def run_retrylib(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`retrylib ARGS` as a user runs it (`python -m retrylib`), in a process of its own, with
+    `env` added to the environment and Spark's Python workers on this interpreter."""
+    return subprocess.run(
+        [sys.executable, "-m", "retrylib", *args],
+        env={
+            **os.environ,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            **(env or {}),
+        },
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def run_until(

@@ -87,6 +87,10 @@ class KafkaConfig(_ReadOnlyMappings):
     librdkafka's for everything else. `security` is written for both (see
     `retrylib.kafka.security`); `options` go to both as they are; `java_options` and
     `librdkafka_options` go to one kind each and win over the rest.
+
+    With `fail_on_data_loss` false, records deleted from Kafka before the job read them
+    (retention, delete-records) and deleted topics are skipped with a warning, else they
+    fail the query.
     """
 
     bootstrap_servers: str
@@ -100,6 +104,8 @@ class KafkaConfig(_ReadOnlyMappings):
     java_options: Mapping[str, str] = field(default_factory=dict)
     librdkafka_options: Mapping[str, str] = field(default_factory=dict)
     import_paths: tuple[str, ...] = ()  # where the token provider is imported from
+    starting_timestamp_ms: int | None = None  # starting_offsets as a time, in epoch ms
+    fail_on_data_loss: bool = True
 
     def client_options(self) -> dict[str, str]:
         """The options of every librdkafka client the job makes (without the brokers)."""

@@ -44,6 +44,7 @@ from retrylib.config.values import (
     TOPIC_TEMPLATE,
     Problems,
     Table,
+    instant_ms,
 )
 from retrylib.kafka.clients import JOB_OWNED_OPTIONS, option_problem
 
@@ -70,6 +71,8 @@ def read_kafka(t: Table) -> KafkaConfig | None:
     max_offsets = t.get(
         "max_offsets_per_trigger", POSITIVE_INT, "max_offsets_per_trigger = 100000", None
     )
+    starting_ms = instant_ms(starting)
+    fail_on_data_loss = t.get("fail_on_data_loss", BOOL, "fail_on_data_loss = true", True)
     source = t.get("source", SOURCE, 'source = "auto"', "auto")
     create_topics = t.get("create_topics", BOOL, "create_topics = true", True)
     options = _kafka_options(
@@ -92,7 +95,7 @@ def read_kafka(t: Table) -> KafkaConfig | None:
     t.finish()
     if security is not None:
         check_security(t, security, options, java_options, librdkafka_options, source)
-    if starting not in (None, "earliest", "latest") and topics:
+    if starting not in (None, "earliest", "latest") and starting_ms is None and topics:
         unknown = sorted(set(json.loads(starting)) - set(topics))
         if unknown:
             t.problems.add(
@@ -105,7 +108,7 @@ def read_kafka(t: Table) -> KafkaConfig | None:
     return KafkaConfig(
         servers,
         topics,
-        starting,
+        starting if isinstance(starting, str) else starting.isoformat(),
         max_offsets,
         source,
         create_topics,
@@ -113,6 +116,8 @@ def read_kafka(t: Table) -> KafkaConfig | None:
         security,
         java_options,
         librdkafka_options,
+        starting_timestamp_ms=starting_ms,
+        fail_on_data_loss=fail_on_data_loss,
     )
 
 

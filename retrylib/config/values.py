@@ -12,6 +12,7 @@ import re
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from retrylib.config.durations import parse_duration
@@ -67,8 +68,21 @@ def _is_topic_template(value: object) -> bool:
     )
 
 
+def instant_ms(value: object) -> int | None:
+    """Epoch milliseconds of a date-time with a zone: a TOML date-time, or RFC 3339 text
+    such as "2026-11-01T08:00:00Z"; None for anything else."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        return None
+    return round(value.timestamp() * 1000)
+
+
 def _is_starting_offsets(value: object) -> bool:
-    if value in ("earliest", "latest"):
+    if value in ("earliest", "latest") or instant_ms(value) is not None:
         return True
     try:
         offsets = json.loads(value) if isinstance(value, str) else None
@@ -106,7 +120,8 @@ HANDLER_KIND = _one_of("record", "arrow", "pandas")
 SECURITY_PROTOCOL = _one_of("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISM = _one_of("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 STARTING_OFFSETS = Kind(
-    '"earliest", "latest" or JSON like {"orders": {"0": 12}} (offset -2 earliest, -1 latest)',
+    '"earliest", "latest", a date-time with a zone like "2026-11-01T08:00:00Z", or JSON like '
+    '{"orders": {"0": 12}} (offset -2 earliest, -1 latest)',
     _is_starting_offsets,
 )
 

@@ -33,6 +33,7 @@ _SECRET_MARKERS = (
     "user.info",
     "oauthbearer.config",
 )
+_STARTING_TIME = 'a new job starts from a time with kafka.starting_offsets = "2026-11-01T08:00:00Z"'
 _USE_TOPICS = "the job subscribes to kafka.topics and its retry tiers; list topics there"
 _SERIALIZED = "records are read and written as bytes; decode and encode them in the handler"
 JOB_OWNED_OPTIONS = {
@@ -55,6 +56,10 @@ JOB_OWNED_OPTIONS = {
     "subscribePattern": _USE_TOPICS,
     "assign": _USE_TOPICS,
     "startingOffsets": "where a new job starts is kafka.starting_offsets; set it there",
+    "startingTimestamp": _STARTING_TIME,
+    "startingOffsetsByTimestamp": _STARTING_TIME,
+    "startingOffsetsByTimestampStrategy": _STARTING_TIME,
+    "failOnDataLoss": "set kafka.fail_on_data_loss, which every reader of the job follows",
     "maxOffsetsPerTrigger": "the cap per batch is kafka.max_offsets_per_trigger; set it there",
     "includeHeaders": "the job always reads record headers",
     "logger": "retrylib sends librdkafka's log lines through its own logging, which masks secrets",

@@ -19,17 +19,21 @@ EARLIEST = -2
 """In `startingOffsets` JSON (Kafka's convention): start at the partition's first offset."""
 LATEST = -1
 """In `startingOffsets` JSON (Kafka's convention): start at the partition's end."""
+AT_TIMESTAMP = -3
+"""Start at the partition's first record at or after `StartingOffsets.timestamp_ms`, or at
+its end when there is none."""
 
 
 @dataclass(frozen=True)
 class StartingOffsets:
     """Where a new query starts: `explicit` offsets per partition, `default` for the rest.
 
-    Offsets are concrete offsets or `EARLIEST` / `LATEST`.
+    Offsets are concrete offsets or `EARLIEST` / `LATEST` / `AT_TIMESTAMP`.
     """
 
     default: int
     explicit: Mapping[PartitionKey, int] = field(default_factory=dict)
+    timestamp_ms: int | None = None  # for AT_TIMESTAMP
 
 
 @dataclass(frozen=True)
@@ -86,8 +90,10 @@ def resolve_starting_offsets(
     partitions: Iterable[PartitionKey],
     earliest: Mapping[PartitionKey, int],
     latest: Mapping[PartitionKey, int],
+    at_timestamp: Mapping[PartitionKey, int] | None = None,
 ) -> Offsets:
-    """Concrete start offsets of `partitions`, given each one's earliest and latest offset.
+    """Concrete start offsets of `partitions`, given each one's earliest and latest offset
+    and, for `AT_TIMESTAMP`, its first offset at or after the spec's time (negative: none).
 
     Raises `ValueError` when `spec` names a partition that is not among `partitions`.
     """
@@ -101,6 +107,10 @@ def resolve_starting_offsets(
         offset = spec.explicit.get(key, spec.default)
         if offset == EARLIEST:
             offset = earliest[key]
+        elif offset == AT_TIMESTAMP:
+            offset = (at_timestamp or {}).get(key, -1)
+            if offset < 0:
+                offset = latest[key]
         elif offset == LATEST:
             offset = latest[key]
         resolved[key] = offset

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -57,13 +57,21 @@ class KafkaInputPartition(InputPartition):
     bootstrap_servers: str
     client_options: dict[str, str]
     secret_options: tuple[str, ...] = ()  # names among client_options
+    fail_on_data_loss: bool = True  # false: records deleted before the read are skipped
 
 
-def read_range(part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+LostRecords = Callable[[int], None]
+"""Told how many records of a range were deleted from Kafka before they were read, when
+`fail_on_data_loss` is false and the read skips them."""
+
+
+def read_range(
+    part: KafkaInputPartition, on_lost: LostRecords | None = None
+) -> Iterator[pa.RecordBatch]:
     """Yield `part`'s records as RecordBatches of `KAFKA_ARROW_SCHEMA`, at most `BATCH_ROWS`
-    rows each. Fails as `read_messages` does."""
+    rows each. Fails, or skips deleted records, as `read_messages` does."""
     pending: list[Message] = []
-    for chunk in read_messages(part):
+    for chunk in read_messages(part, on_lost):
         pending.extend(chunk)
         while len(pending) >= BATCH_ROWS:
             yield to_batch(part.topic, part.partition, pending[:BATCH_ROWS])
@@ -72,7 +80,9 @@ def read_range(part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
         yield to_batch(part.topic, part.partition, pending)
 
 
-def read_messages(part: KafkaInputPartition) -> Iterator[list[Message]]:
+def read_messages(
+    part: KafkaInputPartition, on_lost: LostRecords | None = None
+) -> Iterator[list[Message]]:
     """Yield `part`'s records in offset order, as lists of at most `BATCH_ROWS` messages.
 
     Offsets inside the range that hold no record for this reader (transaction markers,
@@ -80,7 +90,9 @@ def read_messages(part: KafkaInputPartition) -> Iterator[list[Message]]:
     the read ends at the first offset >= `part.end`, or when the partition's end (its high
     watermark, or last stable offset under read_committed) is at or past it. Raises
     `KafkaSourceError` naming the range on a message error, a stalled read, or records
-    deleted from the broker (retention, delete-records) before they were read.
+    deleted from the broker (retention, delete-records) before they were read. With
+    `part.fail_on_data_loss` false, deleted records are skipped instead: a warning names
+    them and `on_lost` is told how many.
     """
     consumer = make_consumer(
         part.bootstrap_servers,
@@ -89,12 +101,14 @@ def read_messages(part: KafkaInputPartition) -> Iterator[list[Message]]:
     )
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
-        yield from _message_chunks(consumer, part)
+        yield from _message_chunks(consumer, part, on_lost)
     finally:
         consumer.close()
 
 
-def _message_chunks(consumer: Consumer, part: KafkaInputPartition) -> Iterator[list[Message]]:
+def _message_chunks(
+    consumer: Consumer, part: KafkaInputPartition, on_lost: LostRecords | None
+) -> Iterator[list[Message]]:
     """The messages of `part`'s range in offset order, one list per `consume()` call.
 
     The consumer never resets its position (`auto.offset.reset` = error): it reaches an
@@ -103,7 +117,7 @@ def _message_chunks(consumer: Consumer, part: KafkaInputPartition) -> Iterator[l
     hold no committed record; the read may end there, short of `part.end` records.
     """
     next_offset = part.start
-    delivered = 0
+    delivered = lost = 0
     deadline = time.monotonic() + STALL_TIMEOUT_S
     while next_offset < part.end:
         wanted = min(part.end - next_offset, BATCH_ROWS)
@@ -111,7 +125,11 @@ def _message_chunks(consumer: Consumer, part: KafkaInputPartition) -> Iterator[l
         for message in consumer.consume(num_messages=wanted, timeout=POLL_TIMEOUT_S):
             error = message.error()
             if error is not None and error.code() == KafkaError._AUTO_OFFSET_RESET:
-                raise _offsets_gone(consumer, part, next_offset, error)
+                resumed = _skip_lost(consumer, part, next_offset, error, on_lost)
+                lost += min(resumed, part.end) - next_offset
+                next_offset = resumed
+                deadline = time.monotonic() + STALL_TIMEOUT_S
+                break
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
                 raise KafkaSourceError(redact(f"reading {_describe(part)}: {error}"))
             offset = message.offset()
@@ -132,7 +150,7 @@ def _message_chunks(consumer: Consumer, part: KafkaInputPartition) -> Iterator[l
                 f"reading {_describe(part)}: nothing received for {STALL_TIMEOUT_S:.0f}s "
                 f"at offset {next_offset}"
             )
-    skipped = part.end - part.start - delivered
+    skipped = part.end - part.start - delivered - lost
     if skipped:
         log.debug(
             "%s: %d record(s), %d offset(s) without a record for this reader (transaction "
@@ -143,30 +161,53 @@ def _message_chunks(consumer: Consumer, part: KafkaInputPartition) -> Iterator[l
         )
 
 
-def _offsets_gone(
-    consumer: Consumer, part: KafkaInputPartition, next_offset: int, error: KafkaError
-) -> KafkaSourceError:
-    """The error for a fetch offset the broker no longer holds, with the log's bounds."""
+def _skip_lost(
+    consumer: Consumer,
+    part: KafkaInputPartition,
+    next_offset: int,
+    error: KafkaError,
+    on_lost: LostRecords | None,
+) -> int:
+    """Where the read goes on after a fetch offset the broker no longer holds: the log's new
+    start, when records were deleted and `part.fail_on_data_loss` is false.
+
+    Raises `KafkaSourceError` naming the range, the offsets and the log's bounds otherwise.
+    """
     try:
         [(low, high)] = watermarks(
             consumer, [(part.topic, part.partition)], METADATA_TIMEOUT_S
         ).values()
     except Exception as e:  # the error below still names the range and the offset
-        return KafkaSourceError(
+        raise KafkaSourceError(
             f"reading {_describe(part)}: offset {next_offset} is out of range ({error}); "
             f"the partition's offsets could not be listed: {e}"
+        ) from e
+    if low <= next_offset:
+        raise KafkaSourceError(
+            f"reading {_describe(part)}: offset {next_offset} is outside the partition's "
+            f"offsets {low}..{high} ({error}); was the topic deleted and re-created, or its "
+            "log truncated?"
         )
-    if low > next_offset:
-        return KafkaSourceError(
-            f"reading {_describe(part)}: records {part.topic}[{part.partition}]@{next_offset}.."
-            f"{min(low, part.end) - 1} were deleted from Kafka before they were read (the "
-            f"partition now starts at offset {low}: retention.ms, retention.bytes or "
-            "delete-records); they cannot be processed, so the read fails rather than skip them"
+    lost = f"{part.topic}[{part.partition}]@{next_offset}..{min(low, part.end) - 1}"
+    if part.fail_on_data_loss:
+        raise KafkaSourceError(
+            f"reading {_describe(part)}: records {lost} were deleted from Kafka before they "
+            f"were read (the partition now starts at offset {low}: retention.ms, "
+            "retention.bytes or delete-records); they cannot be processed, so the read fails "
+            "rather than skip them (kafka.fail_on_data_loss = false skips them)"
         )
-    return KafkaSourceError(
-        f"reading {_describe(part)}: offset {next_offset} is outside the partition's offsets "
-        f"{low}..{high} ({error}); was the topic deleted and re-created, or its log truncated?"
+    log.warning(
+        "reading %s: records %s were deleted from Kafka before they were read (the partition "
+        "now starts at offset %d); skipped, as failOnDataLoss is false",
+        _describe(part),
+        lost,
+        low,
     )
+    if on_lost is not None:
+        on_lost(min(low, part.end) - next_offset)
+    if low < part.end:
+        consumer.assign([TopicPartition(part.topic, part.partition, low)])
+    return low
 
 
 def _describe(part: KafkaInputPartition) -> str:

@@ -1,7 +1,8 @@
 """The options of the `retrylib_kafka` source, parsed and checked (`parse_source_options`).
 
 The names are those of Spark's built-in `kafka` source (`kafka.bootstrap.servers`,
-`subscribe`, `startingOffsets`, `maxOffsetsPerTrigger`, `kafka.*` pass-through) and the
+`subscribe`, `startingOffsets`, `startingTimestamp`, `maxOffsetsPerTrigger`,
+`failOnDataLoss`, `kafka.*` pass-through) and the
 source's own `retrylib.*` ones, described in `retrylib.kafka.tier_source`.
 """
 
@@ -15,6 +16,7 @@ from pyspark.sql.types import StructType
 
 from retrylib.kafka.arrow_records import KAFKA_SCHEMA, RANGE_SCHEMA
 from retrylib.kafka.offsets import (
+    AT_TIMESTAMP,
     Offsets,
     StartingOffsets,
     offsets_from_json,
@@ -25,6 +27,10 @@ from retrylib.kafka.offsets import (
 OPTION_BOOTSTRAP = "kafka.bootstrap.servers"
 OPTION_SUBSCRIBE = "subscribe"
 OPTION_STARTING_OFFSETS = "startingOffsets"
+OPTION_STARTING_TIMESTAMP = "startingTimestamp"
+"""Epoch ms: a new query starts each partition at its first record at or after it, or at
+the partition's end when there is none. Wins over `startingOffsets`, as in Spark's source."""
+OPTION_FAIL_ON_DATA_LOSS = "failOnDataLoss"
 OPTION_MAX_OFFSETS_PER_TRIGGER = "maxOffsetsPerTrigger"
 OPTION_TOPIC_DELAYS_MS = "retrylib.topicDelaysMs"
 OPTION_MAX_RECORDS_PER_TASK = "retrylib.maxRecordsPerTask"
@@ -43,6 +49,8 @@ _KNOWN_OPTIONS = {
         OPTION_BOOTSTRAP,
         OPTION_SUBSCRIBE,
         OPTION_STARTING_OFFSETS,
+        OPTION_STARTING_TIMESTAMP,
+        OPTION_FAIL_ON_DATA_LOSS,
         OPTION_MAX_OFFSETS_PER_TRIGGER,
         OPTION_TOPIC_DELAYS_MS,
         OPTION_MAX_RECORDS_PER_TASK,
@@ -72,6 +80,7 @@ class SourceOptions:
     emit_ranges: bool = False
     range_groups: int | None = None  # with emit_ranges: at most this many input partitions
     available_now_offsets: Offsets | None = None  # the end of an availableNow run on 4.0/4.1
+    fail_on_data_loss: bool = True  # false: deleted records and topics are skipped, warned of
 
     @property
     def schema(self) -> StructType:
@@ -105,11 +114,19 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     emit = lowered.get(OPTION_EMIT.lower(), "records").strip().lower()
     if emit not in _EMIT_VALUES:
         raise ValueError(f"option {OPTION_EMIT}={emit!r} must be one of {list(_EMIT_VALUES)}")
+    fail_on_data_loss = lowered.get(OPTION_FAIL_ON_DATA_LOSS.lower(), "true").strip().lower()
+    if fail_on_data_loss not in ("true", "false"):
+        raise ValueError(
+            f"option {OPTION_FAIL_ON_DATA_LOSS}={fail_on_data_loss!r} must be true or false"
+        )
+    starting_ms = _int_option(lowered, OPTION_STARTING_TIMESTAMP, 0)
     return SourceOptions(
         bootstrap_servers=bootstrap,
         topics=topics,
-        starting_offsets=parse_starting_offsets(
-            lowered.get(OPTION_STARTING_OFFSETS.lower()), topics
+        starting_offsets=(
+            parse_starting_offsets(lowered.get(OPTION_STARTING_OFFSETS.lower()), topics)
+            if starting_ms is None
+            else StartingOffsets(AT_TIMESTAMP, timestamp_ms=starting_ms)
         ),
         max_offsets_per_trigger=_int_option(lowered, OPTION_MAX_OFFSETS_PER_TRIGGER, 1),
         delays_ms=_topic_delays(lowered.get(OPTION_TOPIC_DELAYS_MS.lower()), topics),
@@ -120,6 +137,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         emit_ranges=emit == "ranges",
         range_groups=_int_option(lowered, OPTION_RANGE_GROUPS, 1),
         available_now_offsets=_offsets_option(lowered, OPTION_AVAILABLE_NOW_OFFSETS, topics),
+        fail_on_data_loss=fail_on_data_loss == "true",
     )
 
 

@@ -158,11 +158,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             partitions = self._kafka.partitions()
             spec = self._options.starting_offsets
             tiers = {key: EARLIEST for key in partitions if key[0] in self._options.delays_ms}
+            at_timestamp = None
+            if spec.timestamp_ms is not None:
+                main = [key for key in partitions if key not in tiers]
+                at_timestamp = self._kafka.list_offsets(main, spec.timestamp_ms)
             self._initial = resolve_starting_offsets(
                 replace(spec, explicit={**tiers, **spec.explicit}),
                 partitions,
                 self._kafka.list_offsets(partitions, EARLIEST),
                 self._kafka.list_offsets(partitions, LATEST),
+                at_timestamp,
             )
         return self._initial
 
@@ -247,6 +252,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._options.bootstrap_servers,
                 self._options.client_options,
                 self._options.secret_options,
+                self._options.fail_on_data_loss,
             )
             for r in ranges
         ]
@@ -297,6 +303,8 @@ class _Metadata:
 
     def __init__(self, options: SourceOptions) -> None:
         self._topics = options.topics
+        self._fail_on_data_loss = options.fail_on_data_loss
+        self._missing: list[str] = []  # subscribed topics found missing at the last look
         self._consumer = make_consumer(
             options.bootstrap_servers,
             options.client_options,
@@ -306,13 +314,26 @@ class _Metadata:
     def partitions(self) -> list[PartitionKey]:
         """Every partition of the subscribed topics, from fresh metadata.
 
-        Raises `TopicError` naming the subscribed topics that do not exist.
+        Raises `TopicError` naming the subscribed topics that do not exist, unless
+        `failOnDataLoss` is false: then they are left out, with a warning each time the set
+        of missing topics changes (a topic created again is read from its earliest offset).
         """
         found = topic_partitions(self._consumer, self._topics, METADATA_TIMEOUT_S)
         missing = [topic for topic in self._topics if topic not in found]
-        if missing:
-            raise TopicError(f"subscribed topic(s) {missing} do not exist")
-        return [(topic, p) for topic in self._topics for p in found[topic]]
+        if missing and self._fail_on_data_loss:
+            raise TopicError(
+                f"subscribed topic(s) {missing} do not exist (deleted?); create them, or set "
+                "kafka.fail_on_data_loss = false to read the other topics without them"
+            )
+        if missing != self._missing:
+            self._missing = missing
+            if missing:
+                log.warning(
+                    "subscribed topic(s) %s do not exist (deleted?): reading the others "
+                    "(failOnDataLoss is false); records they held and were not read are lost",
+                    missing,
+                )
+        return [(topic, p) for topic in self._topics if topic in found for p in found[topic]]
 
     def list_offsets(self, partitions: Sequence[PartitionKey], timestamp: int) -> Offsets:
         """`offsets_for_times` for `partitions`: `EARLIEST`, `LATEST` or epoch ms.

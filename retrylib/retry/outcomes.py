@@ -56,6 +56,8 @@ class Count(StrEnum):
     """Records on a shared tier written by another job."""
     SKIPPED_BY_HANDLER = "skipped_by_handler"
     """Records the handler dropped with `Skip`."""
+    RECORDS_LOST = "records_lost"
+    """Records deleted from Kafka before the job read them, skipped (failOnDataLoss false)."""
     RESERVED_HEADERS_REMOVED = "reserved_headers_removed"
     """retrylib's own header names taken off main-topic records."""
     HANDLER_MS = "handler_ms"

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
-from helpers import produce, read_topic, write_job_toml
+from helpers import produce, read_topic, run_retrylib, write_job_toml
 
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin
@@ -92,14 +91,7 @@ LOGINS = [("PLAIN", "SASL_PLAINTEXT"), ("SCRAM-SHA-512", "SASL_SSL")]
 
 def retrylib(*args: str, password: str = PASSWORD) -> subprocess.CompletedProcess[str]:
     """`retrylib ARGS` as a user runs it, in a process of its own."""
-    env = {**os.environ, PASSWORD_VARIABLE: password, "PYSPARK_PYTHON": sys.executable}
-    return subprocess.run(
-        [sys.executable, "-m", "retrylib", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    return run_retrylib(*args, env={PASSWORD_VARIABLE: password})
 
 
 def assert_settled(spark, path: Path, topic: str) -> None:

@@ -469,6 +469,64 @@ def test_read_range_fails_when_records_of_the_range_were_deleted(
     assert [row["offset"] for batch in kept for row in batch.to_pylist()] == list(range(12, 20))
 
 
+def test_read_range_skips_deleted_records_with_a_warning_when_asked(
+    bootstrap_servers, make_topic, caplog
+) -> None:
+    """failOnDataLoss false: the read goes on from the log's new start, names the records
+    lost in a warning and reports how many."""
+    topic = make_topic("lost", partitions=1)
+    produce(bootstrap_servers, topic, 20, [0])
+    admin = make_admin(bootstrap_servers, {})
+    for future in admin.delete_records([TopicPartition(topic, 0, 12)]).values():
+        future.result(30)
+    lost: list[int] = []
+
+    def read(start: int, end: int) -> list[int]:
+        part = KafkaInputPartition(topic, 0, start, end, bootstrap_servers, {}, (), False)
+        return [
+            row["offset"] for batch in read_range(part, lost.append) for row in batch.to_pylist()
+        ]
+
+    with caplog.at_level("WARNING", logger=range_reader.__name__):
+        assert read(0, 20) == list(range(12, 20))
+        assert read(3, 8) == []
+        assert read(12, 20) == list(range(12, 20))
+    assert lost == [12, 5]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2
+    assert f"records {topic}[0]@0..11 were deleted from Kafka" in warnings[0]
+    assert f"records {topic}[0]@3..7 were deleted from Kafka" in warnings[1]
+
+
+def test_a_deleted_topic_fails_the_query_or_is_left_out_with_a_warning(
+    spark, bootstrap_servers, make_topic, tmp_path, caplog
+) -> None:
+    """A subscribed topic that is gone: the query fails naming it, as Spark's source does,
+    or, with failOnDataLoss false, reads the others."""
+    present = make_topic("present", partitions=2)
+    produced = produce(bootstrap_servers, present, 10, [0, 1])
+    options = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "subscribe": f"{present},gone-topic-xyz",
+        "failOnDataLoss": "false",
+    }
+    sink = Collector()
+    with caplog.at_level("WARNING"):
+        reader = KafkaStreamReader(parse_source_options(options))
+        try:
+            reader.initialOffset()
+        finally:
+            reader.stop()
+        run_available_now(spark, options, str(tmp_path / "cp"), sink)
+    assert sorted(sink.ids()) == sorted(produced)
+    assert any("['gone-topic-xyz'] do not exist" in r.getMessage() for r in caplog.records)
+
+    reader = KafkaStreamReader(parse_source_options({**options, "failOnDataLoss": "true"}))
+    with pytest.raises(Exception, match="gone-topic-xyz.*kafka.fail_on_data_loss = false"):
+        reader.initialOffset()
+    reader.stop()
+
+
 def test_ranges_read_in_the_task_give_the_handler_what_records_mode_gives(
     bootstrap_servers, make_topic, tmp_path
 ) -> None:

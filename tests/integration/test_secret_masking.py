@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid
 
-from helpers import produce
+from helpers import produce, run_retrylib
 
 VARIABLE = "RETRYLIB_TEST_CLIENT_ID"
 
@@ -30,15 +29,8 @@ def test_a_value_from_the_environment_is_masked_in_the_workers_output(
             "options": {"client.id": f"${{env:{VARIABLE}}}", "linger.ms": "10"},
         },
     )
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-
-    done = subprocess.run(
-        [sys.executable, "-m", "retrylib", "run", config.source_path, "--available-now"]
-        + ["--master", "local[2]"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_retrylib(
+        "run", config.source_path, "--available-now", "--master", "local[2]", timeout=300
     )
 
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,27 +7,16 @@ traceback). Once the log is writable again, a rerun writes every record once.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from chispa import assert_df_equality
-from helpers import produce, refusing_writes
+from helpers import produce, refusing_writes, run_retrylib
 
 
 def run_job(config_path: str) -> subprocess.CompletedProcess[str]:
     """`retrylib run CONFIG --available-now` as a user runs it, in a process of its own."""
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    env.pop("RETRYLIB_LOG_LEVEL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "retrylib", "run", config_path, "--available-now"]
-        + ["--master", "local[2]"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_retrylib("run", config_path, "--available-now", "--master", "local[2]", timeout=300)
 
 
 def test_a_read_only_delta_log_is_one_clear_error_and_recovery_is_exactly_once(

@@ -225,7 +225,7 @@ PROBLEMS = [
     ),
     (
         {"kafka.starting_offsets": '"beginning"'},
-        r'kafka\.starting_offsets: expected "earliest", "latest" or JSON .*, got "beginning"',
+        r'kafka\.starting_offsets: expected "earliest", "latest", a date-time .*, got "beginning"',
     ),
     (
         {"kafka.starting_offsets": """'{"orders": {"x": 1}}'"""},

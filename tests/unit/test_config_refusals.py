@@ -38,6 +38,9 @@ def option(name: str, literal: str) -> str:
         ("subscribe", "kafka.topics"),
         ("assign", "kafka.topics"),
         ("startingOffsets", "kafka.starting_offsets"),
+        ("startingTimestamp", "kafka.starting_offsets"),
+        ("startingOffsetsByTimestamp", "kafka.starting_offsets"),
+        ("failOnDataLoss", "kafka.fail_on_data_loss"),
         ("maxOffsetsPerTrigger", "kafka.max_offsets_per_trigger"),
     ],
 )

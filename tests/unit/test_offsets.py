@@ -9,6 +9,7 @@ import pytest
 
 from retrylib.kafka.arrow_records import KAFKA_SCHEMA, RANGE_SCHEMA
 from retrylib.kafka.offsets import (
+    AT_TIMESTAMP,
     EARLIEST,
     LATEST,
     OffsetRange,
@@ -95,6 +96,16 @@ def test_resolve_starting_offsets() -> None:
     resolved = resolve_starting_offsets(spec, parts, earliest, latest)
     assert resolved == {A0: 23, A1: 60, A2: 7, B0: 0}  # a[2] not named: earliest
     assert list(resolved) == [A0, A1, A2, B0]
+
+
+def test_resolve_starting_offsets_at_a_time_falls_back_to_the_end() -> None:
+    earliest = {A0: 5, A1: 0, B0: 0}
+    latest = {A0: 50, A1: 60, B0: 80}
+    # a[1] has no record at or after the time (-1): it starts at its end; b[0] is named.
+    spec = StartingOffsets(AT_TIMESTAMP, {B0: EARLIEST}, timestamp_ms=1_000)
+    at_time = {A0: 17, A1: -1}
+    resolved = resolve_starting_offsets(spec, [A0, A1, B0], earliest, latest, at_time)
+    assert resolved == {A0: 17, A1: 60, B0: 0}
 
 
 def test_resolve_starting_offsets_rejects_missing_partition() -> None:
@@ -259,6 +270,18 @@ def test_source_options_parse_and_pass_kafka_settings_through() -> None:
     assert options.schema == KAFKA_SCHEMA
 
 
+def test_source_starting_timestamp_wins_over_starting_offsets() -> None:
+    options = parse_source_options(
+        {**BASE, "startingOffsets": "latest", "startingTimestamp": "1700000000000"}
+    )
+    assert options.starting_offsets == StartingOffsets(AT_TIMESTAMP, timestamp_ms=1_700_000_000_000)
+    assert options.fail_on_data_loss is True
+
+
+def test_source_fail_on_data_loss_is_read_as_spark_spells_it() -> None:
+    assert parse_source_options({**BASE, "FAILONDATALOSS": "False"}).fail_on_data_loss is False
+
+
 def test_source_emits_offset_ranges_when_asked() -> None:
     options = parse_source_options({**BASE, "retrylib.emit": "Ranges", "retrylib.rangeGroups": "2"})
     assert (options.emit_ranges, options.range_groups) == (True, 2)
@@ -280,6 +303,8 @@ def test_source_emits_offset_ranges_when_asked() -> None:
         ({**BASE, "startingOffsets": "{}x"}, "startingOffsets"),
         ({**BASE, "retrylib.emit": "rows"}, r"retrylib.emit='rows' must be one of"),
         ({**BASE, "retrylib.rangeGroups": "0"}, r"retrylib.rangeGroups='0' must be"),
+        ({**BASE, "startingTimestamp": "yesterday"}, r"startingTimestamp='yesterday' must be"),
+        ({**BASE, "failOnDataLoss": "maybe"}, r"failOnDataLoss='maybe' must be true or false"),
     ],
 )
 def test_source_options_errors_name_the_option(options, message) -> None:

@@ -1,0 +1,121 @@
+"""Where a new job starts reading, and what it does with records Kafka deleted before it
+read them: `retrylib run` as a user runs it, with Spark's Kafka connector and with
+retrylib's own source reading the main topics."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+from confluent_kafka import TopicPartition
+from helpers import produce, run_retrylib, write_job_toml
+
+from retrylib.kafka.clients import make_admin
+
+pytestmark = pytest.mark.every_spark
+
+HANDLERS_DIR = Path(__file__).parent / "handlers"
+SOURCES = ["builtin", "python"]
+OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"
+
+
+def run_job(tmp_path: Path, bootstrap: str, topic: str, source: str, **kafka: object):
+    """`retrylib run --available-now` of a job handling `topic` with `job_handlers:by_key`."""
+    path = write_job_toml(
+        tmp_path / "job.toml",
+        topics=[topic],
+        name=f"contract-{source}",
+        bootstrap_servers=bootstrap,
+        kafka={"source": source, **kafka},
+        handler={
+            "function": "job_handlers:by_key",
+            "output_schema": OUTPUT_SCHEMA,
+            "paths": [HANDLERS_DIR],
+        },
+        retry={"delays": ["1s"], "max_attempts": 2},
+    )
+    return run_retrylib("run", str(path), "--available-now", "--master", "local[2]")
+
+
+def assert_output_keys(spark, tmp_path: Path, keys: list[str]) -> None:
+    output = spark.read.format("delta").load(str(tmp_path / "out")).select("key")
+    expected = spark.createDataFrame([(key,) for key in keys], output.schema)
+    assert_df_equality(output, expected, ignore_row_order=True)
+
+
+def metrics_total(stderr: str, counter: str) -> int:
+    return sum(
+        json.loads(line.split("retrylib.metrics: ", 1)[1])[counter]
+        for line in stderr.splitlines()
+        if "retrylib.metrics: " in line
+    )
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_new_job_starts_at_a_time(spark, bootstrap_servers, make_topic, tmp_path, source):
+    """Each partition starts at its first record at or after the time; partition 1, whose
+    records are all older, starts at its end instead of failing the query."""
+    topic = make_topic("since", partitions=2)
+    produce(bootstrap_servers, topic, [(f"ok-old-{i}", "v") for i in range(6)], partitions=2)
+    time.sleep(0.2)
+    since = datetime.now(UTC)
+    time.sleep(0.2)
+    new = [(f"ok-new-{i}", "v") for i in range(4)]
+    produce(bootstrap_servers, topic, new, partitions=1)
+
+    done = run_job(tmp_path, bootstrap_servers, topic, source, starting_offsets=since.isoformat())
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_output_keys(spark, tmp_path, [key for key, _ in new])
+
+
+def produce_and_delete_the_first(bootstrap: str, topic: str, count: int, deleted: int) -> None:
+    produce(bootstrap, topic, [(f"ok-{i}", "v") for i in range(count)], partitions=1)
+    admin = make_admin(bootstrap, {})
+    for future in admin.delete_records([TopicPartition(topic, 0, deleted)]).values():
+        future.result(30)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_records_deleted_before_the_read_are_skipped_with_a_warning_when_asked(
+    spark, bootstrap_servers, make_topic, tmp_path, source
+):
+    """The job's offsets say 0, Kafka deleted 0..3: with kafka.fail_on_data_loss = false the
+    job handles 4..9 and says what it lost (retrylib's reader also counts it)."""
+    topic = make_topic("lost", partitions=1)
+    produce_and_delete_the_first(bootstrap_servers, topic, 10, 4)
+
+    done = run_job(
+        tmp_path,
+        bootstrap_servers,
+        topic,
+        source,
+        starting_offsets=json.dumps({topic: {"0": 0}}),
+        fail_on_data_loss=False,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_output_keys(spark, tmp_path, [f"ok-{i}" for i in range(4, 10)])
+    if source == "python":
+        assert metrics_total(done.stderr, "records_lost") == 4
+        assert f"records {topic}[0]@0..3 were deleted from Kafka" in done.stderr
+
+
+def test_records_deleted_before_the_read_fail_the_job_by_default(
+    spark, bootstrap_servers, make_topic, tmp_path
+):
+    topic = make_topic("lost", partitions=1)
+    produce_and_delete_the_first(bootstrap_servers, topic, 10, 4)
+
+    done = run_job(
+        tmp_path, bootstrap_servers, topic, "python", starting_offsets=json.dumps({topic: {"0": 0}})
+    )
+
+    assert done.returncode != 0
+    assert f"records {topic}[0]@0..3 were deleted from Kafka before they were read" in done.stderr
+    assert "kafka.fail_on_data_loss = false skips them" in done.stderr
+    assert_output_keys(spark, tmp_path, [])  # created at start, nothing appended
