@@ -42,7 +42,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -294,6 +294,27 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return start, floor_at(end, start)
 
 
+# Answers to an offset look-up that pass once the cluster settles: a partition's leader
+# being elected or moved (as right after partitions are added), a slow broker. confluent-kafka
+# marks none of them retriable on the errors offsets_for_times gives.
+_PASSING_CODES = frozenset(
+    {
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
+
+
+def _passing(error: KafkaError) -> bool:
+    return error.retriable() or error.code() in _PASSING_CODES
+
+
 def _is_max_rows(limit: object) -> bool:
     return ReadMaxRows is not None and isinstance(limit, ReadMaxRows)
 
@@ -339,25 +360,32 @@ class _Metadata:
         """`offsets_for_times` for `partitions`: `EARLIEST`, `LATEST` or epoch ms.
 
         For a time, the answer is the first offset at or after it, or -1 when there is none.
-        A retriable error (a partition whose leader is still being elected, as right after
-        partitions are added) is asked again until `METADATA_TIMEOUT_S` has passed. Raises
-        `KafkaSourceError` naming the partition the broker answered with another error, or
-        with a retriable one for that long.
+        A retriable error, for one partition or the whole request (a partition whose leader
+        is still being elected, as right after partitions are added), is asked again until
+        `METADATA_TIMEOUT_S` has passed. Raises `KafkaSourceError` naming the partition the
+        broker answered with another error, or with a retriable one for that long, and
+        `KafkaException` when the request itself fails so.
         """
         offsets: Offsets = {}
         pending = list(partitions)
         deadline = time.monotonic() + METADATA_TIMEOUT_S
         while pending:
-            answers = self._consumer.offsets_for_times(
-                [TopicPartition(topic, p, timestamp) for topic, p in pending],
-                timeout=METADATA_TIMEOUT_S,
-            )
+            try:
+                answers = self._consumer.offsets_for_times(
+                    [TopicPartition(topic, p, timestamp) for topic, p in pending],
+                    timeout=METADATA_TIMEOUT_S,
+                )
+            except KafkaException as e:
+                if not (_passing(e.args[0]) and time.monotonic() < deadline):
+                    raise
+                time.sleep(_RETRY_PAUSE_S)
+                continue
             pending = []
             for answer in answers:
                 key = (answer.topic, answer.partition)
                 if answer.error is None:
                     offsets[key] = answer.offset
-                elif answer.error.retriable() and time.monotonic() < deadline:
+                elif _passing(answer.error) and time.monotonic() < deadline:
                     pending.append(key)
                 else:
                     raise KafkaSourceError(

@@ -27,7 +27,8 @@ def test_a_read_only_delta_log_is_one_clear_error_and_recovery_is_exactly_once(
     produce(bootstrap_servers, topic, first, partitions=2)
     config = write_config([topic], name="rotable")
     output = Path(config.output.table)
-    assert run_job(config.source_path).returncode == 0
+    done = run_job(config.source_path)
+    assert done.returncode == 0, done.stderr[-5000:]
 
     second = [(f"ok-b{i}", "v") for i in range(20)]
     produce(bootstrap_servers, topic, second, partitions=2)
