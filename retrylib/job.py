@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib.checkpoint import Checkpoint
-from retrylib.config.model import Config, KafkaConfig
+from retrylib.config.model import BATCH_HOOKS, RECORD_HOOKS, Config, KafkaConfig
 from retrylib.config.topics import produced_topic
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.dead_letter import dead_letter_struct
@@ -255,6 +255,7 @@ def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) ->
         client_options=config.kafka.client_options(),
         secret_options=config.secret_options(),
         fail_on_data_loss=config.kafka.fail_on_data_loss,
+        hooks=config.hooks.references(RECORD_HOOKS),
     )
 
 
@@ -332,6 +333,8 @@ def start_query(
         record_limits=limits,
         on_result=metrics.on_result,
         compactor=compactor,
+        hooks=config.hooks.references(BATCH_HOOKS),
+        hook_paths=config.handler.paths,
     )
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
     # back-to-back triggers instead, the tier source held to the target, until it is reached.

@@ -9,7 +9,7 @@ one line on the `retrylib.metrics` logger whose message is a JSON object:
      "output_rows": 97, "retried": 5, "retried_by_tier": [4, 1], "dead_lettered": 2,
      "dead_lettered_too_large": 0, "dead_letter_truncated": 0, "duplicates_skipped": 0,
      "requeued_not_due": 0, "skipped_other_job": 0, "skipped_by_handler": 0,
-     "records_lost": 0, "reserved_headers_removed": 0,
+     "records_lost": 0, "reserved_headers_removed": 0, "hook_errors": 0,
      "handler_ms": 40, "produced": 7,
      "input_lag": {"orders": {"lag": 0, "not_due": 0},
                    "orders.orders.retry.5s": {"lag": 0, "not_due": 3}}}
@@ -74,6 +74,7 @@ _COUNTERS = (
     Count.SKIPPED_BY_HANDLER,
     Count.RECORDS_LOST,
     Count.RESERVED_HEADERS_REMOVED,
+    Count.HOOK_ERRORS,
     Count.HANDLER_MS,
     "produced",  # records the batch produced to tiers and dead-letter topics
 )

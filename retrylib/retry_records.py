@@ -45,6 +45,7 @@ from retrylib.retry.policy import (
 )
 
 if TYPE_CHECKING:
+    from retrylib.hooks import Hooks
     from retrylib.task import TaskPlan
 
 log = logging.getLogger(__name__)
@@ -81,11 +82,13 @@ class RetryRecords:
         policy: RetryPolicy,
         tier_of: Mapping[str, int],
         counters: Counter[str],
+        hooks: Hooks,
     ) -> None:
         self.plan = plan
         self.policy = policy
         self.tier_of = tier_of
         self.counters = counters
+        self.hooks = hooks
         self.seen: set[tuple[str, int]] = set()
         self.job_header = plan.job.encode("utf-8")
         self.dead_letter_topics = {plan.dead_letter_topic, *(t for _, t in plan.dead_letter_routes)}
@@ -198,6 +201,7 @@ class RetryRecords:
             return
         self.stage(topic, record.partition, decision.kafka_timestamp_ms, record, headers)
         self.counters[retried_tier(decision.tier)] += 1
+        self.hooks.call("on_retry", record, decision.tier + 1, error)
 
     def dead_letter(
         self,
@@ -235,6 +239,7 @@ class RetryRecords:
         topic = self.policy.dead_letter_topic(error, self.plan.dead_letter_topic)
         self.stage(topic, record.partition, failed_at, record, headers)
         self.counters[Count.DEAD_LETTERED] += 1
+        self.hooks.call("on_dead_letter", record, reason, error)
 
     def _too_large(self, topic: str, record: Record, headers: list) -> bool:
         """True (logged and counted) when the retry copy is more than `topic` accepts.

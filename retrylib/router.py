@@ -35,6 +35,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -48,6 +49,7 @@ from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once, committed_version
 from retrylib.errors import RetrylibError, TableWriteError
 from retrylib.faults import crash_point
+from retrylib.hooks import Hooks
 from retrylib.kafka.clients import RecordLimits
 from retrylib.kafka.transactional_producer import StagedProducer
 from retrylib.results import result_struct
@@ -88,7 +90,10 @@ class BatchRouter:
         evolve_output: bool = False,
         on_result=None,
         compactor: Compactor | None = None,
+        hooks: Mapping[str, str] | None = None,
+        hook_paths: tuple[str, ...] = (),
     ) -> None:
+        """`hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`)."""
         self._template = plan_template
         self._checkpoint = checkpoint
         self._output_table = output_table
@@ -108,6 +113,8 @@ class BatchRouter:
         """The error that failed the last batch when retrylib detected it itself (a table it
         cannot write, ...): the job reports it instead of Spark's wrapping of it."""
         self._compactor = compactor
+        self._hook_errors: Counter[str] = Counter()
+        self._hooks = Hooks(hooks or {}, hook_paths, self._hook_errors)
         self._checked_tables = False
         self.batch_finished = threading.Event()
         """Set whenever a batch has done all its work (a graceful stop waits for it)."""
@@ -121,6 +128,8 @@ class BatchRouter:
 
     def _run(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        self._hook_errors.clear()
+        self._hooks.call("on_batch_start", batch_id)
         spark = df.sparkSession
         if not self._checked_tables:
             self._check_tables_not_ahead(spark, batch_id)
@@ -139,6 +148,11 @@ class BatchRouter:
         crash_point("before_batch_end", batch_id)
         self._checkpoint.clean_up(spark, batch_id)
         crash_point("after_cleanup", batch_id)
+        self._hooks.call("on_batch_end", batch_id, dict(result.counters))
+        if self._hook_errors:
+            counters = Counter(result.counters)
+            counters.update(self._hook_errors)
+            result = replace(result, counters=dict(counters))
         log.info("batch %s", json.dumps(_summary(result)))
         if self._on_result is not None:
             self._on_result(result)

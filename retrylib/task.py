@@ -31,6 +31,7 @@ from retrylib.handler import (
     load_handler,
     result_rows,
 )
+from retrylib.hooks import Hooks
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
 from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
@@ -83,6 +84,7 @@ class TaskPlan:
     client_options: Mapping[str, str] = field(default_factory=dict)
     secret_options: tuple[str, ...] = ()  # names among client_options, masked in logs
     fail_on_data_loss: bool = True
+    hooks: Mapping[str, str] = field(default_factory=dict)  # record hook -> "module:function"
     isolate: bool = False  # each handler call in its own process (after a worker died)
     # Retry and dead-letter topic -> the largest record it accepts (`record_size`); a topic
     # missing here is not checked.
@@ -136,12 +138,13 @@ class TaskRouter:
         self.columns = frozenset(plan.output_schema.names)
         self.results = ResultRows(plan.output_schema)
         self.counters: Counter[str] = Counter()
+        self.hooks = Hooks(plan.hooks, plan.handler_paths, self.counters)
         self.handler_ns = 0
         self.read_ns = 0
         # Successful calls whose rows are not yet written: (record, its Delivery if it
         # has one, rows). Written together; a record whose rows do not fit fails alone.
         self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
-        self.retries = RetryRecords(plan, _policy(plan), self.tier_of, self.counters)
+        self.retries = RetryRecords(plan, _policy(plan), self.tier_of, self.counters, self.hooks)
 
     def route(self, batch: pa.RecordBatch) -> None:
         """Route a RecordBatch of Kafka records (`KAFKA_ARROW_SCHEMA`)."""
@@ -283,17 +286,25 @@ class TaskRouter:
         (None) get one only if they fail. A successful call's rows wait in `pending`.
         """
         invoke, columns, pending = self.invoke, self.columns, self.pending
+        hooks = self.hooks if self.hooks.around_calls else None
         clock = time.perf_counter_ns
         spent = 0
         for index, record in enumerate(records):
+            if hooks is not None:
+                hooks.call("before_record", record)
             started = clock()
             try:
                 result = invoke(record)
             except BaseException as raised:
                 spent += clock() - started
-                self.retries.fail(self._delivery(record, deliveries, index), as_failure(raised))
+                error = as_failure(raised)
+                if hooks is not None:
+                    hooks.call("after_record", record, error)
+                self.retries.fail(self._delivery(record, deliveries, index), error)
                 continue
             spent += clock() - started
+            if hooks is not None:
+                hooks.call("after_record", record, None)
             if type(result) is dict and result.keys() <= columns:
                 rows: Sequence[dict] = (result,)  # the common case, checked cheaply
             else:

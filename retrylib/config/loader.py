@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from retrylib.config.locations import check_locations
-from retrylib.config.model import OPTION_TABLES, Config
+from retrylib.config.model import BATCH_HOOKS, OPTION_TABLES, RECORD_HOOKS, Config
 from retrylib.config.sections import (
     check_callable,
     check_exception_classes,
     read_dead_letter,
     read_handler,
+    read_hooks,
     read_job,
     read_kafka,
     read_metrics,
@@ -182,7 +183,7 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
     """Read every section, then check what spans sections; None when anything is wrong."""
     tables = {
         name: root.table(name, f"a [{name}] table", required=name in _REQUIRED_SECTIONS)
-        for name in (*_REQUIRED_SECTIONS, "retry", "dead_letter", "metrics")
+        for name in (*_REQUIRED_SECTIONS, "retry", "dead_letter", "metrics", "hooks")
     }
     root.finish()
     job = read_job(tables["job"])
@@ -200,6 +201,7 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
         tables["output"].values["table"],
     )
     metrics = read_metrics(tables["metrics"])
+    hooks = read_hooks(tables["hooks"], handler.kind if handler else None)
     check_control_topics(root.problems, tables)
     check_locations(root.problems, tables)
     non_retryable = tables["retry"].values["non_retryable"]
@@ -220,7 +222,10 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
             tuple(reference for reference, _ in dead_letter.routes),
             handler_paths,
         )
-    if not (job and kafka and handler and output and retry and dead_letter and metrics):
+    if check_imports and hooks and handler_paths:
+        for name, reference in hooks.references((*RECORD_HOOKS, *BATCH_HOOKS)).items():
+            check_callable(root.problems, f"hooks.{name}", reference, handler_paths)
+    if not (job and kafka and handler and output and retry and dead_letter and metrics and hooks):
         return None
     return Config(
         job,
@@ -232,4 +237,5 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
         metrics,
         source_path,
         frozenset(root.problems.from_env),
+        hooks,
     )

@@ -212,6 +212,28 @@ class MetricsConfig:
         return None if self.table is None else TableRef.parse(self.table, "metrics.table")
 
 
+RECORD_HOOKS = ("before_record", "after_record", "on_retry", "on_dead_letter")
+"""The hooks called on the executors, per record (see `retrylib.hooks`)."""
+BATCH_HOOKS = ("on_batch_start", "on_batch_end")
+"""The hooks called on the driver, per batch."""
+
+
+@dataclass(frozen=True)
+class HooksConfig:
+    """[hooks]: the user's lifecycle hooks, each "module:function" or None (see `hooks`)."""
+
+    before_record: str | None = None
+    after_record: str | None = None
+    on_retry: str | None = None
+    on_dead_letter: str | None = None
+    on_batch_start: str | None = None
+    on_batch_end: str | None = None
+
+    def references(self, names: tuple[str, ...]) -> dict[str, str]:
+        """Hook name -> reference, for those of `names` that are set."""
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
 @dataclass(frozen=True)
 class Config:
     """A whole, validated job config. `from_env` holds the dotted keys set from ${env:...}."""
@@ -225,6 +247,7 @@ class Config:
     metrics: MetricsConfig
     source_path: str
     from_env: frozenset[str] = field(default=frozenset(), repr=False)
+    hooks: HooksConfig = field(default_factory=HooksConfig)
 
     def redacted(self) -> dict[str, Any]:
         """The config as plain nested dicts and lists, safe to print.

@@ -14,8 +14,11 @@ from typing import Any
 from retrylib.config.importing import import_object
 from retrylib.config.locations import check_table_name
 from retrylib.config.model import (
+    BATCH_HOOKS,
+    RECORD_HOOKS,
     DeadLetterConfig,
     HandlerConfig,
+    HooksConfig,
     JobConfig,
     KafkaConfig,
     MetricsConfig,
@@ -342,6 +345,26 @@ def _dead_letter_routes(t: Table) -> tuple[tuple[str, str], ...]:
         if topic is not None:
             routes.append((reference, topic))
     return tuple(routes)
+
+
+def read_hooks(t: Table, handler_kind: str | None) -> HooksConfig | None:
+    """[hooks]: each hook a "module:function"; the two around a handler call only when the
+    handler takes one record at a time."""
+    references = {
+        name: t.get(name, FUNCTION_REF, f'{name} = "hooks:{name}"', None)
+        for name in (*RECORD_HOOKS, *BATCH_HOOKS)
+    }
+    t.finish()
+    if handler_kind not in (None, "record"):
+        for name in ("before_record", "after_record"):
+            if references[name] is not None:
+                t.problems.add(
+                    t.path(name),
+                    f"is called around each handler call for one record, but handler.kind = "
+                    f'"{handler_kind}" hands the handler whole batches; remove it (on_retry and '
+                    "on_dead_letter are called for every handler kind)",
+                )
+    return HooksConfig(**references) if t.ok else None
 
 
 def read_metrics(t: Table) -> MetricsConfig | None:

@@ -60,6 +60,8 @@ class Count(StrEnum):
     """Records deleted from Kafka before the job read them, skipped (failOnDataLoss false)."""
     RESERVED_HEADERS_REMOVED = "reserved_headers_removed"
     """retrylib's own header names taken off main-topic records."""
+    HOOK_ERRORS = "hook_errors"
+    """Calls of the user's lifecycle hooks that raised (`hooks`)."""
     HANDLER_MS = "handler_ms"
     """Time spent in the handler."""
     KAFKA_READ_MS = "kafka_read_ms"

@@ -1,4 +1,5 @@
-"""Shipping the user's code (the handler, a token provider) to the executors of a cluster.
+"""Shipping the user's code (the handler, record hooks, a token provider) to the executors
+of a cluster.
 
 Locally the executors share the driver's disk, so `handler.paths` is enough. On a cluster
 they do not: each top-level package (or module) is zipped and added with
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from retrylib.config.model import Config
+from retrylib.config.model import RECORD_HOOKS, Config
 from retrylib.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -40,13 +41,17 @@ def code_source(reference: str, paths: tuple[str, ...], key: str) -> Path:
 
 
 def ship_code(spark: SparkSession, config: Config) -> None:
-    """Add the top-level package or module of the handler, and of the OAUTHBEARER token
-    provider if there is one, to every executor's Python path.
+    """Add the top-level package or module of the handler, of the record hooks and of the
+    OAUTHBEARER token provider, if any, to every executor's Python path.
 
     Packages that come from site-packages (installed as a wheel on the cluster) are left
     alone.
     """
     references = {"handler.function": config.handler.function}
+    references.update(
+        (f"hooks.{name}", reference)
+        for name, reference in config.hooks.references(RECORD_HOOKS).items()
+    )
     security = config.kafka.security
     if security is not None and security.token_provider is not None:
         references["kafka.security.token_provider"] = security.token_provider

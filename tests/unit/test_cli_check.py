@@ -157,3 +157,14 @@ def test_status_warns_of_a_tier_whose_records_are_long_overdue() -> None:
     assert overdue_tiers([tier(None), tier(5.0), tier(-60.0)]) == []
     [warning] = overdue_tiers([tier(-3600.0)])
     assert warning.startswith("tier 1 (10s) has records due for 1h that the job has not taken")
+
+
+def test_check_imports_the_hooks_and_names_the_broken_one(tmp_path, capsys):
+    good = write(tmp_path, hooks={"on_batch_end": "h:handle", "on_retry": "h:handle"})
+
+    assert main(["check", str(good)]) == EXIT_OK  # broker not checked: it does not answer
+    assert "hooks import: on_retry = h:handle, on_batch_end = h:handle" in capsys.readouterr().out
+
+    bad = write(tmp_path, hooks={"on_dead_letter": "h:no_such_function"})
+    assert main(["check", str(bad)]) == EXIT_CONFIG
+    assert "error: hooks.on_dead_letter: cannot import" in capsys.readouterr().err

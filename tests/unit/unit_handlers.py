@@ -65,3 +65,27 @@ def pandas_frame(frame):
 
 def arrow_raises(batch):
     raise RuntimeError("whole batch failed")
+
+
+# Lifecycle hooks: each records what it was told in EVENTS; `broken` always raises.
+EVENTS: list[tuple] = []
+
+
+def before(record: Record) -> None:
+    EVENTS.append(("before", record.key))
+
+
+def after(record: Record, error: BaseException | None) -> None:
+    EVENTS.append(("after", record.key, None if error is None else type(error).__name__))
+
+
+def retried(record: Record, tier: int, error: BaseException) -> None:
+    EVENTS.append(("retry", record.key, tier, type(error).__name__))
+
+
+def dead(record: Record, reason: str, error: BaseException) -> None:
+    EVENTS.append(("dead", record.key, str(reason)))
+
+
+def broken(*args: object) -> None:
+    raise SystemExit("a hook that raises anything at all")

@@ -1,0 +1,70 @@
+"""The user's lifecycle hooks (`[hooks]`): functions told what the job does with each record
+and each batch. They watch; they cannot change or fail what the job decides.
+
+Record hooks run on the executors, in the task that handles the record, like the handler:
+
+- `before_record(record)` before each handler call;
+- `after_record(record, error)` after it: `error` is what the call raised, None when it
+  returned;
+- `on_retry(record, tier, error)` when a failed record is sent to retry tier `tier`
+  (1 = the first);
+- `on_dead_letter(record, reason, error)` when a record goes to the dead letter, `reason`
+  being its dead letter's reason (`retry.outcomes.Reason`).
+
+Batch hooks run on the driver: `on_batch_start(batch_id)` and `on_batch_end(batch_id,
+counters)`, with the batch's counters (`retry.outcomes.Count`).
+
+A hook that raises, whatever it raises, is counted (`hook_errors`) and logged, its first
+failure in each task (or, on the driver, in each run of the job) with the error. Like the
+handler, record hooks are called again for a batch replayed before its decisions were
+recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+from retrylib.config.importing import import_object
+from retrylib.retry.outcomes import Count
+
+log = logging.getLogger(__name__)
+
+
+class Hooks:
+    """The hooks named in `references` (hook name -> "module:function"), imported with
+    `paths` on sys.path, their failures counted in `counters`."""
+
+    def __init__(
+        self, references: Mapping[str, str], paths: Sequence[str], counters: Counter[str]
+    ) -> None:
+        self._references = dict(references)
+        self._functions: dict[str, Callable[..., object]] = {
+            name: import_object(reference, paths)  # type: ignore[misc]
+            for name, reference in references.items()
+        }
+        self._counters = counters
+        self._logged: set[str] = set()
+        self.around_calls = "before_record" in self._functions or "after_record" in self._functions
+        """Whether a hook watches each handler call (the handler loop checks it once)."""
+
+    def call(self, name: str, *args: object) -> None:
+        """Call hook `name` with `args` if it is set; what it raises is counted and logged."""
+        function = self._functions.get(name)
+        if function is None:
+            return
+        try:
+            function(*args)
+        except BaseException as error:  # a hook never stops the job, whatever it raises
+            self._counters[Count.HOOK_ERRORS] += 1
+            if name not in self._logged:
+                self._logged.add(name)
+                log.warning(
+                    "hook %s (%s) raised %s: %s; the job goes on, and counts each failure as "
+                    "hook_errors (only the first of this hook is logged here)",
+                    name,
+                    self._references[name],
+                    type(error).__name__,
+                    error,
+                )

@@ -1,0 +1,108 @@
+"""Lifecycle hooks through `retrylib run` as a user runs it: record hooks on the executors,
+batch hooks on the driver, and hooks that fail without changing what the job does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from chispa import assert_df_equality
+from helpers import produce, run_retrylib, write_job_toml
+
+HANDLERS_DIR = Path(__file__).parent / "handlers"
+OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"
+RECORDS = [("ok-0", "a"), ("ok-1", "b"), ("flaky1-0", "c"), ("bad-0", "d")]
+HOOKS = {
+    "before_record": "lifecycle_hooks:before",
+    "after_record": "lifecycle_hooks:after",
+    "on_retry": "lifecycle_hooks:retried",
+    "on_dead_letter": "lifecycle_hooks:dead",
+    "on_batch_start": "lifecycle_hooks:batch_start",
+    "on_batch_end": "lifecycle_hooks:batch_end",
+}
+
+
+def run_hooked_job(tmp_path: Path, bootstrap: str, topic: str, hooks: dict[str, str]):
+    """`retrylib run --available-now` of a job with `hooks`; its hook log's path and result."""
+    path = write_job_toml(
+        tmp_path / "job.toml",
+        topics=[topic],
+        name="hooked",
+        bootstrap_servers=bootstrap,
+        handler={
+            "function": "job_handlers:by_key",
+            "output_schema": OUTPUT_SCHEMA,
+            "paths": [HANDLERS_DIR],
+        },
+        retry={"delays": ["1m"], "max_attempts": 3, "non_retryable": ["ValueError"]},
+        hooks=hooks,
+    )
+    hook_log = tmp_path / "hooks.jsonl"
+    done = run_retrylib(
+        "run",
+        str(path),
+        "--available-now",
+        "--master",
+        "local[2]",
+        env={"RETRYLIB_TEST_HOOK_LOG": str(hook_log)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return hook_log, done
+
+
+def assert_outcomes(spark, tmp_path: Path) -> None:
+    """ok-* in the output table, bad-0 dead-lettered, flaky1-0 waiting in its retry tier."""
+    output = spark.read.format("delta").load(str(tmp_path / "out")).select("key")
+    assert_df_equality(
+        output, spark.createDataFrame([("ok-0",), ("ok-1",)], output.schema), ignore_row_order=True
+    )
+    dead = spark.read.format("delta").load(str(tmp_path / "out_dead_letter"))
+    assert [row["reason"] for row in dead.collect()] == ["non_retryable"]
+
+
+def test_hooks_are_told_of_every_record_and_batch(spark, bootstrap_servers, make_topic, tmp_path):
+    topic = make_topic("hooked", partitions=2)
+    produce(bootstrap_servers, topic, RECORDS, partitions=2)
+
+    hook_log, done = run_hooked_job(tmp_path, bootstrap_servers, topic, HOOKS)
+
+    events = [json.loads(line) for line in hook_log.read_text().splitlines()]
+    by_event: dict[str, list[dict]] = {}
+    for event in events:
+        by_event.setdefault(event.pop("event"), []).append(event)
+    keys = sorted(key for key, _ in RECORDS)
+    assert sorted(e["key"] for e in by_event["before"]) == keys
+    assert sorted((e["key"], e["error"]) for e in by_event["after"]) == [
+        ("bad-0", "ValueError"),
+        ("flaky1-0", "TransientError"),
+        ("ok-0", None),
+        ("ok-1", None),
+    ]
+    assert by_event["retry"] == [{"key": "flaky1-0", "tier": 1}]
+    assert by_event["dead"] == [{"key": "bad-0", "reason": "non_retryable"}]
+    started = [e["batch_id"] for e in by_event["batch_start"]]
+    assert started == [e["batch_id"] for e in by_event["batch_end"]]
+    totals = sum((e["counters"].get("records_main", 0) for e in by_event["batch_end"]), 0)
+    assert totals == len(RECORDS)
+    assert_outcomes(spark, tmp_path)
+
+
+def test_hooks_that_fail_change_nothing_and_are_counted(
+    spark, bootstrap_servers, make_topic, tmp_path
+):
+    topic = make_topic("broken-hooks", partitions=2)
+    produce(bootstrap_servers, topic, RECORDS, partitions=2)
+
+    _, done = run_hooked_job(
+        tmp_path, bootstrap_servers, topic, dict.fromkeys(HOOKS, "lifecycle_hooks:broken")
+    )
+
+    assert_outcomes(spark, tmp_path)
+    metrics = [
+        json.loads(line.split("retrylib.metrics: ", 1)[1])
+        for line in done.stderr.splitlines()
+        if "retrylib.metrics: " in line
+    ]
+    # Per record: before and after; flaky1-0's retry; bad-0's dead letter; two per batch.
+    assert sum(m["hook_errors"] for m in metrics) == 4 * 2 + 1 + 1 + 2 * len(metrics)
+    assert "hook on_batch_start (lifecycle_hooks:broken) raised RuntimeError" in done.stderr
