@@ -23,6 +23,7 @@ from retrylib.kafka.clients import (
     RecordLimits,
     connected_admin,
     ensure_topics,
+    matching_topics,
     partition_counts,
 )
 from retrylib.kafka.offsets import Offsets, offsets_to_json, progress_end_offsets, reached
@@ -81,16 +82,25 @@ def prepare_topics(config: Config) -> dict[str, int]:
     """
     kafka = config.kafka
     admin = connected_admin(kafka.bootstrap_servers, kafka.client_options(), config.kafka_login())
-    main = partition_counts(admin, kafka.topics)
-    missing = [topic for topic in kafka.topics if topic not in main]
-    if missing:
-        raise TopicError(
-            f"kafka.topics: topic(s) {missing} do not exist on {kafka.bootstrap_servers}"
-        )
+    if kafka.topic_pattern is None:
+        main = partition_counts(admin, kafka.topics)
+        missing = [topic for topic in kafka.topics if topic not in main]
+        if missing:
+            raise TopicError(
+                f"kafka.topics: topic(s) {missing} do not exist on {kafka.bootstrap_servers}"
+            )
+    else:
+        main = partition_counts(admin, matching_topics(admin, kafka.topic_pattern))
+        log.info("kafka.topic_pattern %r matches %d topic(s) now", kafka.topic_pattern, len(main))
+    # A pattern job's tiers serve every topic it will match: as many partitions as the
+    # largest one now (one when none matches yet).
+    most = max(main.values(), default=1)
     wanted = {
-        tier.topics[topic]: count for tier in config.retry.tiers for topic, count in main.items()
+        topic: main.get(key, most)
+        for tier in config.retry.tiers
+        for key, topic in tier.topics.items()
     }
-    wanted.update({topic: max(main.values()) for topic in config.dead_letter.topics()})
+    wanted.update({topic: most for topic in config.dead_letter.topics()})
     wanted[produced_topic(config.job.name)] = 1
     tier_configs = {
         topic: {"message.timestamp.after.max.ms": str(delay_ms + TIER_CLOCK_ALLOWANCE_MS)}
@@ -121,7 +131,7 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
     main = {
         **_client_options(kafka.spark_options()),
         **common,
-        "subscribe": ",".join(kafka.topics),
+        **_subscription(kafka),
         **_starting_options(kafka),
     }
     if kafka.starting_timestamp_ms is not None:
@@ -137,6 +147,14 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
         "retrylib.secretOptions": json.dumps(config.secret_options()),
     }
     return main, tiers
+
+
+def _subscription(kafka: KafkaConfig, *tiers: str) -> dict[str, str]:
+    """The source options naming the main topics (or their pattern) and `tiers`."""
+    topics = {"subscribe": ",".join([*kafka.topics, *tiers])} if kafka.topics or tiers else {}
+    if kafka.topic_pattern is not None:
+        topics["subscribePattern"] = kafka.topic_pattern
+    return topics
 
 
 def _starting_options(kafka: KafkaConfig) -> dict[str, str]:
@@ -165,8 +183,8 @@ def _client_options(options: dict[str, str]) -> dict[str, str]:
 def _every_topic(config: Config) -> dict[str, str]:
     """One `retrylib_kafka` source's options for the main topics and the tiers together."""
     _, tiers = source_options(config)
-    topics = [*config.kafka.topics, *sorted(config.retry.tier_delays_ms())]
-    return {**tiers, "subscribe": ",".join(topics), **_starting_options(config.kafka)}
+    subscription = _subscription(config.kafka, *sorted(config.retry.tier_delays_ms()))
+    return {**tiers, **subscription, **_starting_options(config.kafka)}
 
 
 def available_now_target(config: Config) -> Offsets:
@@ -238,8 +256,8 @@ def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) ->
         output_schema=config.handler.output_schema.to_arrow(),
         dead_letter_topic=config.dead_letter.topic,
         retry_topics={
-            topic: tuple(tier.topics[topic] for tier in retry.tiers)
-            for topic in config.kafka.topics
+            key: tuple(tier.topics[key] for tier in retry.tiers)
+            for key in config.kafka.topic_keys()
         },
         tier_delays_ms=retry.delays_ms,
         max_retry_after_ms=retry.max_retry_after_ms,

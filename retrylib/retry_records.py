@@ -42,6 +42,7 @@ from retrylib.retry.policy import (
     describe_error,
     is_due,
     tier_timestamp_ms,
+    tiers_of,
 )
 
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ class RetryRecords:
             now_ms=failed_at,
             first_failure_ms=delivery.first_failure_ms,
         )
-        tier_topics = self.plan.retry_topics.get(record.topic)
+        tier_topics = tiers_of(self.plan.retry_topics, record.topic)
         attempts = record.attempt + 1
         if not isinstance(decision, RetryDecision):
             self.dead_letter(delivery, error, decision.reason, attempts, failed_at)

@@ -32,7 +32,12 @@ from retrylib.config.sections import (
     read_output,
     read_retry,
 )
-from retrylib.config.topics import check_control_topics
+from retrylib.config.topics import (
+    check_control_topics,
+    check_pattern_topics,
+    produced_topic,
+    redriven_topic,
+)
 from retrylib.config.values import Problems, Table
 from retrylib.errors import ConfigError
 
@@ -201,6 +206,11 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
         tables["output"].values["table"],
     )
     metrics = read_metrics(tables["metrics"])
+    if kafka and kafka.topic_pattern and retry and dead_letter and job_name:
+        own = {topic: "retry tier topic" for topic in retry.tier_topics()}
+        own.update((topic, "dead-letter topic") for topic in dead_letter.topics())
+        own[produced_topic(job_name)] = own[redriven_topic(job_name)] = "control topic"
+        check_pattern_topics(root.problems, "kafka.topic_pattern", kafka.topic_pattern, own)
     hooks = read_hooks(tables["hooks"], handler.kind if handler else None)
     check_control_topics(root.problems, tables)
     check_locations(root.problems, tables)

@@ -8,6 +8,7 @@ Values that came from `${env:NAME}`, and Kafka options whose names look secret, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
@@ -17,6 +18,7 @@ from retrylib.config.schema import OutputSchema
 from retrylib.delta.table_ref import TableRef
 from retrylib.kafka.clients import is_secret_key
 from retrylib.kafka.security import java_security, librdkafka_security
+from retrylib.retry.policy import ANY_TOPIC
 
 OPTION_TABLES = ("kafka.options", "kafka.java_options", "kafka.librdkafka_options")
 """The dotted keys of the Kafka client option tables: below each, the rest of a key is one
@@ -106,6 +108,17 @@ class KafkaConfig(_ReadOnlyMappings):
     import_paths: tuple[str, ...] = ()  # where the token provider is imported from
     starting_timestamp_ms: int | None = None  # starting_offsets as a time, in epoch ms
     fail_on_data_loss: bool = True
+    topic_pattern: str | None = None  # main topics by name, instead of `topics` (then empty)
+
+    def topic_keys(self) -> tuple[str, ...]:
+        """The main topics as the retry tiers are keyed: each of `topics`, or `ANY_TOPIC`."""
+        return self.topics or (ANY_TOPIC,)
+
+    def matches(self, topic: str) -> bool:
+        """Whether the job reads `topic` as a main topic."""
+        if self.topic_pattern is None:
+            return topic in self.topics
+        return re.fullmatch(self.topic_pattern, topic) is not None
 
     def client_options(self) -> dict[str, str]:
         """The options of every librdkafka client the job makes (without the brokers)."""

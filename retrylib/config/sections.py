@@ -14,6 +14,7 @@ from typing import Any
 from retrylib.config.importing import import_object
 from retrylib.config.locations import check_table_name
 from retrylib.config.model import (
+    ANY_TOPIC,
     BATCH_HOOKS,
     RECORD_HOOKS,
     DeadLetterConfig,
@@ -44,6 +45,7 @@ from retrylib.config.values import (
     STARTING_OFFSETS,
     TEXT,
     TOPIC,
+    TOPIC_PATTERN,
     TOPIC_TEMPLATE,
     Problems,
     Table,
@@ -54,6 +56,8 @@ from retrylib.kafka.clients import JOB_OWNED_OPTIONS, option_problem
 _DEFAULT_DELAYS = ("10s", "1m", "10m")
 _DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"
 _DEFAULT_DEAD_LETTER_TOPIC = "{topic}.{job}.dlt"
+_PATTERN_TOPIC_TEMPLATE = "{job}.retry.{delay}"  # kafka.topic_pattern: the job's own tiers
+_PATTERN_DEAD_LETTER_TOPIC = "{job}.dlt"
 _MIN_DEFAULT_MAX_RETRY_AFTER_MS = 3_600_000
 
 
@@ -67,7 +71,18 @@ def read_job(t: Table) -> JobConfig | None:
 
 def read_kafka(t: Table) -> KafkaConfig | None:
     servers = t.get("bootstrap_servers", TEXT, 'bootstrap_servers = "127.0.0.1:9092"')
-    topics = t.strings("topics", TOPIC, 'topics = ["orders"]')
+    pattern = t.get("topic_pattern", TOPIC_PATTERN, r'topic_pattern = "orders\\..*"', None)
+    if "topic_pattern" in t.data:
+        topics = None
+        if "topics" in t.data:
+            t.get("topics", NON_EMPTY_LIST, 'topics = ["orders"]')
+            t.problems.add(
+                t.path("topic_pattern"), "set together with kafka.topics; keep only one of them"
+            )
+        # The retry tiers of a job reading a pattern are the job's, one set for every topic.
+        t.values["topics"] = None if pattern is None else (ANY_TOPIC,)
+    else:
+        topics = t.strings("topics", TOPIC, 'topics = ["orders"]')
     starting = t.get(
         "starting_offsets", STARTING_OFFSETS, 'starting_offsets = "earliest"', "earliest"
     )
@@ -106,11 +121,17 @@ def read_kafka(t: Table) -> KafkaConfig | None:
                 f"names topics {json.dumps(unknown)} that are not in kafka.topics; "
                 "give offsets only for the topics the job reads",
             )
+    if starting not in (None, "earliest", "latest") and starting_ms is None and pattern:
+        t.problems.add(
+            t.path("starting_offsets"),
+            "gives offsets per topic, but the job reads kafka.topic_pattern, whose topics "
+            'come and go; start from "earliest", "latest" or a time',
+        )
     if not t.ok:
         return None
     return KafkaConfig(
         servers,
-        topics,
+        topics or (),
         starting if isinstance(starting, str) else starting.isoformat(),
         max_offsets,
         source,
@@ -121,6 +142,7 @@ def read_kafka(t: Table) -> KafkaConfig | None:
         librdkafka_options,
         starting_timestamp_ms=starting_ms,
         fail_on_data_loss=fail_on_data_loss,
+        topic_pattern=pattern,
     )
 
 
@@ -269,8 +291,11 @@ def read_retry(
         "non_retryable", EXCEPTION_REF, 'non_retryable = ["ValueError"]', [], empty_ok=True
     )
     explicit = t.strings("topics", TOPIC, 'topics = ["orders.retry.5s", "orders.retry.1m"]', None)
-    template_example = f"topic_template = {json.dumps(_DEFAULT_TOPIC_TEMPLATE)}"
-    template = t.get("topic_template", TOPIC_TEMPLATE, template_example, _DEFAULT_TOPIC_TEMPLATE)
+    default_template = (
+        _PATTERN_TOPIC_TEMPLATE if main_topics == (ANY_TOPIC,) else _DEFAULT_TOPIC_TEMPLATE
+    )
+    template_example = f"topic_template = {json.dumps(default_template)}"
+    template = t.get("topic_template", TOPIC_TEMPLATE, template_example, default_template)
     max_retry_after = t.duration("max_retry_after", 'max_retry_after = "6h"', None, positive=True)
     timeout = t.duration("timeout", 'timeout = "1h"', None, positive=True)
     t.finish()
@@ -303,11 +328,14 @@ def read_dead_letter(
     tiers: tuple[RetryTier, ...] | None,
     output_table: str | None,
 ) -> DeadLetterConfig | None:
-    """The dead-letter topic (default "<first main topic>.<job>.dlt") and table (default
+    """The dead-letter topic (default "<first main topic>.<job>.dlt", or "<job>.dlt" with
+    kafka.topic_pattern) and table (default
     "<output.table>_dead_letter"), the topic distinct from every main and retry topic.
     """
     default_topic = None
-    if main_topics and job_name:
+    if main_topics == (ANY_TOPIC,) and job_name:
+        default_topic = _PATTERN_DEAD_LETTER_TOPIC.format(job=job_name)
+    elif main_topics and job_name:
         default_topic = _DEFAULT_DEAD_LETTER_TOPIC.format(topic=main_topics[0], job=job_name)
     topic = t.get("topic", TOPIC, 'topic = "orders.dlt"', default_topic)
     default_table = f"{output_table.rstrip('/')}_dead_letter" if output_table else None

@@ -5,10 +5,11 @@ retry.topic_template), the two control topics, and the checks that each is a top
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 
 from retrylib.config.durations import format_duration
-from retrylib.config.model import RetryTier
+from retrylib.config.model import ANY_TOPIC, RetryTier
 from retrylib.config.values import TOPIC, Problems, Table, is_topic
 
 _MAX_TOPIC_LENGTH = 249
@@ -62,6 +63,14 @@ def template_tiers(
 ) -> tuple[RetryTier, ...]:
     """Tiers named by retry.topic_template for every main topic and delay."""
     key = t.path("topic_template")
+    if main_topics == (ANY_TOPIC,) and "{topic}" in template:
+        t.problems.add(
+            key,
+            f"uses {{topic}} ({json.dumps(template)}), but a job reading kafka.topic_pattern has "
+            'one set of retry tiers for every topic: use {job} and {delay}, like "{job}.retry.'
+            '{delay}"',
+        )
+        return ()
     tiers = tuple(
         RetryTier(i, delay, {m: _tier_topic(template, m, job_name, delay) for m in main_topics})
         for i, delay in enumerate(delays)
@@ -102,6 +111,24 @@ def _check_distinct_topics(
     for tier in tiers:
         for main, topic in tier.topics.items():
             problems.claim(owners, label(tier.index, main), topic, hint)
+
+
+def check_pattern_topics(
+    problems: Problems, config_key: str, pattern: str, own: Mapping[str, str]
+) -> None:
+    """The main-topic pattern at `config_key` must match none of the job's `own` topics
+    (topic -> what it is): the job would read its own retries or dead letters as new records.
+    """
+    matched = [(topic, what) for topic, what in own.items() if re.fullmatch(pattern, topic)]
+    if not matched:
+        return
+    topic, what = matched[0]
+    more = f" (and {len(matched) - 1} more of its own topics)" if len(matched) > 1 else ""
+    problems.add(
+        config_key,
+        f"matches {json.dumps(topic)}, the job's {what}{more}: the job would read it as a "
+        "main topic; narrow the pattern, or rename that topic",
+    )
 
 
 def check_control_topics(problems: Problems, tables: Mapping[str, Table]) -> None:

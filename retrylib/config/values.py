@@ -81,6 +81,16 @@ def instant_ms(value: object) -> int | None:
     return round(value.timestamp() * 1000)
 
 
+def _is_pattern(value: object) -> bool:
+    if not _is_text(value):
+        return False
+    try:
+        re.compile(value)
+    except re.error:
+        return False
+    return True
+
+
 def _is_starting_offsets(value: object) -> bool:
     if value in ("earliest", "latest") or instant_ms(value) is not None:
         return True
@@ -114,6 +124,7 @@ EXCEPTION_REF = Kind(
     'a builtin exception name or "package.module:Class"', _matches(r"[\w.]+(:[\w.]+)?")
 )
 PERCENT = Kind('a percentage from "0%" to "100%"', _is_percent)
+TOPIC_PATTERN = Kind("a regular expression a whole topic name must match", _is_pattern)
 TOPIC_TEMPLATE = Kind("a pattern using only {topic} and {delay}", _is_topic_template)
 SOURCE = _one_of("auto", "builtin", "python")
 HANDLER_KIND = _one_of("record", "arrow", "pandas")

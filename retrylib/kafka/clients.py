@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 
@@ -34,7 +35,10 @@ _SECRET_MARKERS = (
     "oauthbearer.config",
 )
 _STARTING_TIME = 'a new job starts from a time with kafka.starting_offsets = "2026-11-01T08:00:00Z"'
-_USE_TOPICS = "the job subscribes to kafka.topics and its retry tiers; list topics there"
+_USE_TOPICS = (
+    "the job subscribes to its retry tiers and kafka.topics (or kafka.topic_pattern); "
+    "name the main topics there"
+)
 _SERIALIZED = "records are read and written as bytes; decode and encode them in the handler"
 JOB_OWNED_OPTIONS = {
     "bootstrap.servers": "the brokers come from kafka.bootstrap_servers; set them there",
@@ -282,6 +286,20 @@ def topic_partitions(
         if info is not None and info.error is None and info.partitions:
             found[topic] = sorted(info.partitions)
     return found
+
+
+def matching_topics(
+    client: AdminClient | Consumer, pattern: str, timeout: float = 15.0
+) -> list[str]:
+    """The existing topics whose whole name matches `pattern`, sorted; Kafka's internal ones
+    (named "__...") left out, as Kafka's consumers leave them out of pattern subscriptions.
+
+    Raises `KafkaException` when the broker does not answer within `timeout`.
+    """
+    names = client.list_topics(timeout=timeout).topics
+    return sorted(
+        name for name in names if not name.startswith("__") and re.fullmatch(pattern, name)
+    )
 
 
 def partition_counts(

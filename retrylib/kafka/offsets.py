@@ -57,12 +57,15 @@ def parse_topics(value: str | None) -> list[str]:
     return topics
 
 
-def parse_starting_offsets(value: str | None, topics: Collection[str]) -> StartingOffsets:
+def parse_starting_offsets(
+    value: str | None, topics: Collection[str], *, any_topic: bool = False
+) -> StartingOffsets:
     """Parse `startingOffsets`: "earliest" (the default), "latest", or JSON per partition.
 
     The JSON form is `{"topic": {"0": 23, "1": -2}}` with -2 for earliest and -1 for latest;
     partitions it does not name start at earliest. Raises `ValueError` naming the option and
-    the bad part: malformed JSON, a topic outside `topics`, a bad partition or offset.
+    the bad part: malformed JSON, a topic outside `topics` (unless `any_topic`: a pattern
+    subscription), a bad partition or offset.
     """
     text = (value or "earliest").strip()
     if text.lower() == "earliest":
@@ -77,7 +80,7 @@ def parse_starting_offsets(value: str | None, topics: Collection[str]) -> Starti
         ) from e
     explicit = offsets_from_json(parsed, what=f"option startingOffsets={value!r}", minimum=-2)
     unknown = sorted({topic for topic, _ in explicit} - set(topics))
-    if unknown:
+    if unknown and not any_topic:
         raise ValueError(
             f"option startingOffsets={value!r} names topic(s) {unknown} "
             f"that are not in subscribe {sorted(topics)}"

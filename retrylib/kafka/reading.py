@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from confluent_kafka import (
     Consumer,
@@ -29,8 +30,16 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from retrylib.errors import MarkerReadError
-from retrylib.kafka.clients import client_config, make_consumer, topic_partitions
+from retrylib.kafka.clients import (
+    client_config,
+    make_consumer,
+    matching_topics,
+    topic_partitions,
+)
 from retrylib.kafka.offsets import PartitionKey
+
+if TYPE_CHECKING:
+    from retrylib.config.model import KafkaConfig
 
 READ_TO_END_OPTIONS = {
     "isolation.level": "read_committed",
@@ -102,6 +111,15 @@ class KafkaOffsets:
         Raises `KafkaException` when the broker does not answer within the timeout.
         """
         return topic_partitions(self.admin, topics, self.timeout)
+
+    def main_topics(self, kafka: KafkaConfig) -> tuple[str, ...]:
+        """The job's main topics: `kafka.topics`, or the topics matching its pattern now.
+
+        Raises `KafkaException` when the broker does not answer within the timeout.
+        """
+        if kafka.topic_pattern is None:
+            return kafka.topics
+        return tuple(matching_topics(self.admin, kafka.topic_pattern, self.timeout))
 
     def latest(self, keys: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
         return self._list({key: OffsetSpec.latest() for key in keys})

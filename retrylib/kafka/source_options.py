@@ -9,6 +9,7 @@ source's own `retrylib.*` ones, described in `retrylib.kafka.tier_source`.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -26,6 +27,9 @@ from retrylib.kafka.offsets import (
 
 OPTION_BOOTSTRAP = "kafka.bootstrap.servers"
 OPTION_SUBSCRIBE = "subscribe"
+OPTION_SUBSCRIBE_PATTERN = "subscribePattern"
+"""A regular expression: every topic whose whole name matches it is read too, as it comes
+and goes (Kafka's internal "__" topics excepted)."""
 OPTION_STARTING_OFFSETS = "startingOffsets"
 OPTION_STARTING_TIMESTAMP = "startingTimestamp"
 """Epoch ms: a new query starts each partition at its first record at or after it, or at
@@ -48,6 +52,7 @@ _KNOWN_OPTIONS = {
     for name in (
         OPTION_BOOTSTRAP,
         OPTION_SUBSCRIBE,
+        OPTION_SUBSCRIBE_PATTERN,
         OPTION_STARTING_OFFSETS,
         OPTION_STARTING_TIMESTAMP,
         OPTION_FAIL_ON_DATA_LOSS,
@@ -70,7 +75,7 @@ class SourceOptions:
     """The parsed options of one `retrylib_kafka` stream (see `parse_source_options`)."""
 
     bootstrap_servers: str
-    topics: list[str]
+    topics: list[str]  # named ones; with topic_pattern, possibly none
     starting_offsets: StartingOffsets
     max_offsets_per_trigger: int | None = None
     delays_ms: dict[str, int] = field(default_factory=dict)  # retry tier topic -> its delay
@@ -81,6 +86,7 @@ class SourceOptions:
     range_groups: int | None = None  # with emit_ranges: at most this many input partitions
     available_now_offsets: Offsets | None = None  # the end of an availableNow run on 4.0/4.1
     fail_on_data_loss: bool = True  # false: deleted records and topics are skipped, warned of
+    topic_pattern: str | None = None  # topics read besides `topics`, by whole-name match
 
     @property
     def schema(self) -> StructType:
@@ -110,7 +116,14 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     bootstrap = lowered.get(OPTION_BOOTSTRAP.lower(), "").strip()
     if not bootstrap:
         raise ValueError(f"option {OPTION_BOOTSTRAP} is required")
-    topics = parse_topics(lowered.get(OPTION_SUBSCRIBE.lower()))
+    pattern = lowered.get(OPTION_SUBSCRIBE_PATTERN.lower())
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"option {OPTION_SUBSCRIBE_PATTERN}={pattern!r}: {e}") from e
+    subscribe = lowered.get(OPTION_SUBSCRIBE.lower())
+    topics = [] if pattern is not None and subscribe is None else parse_topics(subscribe)
     emit = lowered.get(OPTION_EMIT.lower(), "records").strip().lower()
     if emit not in _EMIT_VALUES:
         raise ValueError(f"option {OPTION_EMIT}={emit!r} must be one of {list(_EMIT_VALUES)}")
@@ -124,7 +137,9 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         bootstrap_servers=bootstrap,
         topics=topics,
         starting_offsets=(
-            parse_starting_offsets(lowered.get(OPTION_STARTING_OFFSETS.lower()), topics)
+            parse_starting_offsets(
+                lowered.get(OPTION_STARTING_OFFSETS.lower()), topics, any_topic=pattern is not None
+            )
             if starting_ms is None
             else StartingOffsets(AT_TIMESTAMP, timestamp_ms=starting_ms)
         ),
@@ -138,6 +153,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         range_groups=_int_option(lowered, OPTION_RANGE_GROUPS, 1),
         available_now_offsets=_offsets_option(lowered, OPTION_AVAILABLE_NOW_OFFSETS, topics),
         fail_on_data_loss=fail_on_data_loss == "true",
+        topic_pattern=pattern,
     )
 
 

@@ -47,7 +47,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import StructType
 
 from retrylib.errors import KafkaSourceError, TopicError
-from retrylib.kafka.clients import make_consumer, topic_partitions
+from retrylib.kafka.clients import make_consumer, matching_topics, topic_partitions
 from retrylib.kafka.offsets import (
     EARLIEST,
     LATEST,
@@ -324,6 +324,7 @@ class _Metadata:
 
     def __init__(self, options: SourceOptions) -> None:
         self._topics = options.topics
+        self._pattern = options.topic_pattern
         self._fail_on_data_loss = options.fail_on_data_loss
         self._missing: list[str] = []  # subscribed topics found missing at the last look
         self._consumer = make_consumer(
@@ -333,13 +334,18 @@ class _Metadata:
         )
 
     def partitions(self) -> list[PartitionKey]:
-        """Every partition of the subscribed topics, from fresh metadata.
+        """Every partition of the subscribed topics, and of the topics matching
+        `subscribePattern` now, from fresh metadata.
 
         Raises `TopicError` naming the subscribed topics that do not exist, unless
         `failOnDataLoss` is false: then they are left out, with a warning each time the set
         of missing topics changes (a topic created again is read from its earliest offset).
         """
-        found = topic_partitions(self._consumer, self._topics, METADATA_TIMEOUT_S)
+        topics = self._topics
+        if self._pattern is not None:
+            matching = matching_topics(self._consumer, self._pattern, METADATA_TIMEOUT_S)
+            topics = [*topics, *(topic for topic in matching if topic not in topics)]
+        found = topic_partitions(self._consumer, topics, METADATA_TIMEOUT_S)
         missing = [topic for topic in self._topics if topic not in found]
         if missing and self._fail_on_data_loss:
             raise TopicError(
@@ -354,7 +360,7 @@ class _Metadata:
                     "(failOnDataLoss is false); records they held and were not read are lost",
                     missing,
                 )
-        return [(topic, p) for topic in self._topics if topic in found for p in found[topic]]
+        return [(topic, p) for topic in topics if topic in found for p in found[topic]]
 
     def list_offsets(self, partitions: Sequence[PartitionKey], timestamp: int) -> Offsets:
         """`offsets_for_times` for `partitions`: `EARLIEST`, `LATEST` or epoch ms.

@@ -18,6 +18,7 @@ from retrylib.config.topics import produced_topic
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import kafka_error_text
 from retrylib.kafka.reading import KafkaOffsets
+from retrylib.retry.policy import ANY_TOPIC
 from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:
@@ -61,8 +62,9 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
     }
     internal = produced_topic(config.job.name)
     try:
+        main_topics = lookups.main_topics(kafka)
         found = lookups.partitions(
-            [*kafka.topics, *tier_topics, *config.dead_letter.topics(), internal]
+            [*main_topics, *tier_topics, *config.dead_letter.topics(), internal]
         )
     except KafkaException as e:
         reason = errors[0] if errors else kafka_error_text(e)
@@ -82,12 +84,16 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
         )
         for i, topic in enumerate(kafka.topics)
     ]
+    if kafka.topic_pattern is not None:
+        for topic in main_topics:
+            label = f"main topic {topic!r} (matches kafka.topic_pattern)"
+            wanted.append((topic, label, Finding("note", f"{label} was deleted while checked")))
     others = [
         *(
             (
                 topic,
                 f"retry topic {topic!r} (tier {tier.index + 1}, "
-                f"{format_duration(tier.delay_ms)}, for {main!r})",
+                f"{format_duration(tier.delay_ms)}, for {_main_label(main)})",
             )
             for topic, (tier, main) in tier_topics.items()
         ),
@@ -105,6 +111,14 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
             )
         wanted.append((topic, label, missing))
     findings = [Finding("ok", f"broker {shown_servers} reachable")]
+    if kafka.topic_pattern is not None and not main_topics:
+        findings.append(
+            Finding(
+                "warning",
+                f"kafka.topic_pattern {kafka.topic_pattern!r} matches no topic on "
+                f"{shown_servers} yet; the job reads each one it matches once it exists",
+            )
+        )
     for topic, label, missing in wanted:
         if topic in found:
             findings.append(Finding("ok", f"{label}: {len(found[topic])} partitions"))
@@ -153,3 +167,7 @@ def _table_findings(spark: SparkSession, config: Config) -> list[Finding]:
                 )
             )
     return findings
+
+
+def _main_label(main: str) -> str:
+    return "every topic of kafka.topic_pattern" if main == ANY_TOPIC else repr(main)

@@ -118,11 +118,12 @@ def collect_status(
 def _main_topics(
     config: Config, kafka: KafkaOffsets, position: Mapping[PartitionKey, int], known: bool
 ) -> list[dict[str, Any]]:
-    found = kafka.partitions(config.kafka.topics)
+    topics = kafka.main_topics(config.kafka)
+    found = kafka.partitions(topics)
     keys = [(topic, p) for topic, partitions in found.items() for p in partitions]
     latest = kafka.latest(keys)
     result = []
-    for topic in config.kafka.topics:
+    for topic in topics:
         if topic not in found:
             result.append({"topic": topic, "exists": False, "partitions": 0, "lag": None})
             continue

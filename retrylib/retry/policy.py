@@ -10,13 +10,22 @@ from __future__ import annotations
 import hashlib
 import math
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from retrylib.config.importing import import_object
 from retrylib.errors import NonRetryable, RetryAfter
 from retrylib.retry.headers import MAX_ERROR_MESSAGE_BYTES, MAX_STACK_TRACE_BYTES, bound_text
 from retrylib.retry.outcomes import Reason
+
+ANY_TOPIC = "*"
+"""The main-topic key of the retry tiers of a job reading `kafka.topic_pattern`: one set of
+tiers for every topic it matches ("*" is no Kafka topic name)."""
+
+
+def tiers_of(retry_topics: Mapping[str, tuple[str, ...]], topic: str) -> tuple[str, ...] | None:
+    """The retry tier topics of main topic `topic` (`ANY_TOPIC`'s for a pattern), or None."""
+    return retry_topics.get(topic, retry_topics.get(ANY_TOPIC))
 
 
 @dataclass(frozen=True)

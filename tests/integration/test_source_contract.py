@@ -1,11 +1,12 @@
-"""Where a new job starts reading, and what it does with records Kafka deleted before it
-read them: `retrylib run` as a user runs it, with Spark's Kafka connector and with
-retrylib's own source reading the main topics."""
+"""Which topics a job reads (a pattern too), where a new job starts, and what it does with
+records Kafka deleted before it read them: `retrylib run` as a user runs it, with Spark's
+Kafka connector and with retrylib's own source reading the main topics."""
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from chispa import assert_df_equality
 from confluent_kafka import TopicPartition
 from helpers import produce, run_retrylib, write_job_toml
 
-from retrylib.kafka.clients import make_admin
+from retrylib.kafka.clients import ensure_topics, make_admin
 
 pytestmark = pytest.mark.every_spark
 
@@ -23,14 +24,15 @@ SOURCES = ["builtin", "python"]
 OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"
 
 
-def run_job(tmp_path: Path, bootstrap: str, topic: str, source: str, **kafka: object):
-    """`retrylib run --available-now` of a job handling `topic` with `job_handlers:by_key`."""
+def run_job(tmp_path: Path, bootstrap: str, topic: str | None, source: str, **kafka: object):
+    """`retrylib run --available-now` of a job handling `topic` (None: the kafka options
+    name the topics) with `job_handlers:by_key`."""
     path = write_job_toml(
         tmp_path / "job.toml",
-        topics=[topic],
+        topics=[topic] if topic else (),
         name=f"contract-{source}",
         bootstrap_servers=bootstrap,
-        kafka={"source": source, **kafka},
+        kafka={"source": source, "topics": [topic] if topic else None, **kafka},
         handler={
             "function": "job_handlers:by_key",
             "output_schema": OUTPUT_SCHEMA,
@@ -119,3 +121,30 @@ def test_records_deleted_before_the_read_fail_the_job_by_default(
     assert f"records {topic}[0]@0..3 were deleted from Kafka before they were read" in done.stderr
     assert "kafka.fail_on_data_loss = false skips them" in done.stderr
     assert_output_keys(spark, tmp_path, [])  # created at start, nothing appended
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_pattern_job_reads_every_matching_topic_and_those_created_later(
+    spark, bootstrap_servers, tmp_path, source
+):
+    prefix = f"pat-{uuid.uuid4().hex[:8]}"
+    admin = make_admin(bootstrap_servers, {})
+    ensure_topics(admin, {f"{prefix}-a": 2, f"{prefix}-b": 1}, create=True)
+    produce(bootstrap_servers, f"{prefix}-a", [("ok-a0", "v"), ("ok-a1", "v"), ("flaky1-a", "v")])
+    produce(bootstrap_servers, f"{prefix}-b", [("ok-b0", "v")])
+    pattern = {"topic_pattern": f"{prefix}-[a-z]"}
+
+    first = run_job(tmp_path, bootstrap_servers, None, source, **pattern)
+    ensure_topics(admin, {f"{prefix}-c": 1}, create=True)
+    produce(bootstrap_servers, f"{prefix}-c", [("ok-c0", "v")])
+    time.sleep(1.5)  # flaky1-a's retry (1s tier) is due after this
+    second = run_job(tmp_path, bootstrap_servers, None, source, **pattern)
+    status = run_retrylib("status", str(tmp_path / "job.toml"), "--json")
+
+    for done in (first, second, status):
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert_output_keys(spark, tmp_path, ["ok-a0", "ok-a1", "flaky1-a", "ok-b0", "ok-c0"])
+    main_topics = json.loads(status.stdout)["main_topics"]
+    assert [(t["topic"], t["lag"]) for t in main_topics] == [
+        (f"{prefix}-{name}", 0) for name in "abc"
+    ]

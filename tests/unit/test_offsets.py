@@ -278,6 +278,18 @@ def test_source_starting_timestamp_wins_over_starting_offsets() -> None:
     assert options.fail_on_data_loss is True
 
 
+def test_source_reads_a_pattern_with_or_without_named_topics() -> None:
+    pattern_only = parse_source_options(
+        {"kafka.bootstrap.servers": "h:9092", "subscribePattern": "o.*"}
+    )
+    assert (pattern_only.topics, pattern_only.topic_pattern) == ([], "o.*")
+    both = parse_source_options(
+        {**BASE, "subscribePattern": "o.*", "startingOffsets": '{"o1": {"0": 3}}'}
+    )
+    assert (both.topics, both.topic_pattern) == (["a", "b"], "o.*")
+    assert both.starting_offsets == StartingOffsets(EARLIEST, {("o1", 0): 3})
+
+
 def test_source_fail_on_data_loss_is_read_as_spark_spells_it() -> None:
     assert parse_source_options({**BASE, "FAILONDATALOSS": "False"}).fail_on_data_loss is False
 
@@ -292,7 +304,8 @@ def test_source_emits_offset_ranges_when_asked() -> None:
     ("options", "message"),
     [
         ({"subscribe": "a"}, "kafka.bootstrap.servers is required"),
-        ({**BASE, "subscribePattern": "a.*"}, "unknown option 'subscribepattern'"),
+        ({**BASE, "assign": '{"a": [0]}'}, "unknown option 'assign'"),
+        ({**BASE, "subscribePattern": "a(["}, r"option subscribePattern='a\(\[':"),
         ({**BASE, "kafka.auto.offset.reset": "latest"}, "kafka.auto.offset.reset"),
         ({**BASE, "maxOffsetsPerTrigger": "0"}, r"maxOffsetsPerTrigger='0' must be"),
         ({**BASE, "retrylib.topicDelaysMs": "soon"}, "must be a JSON object of topic: delay"),
