@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -204,8 +205,13 @@ def _held_to(options: dict[str, str], target: Offsets | None) -> dict[str, str]:
     """`options` of a `retrylib_kafka` source, told to read no further than `target`."""
     if target is None:
         return options
-    topics = set(options["subscribe"].split(","))
-    mine = {key: offset for key, offset in target.items() if key[0] in topics}
+    topics = set(options.get("subscribe", "").split(","))
+    pattern = options.get("subscribePattern")
+
+    def reads(topic: str) -> bool:
+        return topic in topics or (pattern is not None and re.fullmatch(pattern, topic) is not None)
+
+    mine = {key: offset for key, offset in target.items() if reads(key[0])}
     return {**options, OPTION_AVAILABLE_NOW_OFFSETS: json.dumps(offsets_to_json(mine))}
 
 

@@ -151,7 +151,9 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         secret_options=_secret_options(lowered.get(OPTION_SECRET_OPTIONS.lower())),
         emit_ranges=emit == "ranges",
         range_groups=_int_option(lowered, OPTION_RANGE_GROUPS, 1),
-        available_now_offsets=_offsets_option(lowered, OPTION_AVAILABLE_NOW_OFFSETS, topics),
+        available_now_offsets=_offsets_option(
+            lowered, OPTION_AVAILABLE_NOW_OFFSETS, topics, pattern
+        ),
         fail_on_data_loss=fail_on_data_loss == "true",
         topic_pattern=pattern,
     )
@@ -170,8 +172,11 @@ def _secret_options(raw: str | None) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _offsets_option(options: Mapping[str, str], name: str, topics: list[str]) -> Offsets | None:
-    """Offsets JSON of subscribed topics; raises `ValueError` naming the option and the fault."""
+def _offsets_option(
+    options: Mapping[str, str], name: str, topics: list[str], pattern: str | None
+) -> Offsets | None:
+    """Offsets JSON of subscribed topics (named, or matching `pattern`); raises `ValueError`
+    naming the option and the fault."""
     raw = options.get(name.lower())
     if raw is None:
         return None
@@ -180,7 +185,11 @@ def _offsets_option(options: Mapping[str, str], name: str, topics: list[str]) ->
     except ValueError as e:
         raise ValueError(f"option {name}={raw!r} is not JSON: {e}") from e
     offsets = offsets_from_json(parsed, what=f"option {name}")
-    unknown = sorted({topic for topic, _ in offsets} - set(topics))
+    unknown = sorted(
+        topic
+        for topic in {topic for topic, _ in offsets} - set(topics)
+        if pattern is None or re.fullmatch(pattern, topic) is None
+    )
     if unknown:
         raise ValueError(f"option {name} names topic(s) {unknown} that are not subscribed")
     return offsets

@@ -9,7 +9,7 @@ import pytest
 from helpers import problem_for, write_literal_config
 
 from retrylib.config.loader import load_config
-from retrylib.job import _every_topic, source_options, task_plan
+from retrylib.job import _every_topic, _held_to, source_options, task_plan
 from retrylib.kafka.source_options import parse_source_options
 
 PATTERN = {"kafka.topics": None, "kafka.topic_pattern": "'orders-[a-z]+'"}
@@ -37,6 +37,16 @@ def test_a_pattern_reaches_both_sources(tmp_path: Path) -> None:
     every_topic = parse_source_options(_every_topic(config))
     assert every_topic.topic_pattern == "orders-[a-z]+"
     assert every_topic.topics == sorted(config.retry.tier_topics())
+
+
+def test_an_available_now_run_holds_the_matched_topics_to_its_target(tmp_path: Path) -> None:
+    """Spark 4.0/4.1: the source is told where the run ends for every topic it reads,
+    named or matched, and for no other."""
+    config = load_config(write_literal_config(tmp_path, PATTERN))
+    tier = config.retry.tier_topics()[0]
+    target = {("orders-eu", 0): 5, (tier, 1): 2, ("invoices", 0): 9}
+    options = parse_source_options(_held_to(_every_topic(config), target))
+    assert options.available_now_offsets == {("orders-eu", 0): 5, (tier, 1): 2}
 
 
 @pytest.mark.parametrize(
