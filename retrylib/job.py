@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -24,10 +23,15 @@ from retrylib.kafka.clients import (
     RecordLimits,
     connected_admin,
     ensure_topics,
-    matching_topics,
     partition_counts,
 )
-from retrylib.kafka.offsets import Offsets, offsets_to_json, progress_end_offsets, reached
+from retrylib.kafka.offsets import (
+    Offsets,
+    offsets_to_json,
+    progress_end_offsets,
+    reached,
+    subscribed,
+)
 from retrylib.kafka.record_size import producer_batch_bytes
 from retrylib.kafka.source_options import OPTION_AVAILABLE_NOW_OFFSETS, parse_source_options
 from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
@@ -83,15 +87,13 @@ def prepare_topics(config: Config) -> dict[str, int]:
     """
     kafka = config.kafka
     admin = connected_admin(kafka.bootstrap_servers, kafka.client_options(), config.kafka_login())
-    if kafka.topic_pattern is None:
-        main = partition_counts(admin, kafka.topics)
-        missing = [topic for topic in kafka.topics if topic not in main]
-        if missing:
-            raise TopicError(
-                f"kafka.topics: topic(s) {missing} do not exist on {kafka.bootstrap_servers}"
-            )
-    else:
-        main = partition_counts(admin, matching_topics(admin, kafka.topic_pattern))
+    main = partition_counts(admin, kafka.topics, pattern=kafka.topic_pattern)
+    missing = [topic for topic in kafka.topics if topic not in main]
+    if missing:
+        raise TopicError(
+            f"kafka.topics: topic(s) {missing} do not exist on {kafka.bootstrap_servers}"
+        )
+    if kafka.topic_pattern is not None:
         log.info("kafka.topic_pattern %r matches %d topic(s) now", kafka.topic_pattern, len(main))
     # A pattern job's tiers serve every topic it will match: as many partitions as the
     # largest one now (one when none matches yet).
@@ -205,13 +207,9 @@ def _held_to(options: dict[str, str], target: Offsets | None) -> dict[str, str]:
     """`options` of a `retrylib_kafka` source, told to read no further than `target`."""
     if target is None:
         return options
-    topics = set(options.get("subscribe", "").split(","))
+    topics = options.get("subscribe", "").split(",")
     pattern = options.get("subscribePattern")
-
-    def reads(topic: str) -> bool:
-        return topic in topics or (pattern is not None and re.fullmatch(pattern, topic) is not None)
-
-    mine = {key: offset for key, offset in target.items() if reads(key[0])}
+    mine = {key: offset for key, offset in target.items() if subscribed(key[0], topics, pattern)}
     return {**options, OPTION_AVAILABLE_NOW_OFFSETS: json.dumps(offsets_to_json(mine))}
 
 

@@ -112,7 +112,7 @@ def input_lag(
     earliest offset.
     """
     delays = config.retry.tier_delays_ms()
-    found = kafka.partitions([*kafka.main_topics(config.kafka), *delays])
+    found = kafka.partitions([*config.kafka.topics, *delays], config.kafka.topic_pattern)
     keys = [(topic, p) for topic, partitions in found.items() for p in partitions]
     latest = kafka.latest(keys)
     start = dict(end)

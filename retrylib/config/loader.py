@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from retrylib.config.locations import check_locations
-from retrylib.config.model import BATCH_HOOKS, OPTION_TABLES, RECORD_HOOKS, Config
+from retrylib.config.model import OPTION_TABLES, Config
 from retrylib.config.sections import (
     check_callable,
     check_exception_classes,
@@ -233,7 +233,7 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
             handler_paths,
         )
     if check_imports and hooks and handler_paths:
-        for name, reference in hooks.references((*RECORD_HOOKS, *BATCH_HOOKS)).items():
+        for name, reference in hooks.references().items():
             check_callable(root.problems, f"hooks.{name}", reference, handler_paths)
     if not (job and kafka and handler and output and retry and dead_letter and metrics and hooks):
         return None

@@ -8,7 +8,6 @@ Values that came from `${env:NAME}`, and Kafka options whose names look secret, 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
@@ -113,12 +112,6 @@ class KafkaConfig(_ReadOnlyMappings):
     def topic_keys(self) -> tuple[str, ...]:
         """The main topics as the retry tiers are keyed: each of `topics`, or `ANY_TOPIC`."""
         return self.topics or (ANY_TOPIC,)
-
-    def matches(self, topic: str) -> bool:
-        """Whether the job reads `topic` as a main topic."""
-        if self.topic_pattern is None:
-            return topic in self.topics
-        return re.fullmatch(self.topic_pattern, topic) is not None
 
     def client_options(self) -> dict[str, str]:
         """The options of every librdkafka client the job makes (without the brokers)."""
@@ -229,6 +222,7 @@ RECORD_HOOKS = ("before_record", "after_record", "on_retry", "on_dead_letter")
 """The hooks called on the executors, per record (see `retrylib.hooks`)."""
 BATCH_HOOKS = ("on_batch_start", "on_batch_end")
 """The hooks called on the driver, per batch."""
+HOOKS = (*RECORD_HOOKS, *BATCH_HOOKS)
 
 
 @dataclass(frozen=True)
@@ -242,7 +236,7 @@ class HooksConfig:
     on_batch_start: str | None = None
     on_batch_end: str | None = None
 
-    def references(self, names: tuple[str, ...]) -> dict[str, str]:
+    def references(self, names: tuple[str, ...] = HOOKS) -> dict[str, str]:
         """Hook name -> reference, for those of `names` that are set."""
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 

@@ -15,8 +15,7 @@ from retrylib.config.importing import import_object
 from retrylib.config.locations import check_table_name
 from retrylib.config.model import (
     ANY_TOPIC,
-    BATCH_HOOKS,
-    RECORD_HOOKS,
+    HOOKS,
     DeadLetterConfig,
     HandlerConfig,
     HooksConfig,
@@ -113,7 +112,8 @@ def read_kafka(t: Table) -> KafkaConfig | None:
     t.finish()
     if security is not None:
         check_security(t, security, options, java_options, librdkafka_options, source)
-    if starting not in (None, "earliest", "latest") and starting_ms is None and topics:
+    per_partition = starting not in (None, "earliest", "latest") and starting_ms is None
+    if per_partition and topics:
         unknown = sorted(set(json.loads(starting)) - set(topics))
         if unknown:
             t.problems.add(
@@ -121,7 +121,7 @@ def read_kafka(t: Table) -> KafkaConfig | None:
                 f"names topics {json.dumps(unknown)} that are not in kafka.topics; "
                 "give offsets only for the topics the job reads",
             )
-    if starting not in (None, "earliest", "latest") and starting_ms is None and pattern:
+    if per_partition and pattern:
         t.problems.add(
             t.path("starting_offsets"),
             "gives offsets per topic, but the job reads kafka.topic_pattern, whose topics "
@@ -379,8 +379,7 @@ def read_hooks(t: Table, handler_kind: str | None) -> HooksConfig | None:
     """[hooks]: each hook a "module:function"; the two around a handler call only when the
     handler takes one record at a time."""
     references = {
-        name: t.get(name, FUNCTION_REF, f'{name} = "hooks:{name}"', None)
-        for name in (*RECORD_HOOKS, *BATCH_HOOKS)
+        name: t.get(name, FUNCTION_REF, f'{name} = "hooks:{name}"', None) for name in HOOKS
     }
     t.finish()
     if handler_kind not in (None, "record"):

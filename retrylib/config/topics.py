@@ -5,12 +5,12 @@ retry.topic_template), the two control topics, and the checks that each is a top
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 
 from retrylib.config.durations import format_duration
 from retrylib.config.model import ANY_TOPIC, RetryTier
 from retrylib.config.values import TOPIC, Problems, Table, is_topic
+from retrylib.kafka.offsets import subscribed
 
 _MAX_TOPIC_LENGTH = 249
 
@@ -119,7 +119,7 @@ def check_pattern_topics(
     """The main-topic pattern at `config_key` must match none of the job's `own` topics
     (topic -> what it is): the job would read its own retries or dead letters as new records.
     """
-    matched = [(topic, what) for topic, what in own.items() if re.fullmatch(pattern, topic)]
+    matched = [(topic, what) for topic, what in own.items() if subscribed(topic, (), pattern)]
     if not matched:
         return
     topic, what = matched[0]

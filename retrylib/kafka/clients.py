@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 
@@ -20,6 +19,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from retrylib.config.importing import import_object
 from retrylib.errors import KafkaConnectError, TopicError
+from retrylib.kafka.offsets import subscribed
 from retrylib.kafka.record_size import MIN_RECORD_LIMIT_BYTES, largest_record, producer_limit
 from retrylib.logs import KAFKA_CLIENT_LOGGER, redact, redact_secrets
 
@@ -272,41 +272,41 @@ def connected_admin(
 
 
 def topic_partitions(
-    client: AdminClient | Consumer, topics: Iterable[str], timeout: float = 15.0
+    client: AdminClient | Consumer,
+    topics: Iterable[str],
+    timeout: float = 15.0,
+    pattern: str | None = None,
 ) -> dict[str, list[int]]:
-    """Partition numbers of each existing topic among `topics`, from `client`'s fresh
+    """Partition numbers of each existing topic among `topics`, then of every topic whose
+    whole name matches `pattern` (sorted; Kafka's internal "__" topics left out, as Kafka's
+    consumers leave them out of pattern subscriptions), from one fetch of `client`'s fresh
     metadata; missing topics (and topics the broker reports an error for) are left out.
 
     Raises `KafkaException` when the broker does not answer within `timeout`.
     """
     metadata = client.list_topics(timeout=timeout)
+    wanted = list(topics)
+    if pattern is not None:
+        wanted += sorted(
+            name
+            for name in metadata.topics
+            if name not in wanted and not name.startswith("__") and subscribed(name, (), pattern)
+        )
     found = {}
-    for topic in topics:
+    for topic in wanted:
         info = metadata.topics.get(topic)
         if info is not None and info.error is None and info.partitions:
             found[topic] = sorted(info.partitions)
     return found
 
 
-def matching_topics(
-    client: AdminClient | Consumer, pattern: str, timeout: float = 15.0
-) -> list[str]:
-    """The existing topics whose whole name matches `pattern`, sorted; Kafka's internal ones
-    (named "__...") left out, as Kafka's consumers leave them out of pattern subscriptions.
-
-    Raises `KafkaException` when the broker does not answer within `timeout`.
-    """
-    names = client.list_topics(timeout=timeout).topics
-    return sorted(
-        name for name in names if not name.startswith("__") and re.fullmatch(pattern, name)
-    )
-
-
 def partition_counts(
-    admin: AdminClient, topics: Iterable[str], timeout: float = 15.0
+    admin: AdminClient, topics: Iterable[str], timeout: float = 15.0, pattern: str | None = None
 ) -> dict[str, int]:
-    """Partition count of each existing topic among `topics`; missing topics are left out."""
-    return {topic: len(p) for topic, p in topic_partitions(admin, topics, timeout).items()}
+    """Partition count of each existing topic among `topics` and matching `pattern` (see
+    `topic_partitions`); missing topics are left out."""
+    found = topic_partitions(admin, topics, timeout, pattern)
+    return {topic: len(partitions) for topic, partitions in found.items()}
 
 
 def ensure_topics(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
 
 from confluent_kafka import (
     Consumer,
@@ -33,13 +32,9 @@ from retrylib.errors import MarkerReadError
 from retrylib.kafka.clients import (
     client_config,
     make_consumer,
-    matching_topics,
     topic_partitions,
 )
 from retrylib.kafka.offsets import PartitionKey
-
-if TYPE_CHECKING:
-    from retrylib.config.model import KafkaConfig
 
 READ_TO_END_OPTIONS = {
     "isolation.level": "read_committed",
@@ -105,21 +100,13 @@ class KafkaOffsets:
         self.admin = AdminClient(settings)
         self.timeout = timeout
 
-    def partitions(self, topics: Iterable[str]) -> dict[str, list[int]]:
-        """Partition numbers of each existing topic among `topics` (missing ones left out).
+    def partitions(self, topics: Iterable[str], pattern: str | None = None) -> dict[str, list[int]]:
+        """Partition numbers of each existing topic among `topics`, then of those matching
+        `pattern` (see `topic_partitions`; missing ones left out).
 
         Raises `KafkaException` when the broker does not answer within the timeout.
         """
-        return topic_partitions(self.admin, topics, self.timeout)
-
-    def main_topics(self, kafka: KafkaConfig) -> tuple[str, ...]:
-        """The job's main topics: `kafka.topics`, or the topics matching its pattern now.
-
-        Raises `KafkaException` when the broker does not answer within the timeout.
-        """
-        if kafka.topic_pattern is None:
-            return kafka.topics
-        return tuple(matching_topics(self.admin, kafka.topic_pattern, self.timeout))
+        return topic_partitions(self.admin, topics, self.timeout, pattern)
 
     def latest(self, keys: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
         return self._list({key: OffsetSpec.latest() for key in keys})

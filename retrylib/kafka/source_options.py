@@ -23,6 +23,7 @@ from retrylib.kafka.offsets import (
     offsets_from_json,
     parse_starting_offsets,
     parse_topics,
+    subscribed,
 )
 
 OPTION_BOOTSTRAP = "kafka.bootstrap.servers"
@@ -185,11 +186,7 @@ def _offsets_option(
     except ValueError as e:
         raise ValueError(f"option {name}={raw!r} is not JSON: {e}") from e
     offsets = offsets_from_json(parsed, what=f"option {name}")
-    unknown = sorted(
-        topic
-        for topic in {topic for topic, _ in offsets} - set(topics)
-        if pattern is None or re.fullmatch(pattern, topic) is None
-    )
+    unknown = sorted({topic for topic, _ in offsets if not subscribed(topic, topics, pattern)})
     if unknown:
         raise ValueError(f"option {name} names topic(s) {unknown} that are not subscribed")
     return offsets

@@ -47,7 +47,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import StructType
 
 from retrylib.errors import KafkaSourceError, TopicError
-from retrylib.kafka.clients import make_consumer, matching_topics, topic_partitions
+from retrylib.kafka.clients import make_consumer, topic_partitions
 from retrylib.kafka.offsets import (
     EARLIEST,
     LATEST,
@@ -341,11 +341,7 @@ class _Metadata:
         `failOnDataLoss` is false: then they are left out, with a warning each time the set
         of missing topics changes (a topic created again is read from its earliest offset).
         """
-        topics = self._topics
-        if self._pattern is not None:
-            matching = matching_topics(self._consumer, self._pattern, METADATA_TIMEOUT_S)
-            topics = [*topics, *(topic for topic in matching if topic not in topics)]
-        found = topic_partitions(self._consumer, topics, METADATA_TIMEOUT_S)
+        found = topic_partitions(self._consumer, self._topics, METADATA_TIMEOUT_S, self._pattern)
         missing = [topic for topic in self._topics if topic not in found]
         if missing and self._fail_on_data_loss:
             raise TopicError(
@@ -360,7 +356,7 @@ class _Metadata:
                     "(failOnDataLoss is false); records they held and were not read are lost",
                     missing,
                 )
-        return [(topic, p) for topic in topics if topic in found for p in found[topic]]
+        return [(topic, p) for topic, partitions in found.items() for p in partitions]
 
     def list_offsets(self, partitions: Sequence[PartitionKey], timestamp: int) -> Offsets:
         """`offsets_for_times` for `partitions`: `EARLIEST`, `LATEST` or epoch ms.

@@ -61,11 +61,9 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
         topic: (tier, main) for tier in config.retry.tiers for main, topic in tier.topics.items()
     }
     internal = produced_topic(config.job.name)
+    named = [*kafka.topics, *tier_topics, *config.dead_letter.topics(), internal]
     try:
-        main_topics = lookups.main_topics(kafka)
-        found = lookups.partitions(
-            [*main_topics, *tier_topics, *config.dead_letter.topics(), internal]
-        )
+        found = lookups.partitions(named, kafka.topic_pattern)
     except KafkaException as e:
         reason = errors[0] if errors else kafka_error_text(e)
         message = f"broker {shown_servers} not reachable within {timeout:g}s ({reason})"
@@ -84,10 +82,6 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
         )
         for i, topic in enumerate(kafka.topics)
     ]
-    if kafka.topic_pattern is not None:
-        for topic in main_topics:
-            label = f"main topic {topic!r} (matches kafka.topic_pattern)"
-            wanted.append((topic, label, Finding("note", f"{label} was deleted while checked")))
     others = [
         *(
             (
@@ -111,14 +105,24 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
             )
         wanted.append((topic, label, missing))
     findings = [Finding("ok", f"broker {shown_servers} reachable")]
-    if kafka.topic_pattern is not None and not main_topics:
-        findings.append(
+    if kafka.topic_pattern is not None:
+        matched = [topic for topic in found if topic not in named]
+        findings += [
             Finding(
-                "warning",
-                f"kafka.topic_pattern {kafka.topic_pattern!r} matches no topic on "
-                f"{shown_servers} yet; the job reads each one it matches once it exists",
+                "ok",
+                f"main topic {topic!r} (matches kafka.topic_pattern): "
+                f"{len(found[topic])} partitions",
             )
-        )
+            for topic in matched
+        ]
+        if not matched:
+            findings.append(
+                Finding(
+                    "warning",
+                    f"kafka.topic_pattern {kafka.topic_pattern!r} matches no topic on "
+                    f"{shown_servers} yet; the job reads each one it matches once it exists",
+                )
+            )
     for topic, label, missing in wanted:
         if topic in found:
             findings.append(Finding("ok", f"{label}: {len(found[topic])} partitions"))

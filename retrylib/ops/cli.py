@@ -14,7 +14,6 @@ from typing import TextIO
 
 from confluent_kafka import KafkaException
 
-from retrylib.config.model import BATCH_HOOKS, RECORD_HOOKS
 from retrylib.errors import ConfigError, RetrylibError
 from retrylib.kafka.clients import kafka_error_text
 from retrylib.logs import configure_logging, redact
@@ -201,7 +200,7 @@ def _check(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     config = _load(args.config)
     _out(f"config {args.config}: valid")
-    hooks = config.hooks.references((*RECORD_HOOKS, *BATCH_HOOKS))
+    hooks = config.hooks.references()
     if hooks:
         _out("hooks import: " + ", ".join(f"{name} = {ref}" for name, ref in hooks.items()))
     if args.show:

@@ -118,8 +118,8 @@ def collect_status(
 def _main_topics(
     config: Config, kafka: KafkaOffsets, position: Mapping[PartitionKey, int], known: bool
 ) -> list[dict[str, Any]]:
-    topics = kafka.main_topics(config.kafka)
-    found = kafka.partitions(topics)
+    found = kafka.partitions(config.kafka.topics, config.kafka.topic_pattern)
+    topics = list(dict.fromkeys([*config.kafka.topics, *found]))
     keys = [(topic, p) for topic, partitions in found.items() for p in partitions]
     latest = kafka.latest(keys)
     result = []

@@ -23,7 +23,7 @@ def closed_broker(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kafka look-ups fail at once, as librdkafka's do against a closed port, and no client
     is made."""
 
-    def refused(self: KafkaOffsets, topics: Any) -> dict[str, list[int]]:
+    def refused(self: KafkaOffsets, topics: Any, pattern: Any = None) -> dict[str, list[int]]:
         raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Connection refused"))
 
     monkeypatch.setattr(KafkaOffsets, "__init__", lambda self, *args, **kwargs: None)

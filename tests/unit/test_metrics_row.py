@@ -69,10 +69,7 @@ def test_batch_offsets_merges_every_source(tmp_path):
 class FakeKafka:
     """Offsets of one main partition and one tier partition (records 0..9, 6.. not due)."""
 
-    def main_topics(self, kafka):
-        return kafka.topics
-
-    def partitions(self, topics):
+    def partitions(self, topics, pattern=None):
         return {t: [0] for t in topics if t in ("orders", "orders.m.retry.10s")}
 
     def latest(self, keys):

@@ -10,6 +10,7 @@ from helpers import problem_for, write_literal_config
 
 from retrylib.config.loader import load_config
 from retrylib.job import _every_topic, _held_to, source_options, task_plan
+from retrylib.kafka.offsets import subscribed
 from retrylib.kafka.source_options import parse_source_options
 
 PATTERN = {"kafka.topics": None, "kafka.topic_pattern": "'orders-[a-z]+'"}
@@ -24,7 +25,9 @@ def test_a_pattern_job_has_tiers_and_a_dead_letter_topic_of_its_own(tmp_path: Pa
         "orders.retry.10m",
     )
     assert config.dead_letter.topic == "orders.dlt"
-    assert config.kafka.matches("orders-eu") and not config.kafka.matches("orders.retry.10s")
+    kafka = config.kafka
+    assert subscribed("orders-eu", kafka.topics, kafka.topic_pattern)
+    assert not subscribed("orders.retry.10s", kafka.topics, kafka.topic_pattern)
     plan = task_plan(config, {}, b"k" * 32)
     assert plan.retry_topics == {"*": config.retry.tier_topics()}
 
