@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -16,8 +17,10 @@ from retrylib.config.model import BATCH_HOOKS, RECORD_HOOKS, Config, KafkaConfig
 from retrylib.config.topics import produced_topic
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.dead_letter import dead_letter_struct
+from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import ensure_table
 from retrylib.errors import TopicError
+from retrylib.forwarding import ForwardPlan, run_forwarding_task
 from retrylib.kafka.clients import (
     TIER_CLIENT_OPTIONS,
     RecordLimits,
@@ -41,11 +44,12 @@ from retrylib.router import BatchResult, BatchRouter
 from retrylib.spark.session import build_spark_session
 from retrylib.spark.shipping import ship_code
 from retrylib.spark.signals import stop_requests
-from retrylib.task import TaskPlan
+from retrylib.task import TaskPlan, run_task
 
 log = logging.getLogger(__name__)
 
 _BUILTIN_KAFKA = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+_JAVA_PARTITIONER = "murmur2_random"  # librdkafka's name for the Java clients' partitioner
 _STOP_WAIT_SECONDS = 120
 _IDLE_MESSAGE = "Waiting for data to arrive"  # Spark's status after a trigger finds no data
 
@@ -87,6 +91,8 @@ def prepare_topics(config: Config) -> dict[str, int]:
     """
     kafka = config.kafka
     admin = connected_admin(kafka.bootstrap_servers, kafka.client_options(), config.kafka_login())
+    if config.delay_router is not None:
+        return _prepare_router_topics(admin, config)
     main = partition_counts(admin, kafka.topics, pattern=kafka.topic_pattern)
     missing = [topic for topic in kafka.topics if topic not in main]
     if missing:
@@ -113,6 +119,25 @@ def prepare_topics(config: Config) -> dict[str, int]:
     return partition_counts(admin, wanted)
 
 
+def _prepare_router_topics(admin: AdminClient, config: Config) -> dict[str, int]:
+    """`prepare_topics` of a delay router: its delay topics must exist (its users' producers
+    write there); its fallback and control topics are created if allowed."""
+    router = config.delay_router
+    assert router is not None
+    delays = partition_counts(admin, router.topics)
+    missing = sorted(set(router.topics) - set(delays))
+    if missing:
+        raise TopicError(
+            f"delay_router.topics: topic(s) {missing} do not exist on "
+            f"{config.kafka.bootstrap_servers}; create them (the senders write there)"
+        )
+    wanted = {produced_topic(config.job.name): 1}
+    if router.fallback_topic is not None:
+        wanted[router.fallback_topic] = max(delays.values())
+    ensure_topics(admin, wanted, create=config.kafka.create_topics)
+    return partition_counts(admin, wanted)
+
+
 def _read_kafka(spark: SparkSession, format_name: str, options: dict[str, str]) -> DataFrame:
     return spark.readStream.format(format_name).options(**options).load()
 
@@ -124,7 +149,7 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
     `kafka.max_offsets_per_trigger` bounds both, so a retry backlog is read in batches too.
     """
     kafka = config.kafka
-    delays = config.retry.tier_delays_ms()
+    delays = config.delayed_topics()
     common = {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
         "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
@@ -186,7 +211,7 @@ def _client_options(options: dict[str, str]) -> dict[str, str]:
 def _every_topic(config: Config) -> dict[str, str]:
     """One `retrylib_kafka` source's options for the main topics and the tiers together."""
     _, tiers = source_options(config)
-    subscription = _subscription(config.kafka, *sorted(config.retry.tier_delays_ms()))
+    subscription = _subscription(config.kafka, *sorted(config.delayed_topics()))
     return {**tiers, **subscription, **_starting_options(config.kafka)}
 
 
@@ -229,7 +254,10 @@ def source_frame(
     """
     kafka = config.kafka
     main, tiers = source_options(config)
-    if kafka.source == "builtin" or (kafka.source == "auto" and builtin_kafka_available(spark)):
+    builtin = kafka.source == "builtin" or (
+        kafka.source == "auto" and builtin_kafka_available(spark)
+    )
+    if builtin and config.delay_router is None:
         log.info("main topics read with Spark's built-in kafka source")
         frame = _read_kafka(spark, "kafka", {**main, "includeHeaders": "true"})
         if not config.retry.tier_delays_ms():
@@ -237,7 +265,7 @@ def source_frame(
         return frame.unionByName(
             _read_kafka(spark, "retrylib_kafka", _held_to(tiers, available_now_offsets))
         )
-    log.info("main topics and retry tiers read with the retrylib_kafka Python data source")
+    log.info("topics read with the retrylib_kafka Python data source")
     every_topic = {
         **_every_topic(config),
         "retrylib.emit": "ranges",
@@ -247,9 +275,14 @@ def source_frame(
     return _read_kafka(spark, "retrylib_kafka", _held_to(every_topic, available_now_offsets))
 
 
-def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) -> TaskPlan:
+def task_plan(
+    config: Config, partitions: dict[str, int], signing_key: bytes
+) -> TaskPlan | ForwardPlan:
     """The per-batch plan with batch id and clock still unset (the router fills them in)."""
+    if config.delay_router is not None:
+        return _forward_plan(config)
     retry = config.retry
+    assert config.handler is not None and config.dead_letter is not None
     return TaskPlan(
         job=config.job.name,
         batch_id=-1,
@@ -281,6 +314,22 @@ def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) ->
     )
 
 
+def _forward_plan(config: Config) -> ForwardPlan:
+    kafka, router = config.kafka, config.delay_router
+    assert router is not None
+    return ForwardPlan(
+        job=config.job.name,
+        delays_ms=router.topics,
+        target_header=router.target_header,
+        timestamp_header=router.timestamp_header,
+        fallback_topic=router.fallback_topic,
+        bootstrap_servers=kafka.bootstrap_servers,
+        client_options=kafka.client_options(),
+        secret_options=config.secret_options(),
+        fail_on_data_loss=kafka.fail_on_data_loss,
+    )
+
+
 def record_limits(
     config: Config, partitions: dict[str, int]
 ) -> tuple[RecordLimits, dict[str, str]]:
@@ -298,6 +347,10 @@ def record_limits(
     )
     limits.current()
     options = kafka.client_options()
+    if config.delay_router is not None:
+        # Forwarded records are partitioned by key as Kafka's Java clients do it, unless
+        # the user chose otherwise.
+        options = {"partitioner": _JAVA_PARTITIONER, **options}
     batch_bytes = producer_batch_bytes(options, limits.topic_max)
     if batch_bytes is not None:
         log.info(
@@ -320,25 +373,14 @@ def start_query(
     (`retrylib.metrics`); `on_result` is then called with the batch's `BatchResult`.
     """
     partitions = prepare_topics(config)
-    output = config.output.table_ref()
-    dead_letter = config.dead_letter.table_ref()
-    ensure_table(
-        spark,
-        output,
-        config.handler.output_schema.to_spark(),
-        what="output",
-        partition_by=config.output.partition_by,
-        properties=config.output.properties,
-        evolve=config.output.schema_evolution,
-    )
-    ensure_table(spark, dead_letter, dead_letter_struct(), what="dead-letter")
+    output, dead_letter = _prepare_tables(spark, config)
     checkpoint = Checkpoint(config.job.checkpoint)
     app_id = checkpoint.app_id(spark, config.job.name)
     metrics = MetricsRecorder(config, app_id, forward=on_result)
     metrics.prepare(spark)
     limits, producer_options = record_limits(config, partitions)
     compactor = None
-    if config.output.optimize_every_ms is not None:
+    if output is not None and config.output.optimize_every_ms is not None:
         tables = [("output", output), ("dead-letter", dead_letter)]
         if config.metrics.table_ref() is not None:
             tables.append(("metrics", config.metrics.table_ref()))
@@ -350,13 +392,14 @@ def start_query(
         kafka_options=producer_options,
         bootstrap_servers=config.kafka.bootstrap_servers,
         output_table=output,
-        evolve_output=config.output.schema_evolution,
+        evolve_output=output is not None and config.output.schema_evolution,
         dead_letter_table=dead_letter,
         record_limits=limits,
         on_result=metrics.on_result,
         compactor=compactor,
         hooks=config.hooks.references(BATCH_HOOKS),
-        hook_paths=config.handler.paths,
+        hook_paths=config.handler.paths if config.handler is not None else (),
+        task=run_task if config.delay_router is None else run_forwarding_task,
     )
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
     # back-to-back triggers instead, the tier source held to the target, until it is reached.
@@ -385,6 +428,26 @@ def start_query(
             daemon=True,
         ).start()
     return query, router
+
+
+def _prepare_tables(spark: SparkSession, config: Config) -> tuple[TableRef | None, TableRef | None]:
+    """Create the output and dead-letter tables if missing; returns them (None, None for a
+    delay router, which has neither)."""
+    if config.handler is None or config.output is None or config.dead_letter is None:
+        return None, None
+    output = config.output.table_ref()
+    dead_letter = config.dead_letter.table_ref()
+    ensure_table(
+        spark,
+        output,
+        config.handler.output_schema.to_spark(),
+        what="output",
+        partition_by=config.output.partition_by,
+        properties=config.output.properties,
+        evolve=config.output.schema_evolution,
+    )
+    ensure_table(spark, dead_letter, dead_letter_struct(), what="dead-letter")
+    return output, dead_letter
 
 
 def _stop_at_target(query: StreamingQuery, router: BatchRouter, target: Offsets) -> None:

@@ -196,6 +196,22 @@ def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
         callbacks.addFilter(_ReportedElsewhere())
 
 
+_worker_logging = False
+
+
+def configure_worker_logging() -> None:
+    """`configure_logging` in a Spark Python worker, once per process: unconfigured, a
+    worker drops its INFO lines and prints the rest with no time, level or logger. A
+    process with a logging setup of its own (a test run routing in-process) is left alone.
+    """
+    global _worker_logging
+    if _worker_logging:
+        return
+    _worker_logging = True
+    if not logging.getLogger().handlers:
+        configure_logging()
+
+
 def redact_secrets(values: Iterable[str]) -> None:
     """Mask `values` in every log line from now on, and in `redact`."""
     _REDACTOR.add(values)

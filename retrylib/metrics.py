@@ -75,6 +75,11 @@ _COUNTERS = (
     Count.RECORDS_LOST,
     Count.RESERVED_HEADERS_REMOVED,
     Count.HOOK_ERRORS,
+    Count.RECORDS_DELAYED,
+    Count.FORWARDED,
+    Count.FORWARDED_TO_FALLBACK,
+    Count.UNROUTABLE,
+    Count.TIMESTAMP_HEADER_MISSING,
     Count.HANDLER_MS,
     "produced",  # records the batch produced to tiers and dead-letter topics
 )

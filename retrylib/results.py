@@ -28,12 +28,14 @@ def _nullable(schema: pa.Schema) -> pa.StructType:
     return pa.struct([field.with_nullable(True) for field in schema])
 
 
-def result_schema(output: pa.Schema) -> pa.Schema:
-    """The Arrow schema of a task's result rows for a handler with `output` columns."""
+def result_schema(output: pa.Schema | None) -> pa.Schema:
+    """The Arrow schema of a task's result rows for a handler with `output` columns; with
+    None (a delay router's tasks), rows have no `output` struct."""
+    outputs = [] if output is None else [("output", _nullable(output))]
     return pa.schema(
         [
             ("kind", pa.string()),
-            ("output", _nullable(output)),
+            *outputs,
             ("dead_letter", _nullable(DEAD_LETTER_SCHEMA)),
             ("staged", _nullable(STAGED_SCHEMA)),
             ("counters", pa.string()),
@@ -41,7 +43,7 @@ def result_schema(output: pa.Schema) -> pa.Schema:
     )
 
 
-def result_struct(output: pa.Schema):
+def result_struct(output: pa.Schema | None):
     """`result_schema` as the Spark StructType that `mapInArrow` is given."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -51,9 +53,11 @@ def result_struct(output: pa.Schema):
 class ResultRows:
     """Result rows of one task, gathered until the task hands them to Spark."""
 
-    def __init__(self, output: pa.Schema) -> None:
+    def __init__(self, output: pa.Schema | None) -> None:
         self.schema = result_schema(output)
-        self._structs = {kind: self.schema.field(kind).type for kind in KINDS}
+        self._structs = {
+            kind: self.schema.field(kind).type for kind in KINDS if kind in self.schema.names
+        }
         self._batches: list[pa.RecordBatch] = []
 
     def add(self, kind: str, batch: pa.RecordBatch) -> None:

@@ -35,11 +35,12 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import collect_list, count
 
@@ -49,6 +50,7 @@ from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once, committed_version
 from retrylib.errors import RetrylibError, TableWriteError
 from retrylib.faults import crash_point
+from retrylib.forwarding import ForwardPlan
 from retrylib.hooks import Hooks
 from retrylib.kafka.clients import RecordLimits
 from retrylib.kafka.transactional_producer import StagedProducer
@@ -56,6 +58,10 @@ from retrylib.results import result_struct
 from retrylib.task import TaskPlan, run_task
 
 log = logging.getLogger(__name__)
+
+Plan = TaskPlan | ForwardPlan
+Task = Callable[[Any, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+"""A `mapInArrow` body given its batch's plan: `run_task` or `run_forwarding_task`."""
 
 _WORKER_DIED = "Python worker exited unexpectedly"
 
@@ -78,22 +84,27 @@ class BatchRouter:
 
     def __init__(
         self,
-        plan_template: TaskPlan,
+        plan_template: Plan,
         checkpoint: Checkpoint,
         app_id: str,
         kafka_options: dict[str, str],
         bootstrap_servers: str,
         *,
-        output_table: TableRef,
-        dead_letter_table: TableRef,
+        output_table: TableRef | None,
+        dead_letter_table: TableRef | None,
         record_limits: RecordLimits,
         evolve_output: bool = False,
         on_result=None,
         compactor: Compactor | None = None,
         hooks: Mapping[str, str] | None = None,
         hook_paths: tuple[str, ...] = (),
+        task: Task = run_task,
     ) -> None:
-        """`hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`)."""
+        """`hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`);
+        `task` routes one Spark task's records with a plan like `plan_template`: a handler
+        job's `run_task`, or a delay router's `run_forwarding_task` (whose plans have no
+        output or dead-letter table: those are None then)."""
+        self._task = task
         self._template = plan_template
         self._checkpoint = checkpoint
         self._output_table = output_table
@@ -169,7 +180,7 @@ class BatchRouter:
             max_record_bytes=self._record_limits.current(),
         )
         staging = self._checkpoint.staged(batch_id)
-        _run_tasks(df, plan, staging)
+        _run_tasks(df, plan, staging, self._task)
         crash_point("after_handler", batch_id)
         counters: Counter[str] = Counter()
         kinds: Counter[str] = Counter()
@@ -253,6 +264,8 @@ class BatchRouter:
             ("output", self._output_table),
             ("dead-letter", self._dead_letter_table),
         ):
+            if table is None:
+                continue
             done = committed_version(spark, table, self.app_id)
             if done is not None and done > batch_id:
                 raise RetrylibError(
@@ -266,7 +279,7 @@ class BatchRouter:
         self._producer.close()
 
 
-def _run_tasks(df: DataFrame, plan: TaskPlan, staging: str) -> None:
+def _run_tasks(df: DataFrame, plan: Plan, staging: str, task: Task) -> None:
     """Route the batch on the executors and write their result rows to `staging` (Parquet).
 
     If a Python worker dies (a handler called os._exit or crashed in native code), the
@@ -278,21 +291,20 @@ def _run_tasks(df: DataFrame, plan: TaskPlan, staging: str) -> None:
     # trickling in over many partitions) then costs a few task start-ups, not dozens.
     # (coalesce never adds partitions, so a batch with fewer ranges is left as it is.)
     slots = max(1, df.sparkSession.sparkContext.defaultParallelism)
-    results = df.coalesce(slots).mapInArrow(
-        partial(run_task, plan), result_struct(plan.output_schema)
-    )
+    results = df.coalesce(slots).mapInArrow(partial(task, plan), result_struct(plan.output_schema))
     try:
         results.write.mode("overwrite").parquet(staging)
         return
     except Exception as error:
-        if plan.isolate or _WORKER_DIED not in str(error):
+        isolated = plan.isolated()
+        if isolated is None or _WORKER_DIED not in str(error):
             raise
     log.warning(
         "batch %d: a Python worker died while handling records; running the batch again "
         "with each handler call in its own process",
         plan.batch_id,
     )
-    _run_tasks(df, replace(plan, isolate=True), staging)
+    _run_tasks(df, isolated, staging, task)
 
 
 def table_write_error(batch_id: int, key: str, table: TableRef, reason: str) -> TableWriteError:

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TypeVar
 
@@ -35,6 +35,7 @@ from retrylib.hooks import Hooks
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
 from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
+from retrylib.logs import configure_worker_logging
 from retrylib.record import Record
 from retrylib.results import ResultRows, output_batch
 from retrylib.retry.headers import without_reserved
@@ -91,6 +92,10 @@ class TaskPlan:
     max_record_bytes: Mapping[str, int] = field(default_factory=dict)
     retry_timeout_ms: int | None = None
     dead_letter_routes: tuple[tuple[str, str], ...] = ()  # (exception class name, topic)
+
+    def isolated(self) -> TaskPlan | None:
+        """This plan with each handler call in a process of its own, or None when it is so."""
+        return None if self.isolate else replace(self, isolate=True)
 
 
 def _tier_index(retry_topics: Mapping[str, tuple[str, ...]]) -> dict[str, int]:
@@ -419,6 +424,7 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     offset ranges (`RANGE_SCHEMA`, from `retrylib_kafka` with `retrylib.emit = ranges`),
     which the task reads from Kafka itself.
     """
+    configure_worker_logging()
     with _fewer_collections():
         router = TaskRouter(plan)
         for batch in batches:

@@ -173,10 +173,17 @@ def produce(
 
 
 def run_retrylib(
-    *args: str, env: Mapping[str, str] | None = None, timeout: float = 600
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600,
+    new_session: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """`retrylib ARGS` as a user runs it (`python -m retrylib`), in a process of its own, with
-    `env` added to the environment and Spark's Python workers on this interpreter."""
+    `env` added to the environment and Spark's Python workers on this interpreter.
+
+    With `new_session` it leads a process group of its own, so that a crash point
+    (`retrylib.faults`) kills its Spark JVM and workers with it.
+    """
     return subprocess.run(
         [sys.executable, "-m", "retrylib", *args],
         env={
@@ -188,6 +195,7 @@ def run_retrylib(
         capture_output=True,
         text=True,
         timeout=timeout,
+        start_new_session=new_session,
     )
 
 

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from retrylib.config.locations import check_locations
-from retrylib.config.model import OPTION_TABLES, Config
+from retrylib.config.model import NO_RETRIES, OPTION_TABLES, Config
 from retrylib.config.sections import (
     check_callable,
     check_exception_classes,
     read_dead_letter,
+    read_delay_router,
     read_handler,
     read_hooks,
     read_job,
@@ -184,8 +185,50 @@ def _malformed_references(text: str) -> list[str]:
     return found
 
 
+_ROUTER_SECTIONS = ("job", "kafka", "delay_router", "metrics")
+_HANDLER_SECTIONS = ("handler", "output", "retry", "dead_letter", "hooks")
+
+
+def _build_router(root: Table, source_path: str) -> Config | None:
+    """A delay router's config ([delay_router] set): no handler, output, retry or dead letter."""
+    tables = {
+        name: root.table(name, f"a [{name}] table", required=name != "metrics")
+        for name in _ROUTER_SECTIONS
+    }
+    for name in _HANDLER_SECTIONS:
+        if name in root.data:
+            root.refuse(
+                name,
+                "a delay router ([delay_router]) forwards records and calls no handler; "
+                f"remove [{name}]",
+            )
+    root.finish()
+    job = read_job(tables["job"])
+    kafka = read_kafka(tables["kafka"], router=True)
+    router = read_delay_router(tables["delay_router"], tables["job"].values.get("name"))
+    metrics = read_metrics(tables["metrics"])
+    check_locations(root.problems, tables)
+    if not (job and kafka and router and metrics):
+        return None
+    from_env = frozenset(root.problems.from_env)
+    return Config(
+        job,
+        kafka,
+        None,
+        None,
+        NO_RETRIES,
+        None,
+        metrics,
+        source_path,
+        from_env,
+        delay_router=router,
+    )
+
+
 def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
     """Read every section, then check what spans sections; None when anything is wrong."""
+    if "delay_router" in root.data:
+        return _build_router(root, source_path)
     tables = {
         name: root.table(name, f"a [{name}] table", required=name in _REQUIRED_SECTIONS)
         for name in (*_REQUIRED_SECTIONS, "retry", "dead_letter", "metrics", "hooks")

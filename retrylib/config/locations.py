@@ -27,7 +27,7 @@ def check_locations(problems: Problems, tables: Mapping[str, Table]) -> None:
     owners: dict[str, str] = {}
     paths: list[tuple[str, str]] = []  # (key, location id) of each path, not catalog names
     for section, key in _LOCATIONS:
-        location = tables[section].values.get(key)
+        location = tables[section].values.get(key) if section in tables else None
         if location is None:
             continue
         dotted = f"{section}.{key}"

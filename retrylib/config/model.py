@@ -187,6 +187,12 @@ class RetryConfig:
         return {topic: tier.delay_ms for tier in self.tiers for topic in tier.topics.values()}
 
 
+NO_RETRIES = RetryConfig(
+    delays_ms=(), max_attempts=1, jitter=0.0, non_retryable=(), tiers=(), max_retry_after_ms=0
+)
+"""The retry config of a job that retries nothing (a delay router)."""
+
+
 @dataclass(frozen=True)
 class DeadLetterConfig:
     """[dead_letter]: where records go when they are out of attempts or non-retryable.
@@ -205,6 +211,24 @@ class DeadLetterConfig:
 
     def table_ref(self) -> TableRef:
         return TableRef.parse(self.table, "dead_letter.table")  # checked when the config loaded
+
+
+@dataclass(frozen=True)
+class DelayRouterConfig(_ReadOnlyMappings):
+    """[delay_router]: a job that forwards records after a delay and calls no handler.
+
+    A record on one of `topics` (delay topic -> delay) names its destination topic in the
+    header `target_header` and when it was sent, in epoch seconds, in `timestamp_header`
+    (Kafka-Retry-Router's `final_topic` and `msg_ts`). Once that time plus the topic's
+    delay has passed, the record is produced as it is to its destination. A record whose
+    destination is missing or not a topic of the cluster goes to `fallback_topic`, or, with
+    none, is logged at ERROR and counted (`forwarding`).
+    """
+
+    topics: Mapping[str, int]
+    target_header: str = "final_topic"
+    timestamp_header: str = "msg_ts"
+    fallback_topic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -243,18 +267,30 @@ class HooksConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """A whole, validated job config. `from_env` holds the dotted keys set from ${env:...}."""
+    """A whole, validated job config. `from_env` holds the dotted keys set from ${env:...}.
+
+    A delay router (`delay_router` set) has no handler, output or dead letter (None), and
+    a `retry` with no tiers.
+    """
 
     job: JobConfig
     kafka: KafkaConfig
-    handler: HandlerConfig
-    output: OutputConfig
+    handler: HandlerConfig | None
+    output: OutputConfig | None
     retry: RetryConfig
-    dead_letter: DeadLetterConfig
+    dead_letter: DeadLetterConfig | None
     metrics: MetricsConfig
     source_path: str
     from_env: frozenset[str] = field(default=frozenset(), repr=False)
     hooks: HooksConfig = field(default_factory=HooksConfig)
+    delay_router: DelayRouterConfig | None = None
+
+    def delayed_topics(self) -> dict[str, int]:
+        """Topic -> delay (ms) of every topic the job reads only as far as is due: the
+        retry tiers, or a delay router's topics."""
+        if self.delay_router is not None:
+            return dict(self.delay_router.topics)
+        return self.retry.tier_delays_ms()
 
     def redacted(self) -> dict[str, Any]:
         """The config as plain nested dicts and lists, safe to print.

@@ -17,6 +17,7 @@ from retrylib.config.model import (
     ANY_TOPIC,
     HOOKS,
     DeadLetterConfig,
+    DelayRouterConfig,
     HandlerConfig,
     HooksConfig,
     JobConfig,
@@ -29,7 +30,13 @@ from retrylib.config.model import (
 )
 from retrylib.config.schema import OutputSchema, parse_schema
 from retrylib.config.security import check_security, read_security
-from retrylib.config.topics import check_dead_letter_topics, explicit_tiers, template_tiers
+from retrylib.config.topics import (
+    check_dead_letter_topics,
+    explicit_tiers,
+    produced_topic,
+    redriven_topic,
+    template_tiers,
+)
 from retrylib.config.values import (
     BOOL,
     EXCEPTION_REF,
@@ -49,6 +56,7 @@ from retrylib.config.values import (
     Problems,
     Table,
     instant_ms,
+    is_topic,
 )
 from retrylib.kafka.clients import JOB_OWNED_OPTIONS, option_problem
 
@@ -68,29 +76,32 @@ def read_job(t: Table) -> JobConfig | None:
     return JobConfig(name, checkpoint, trigger) if t.ok else None
 
 
-def read_kafka(t: Table) -> KafkaConfig | None:
+_ROUTER_READS = (
+    "a delay router reads the topics of [delay_router], each from its earliest record, "
+    "with retrylib's own source"
+)
+
+
+def read_kafka(t: Table, *, router: bool = False) -> KafkaConfig | None:
+    """[kafka]; for a delay router (`router`), without the keys about main topics."""
     servers = t.get("bootstrap_servers", TEXT, 'bootstrap_servers = "127.0.0.1:9092"')
-    pattern = t.get("topic_pattern", TOPIC_PATTERN, r'topic_pattern = "orders\\..*"', None)
-    if "topic_pattern" in t.data:
-        topics = None
-        if "topics" in t.data:
-            t.get("topics", NON_EMPTY_LIST, 'topics = ["orders"]')
-            t.problems.add(
-                t.path("topic_pattern"), "set together with kafka.topics; keep only one of them"
-            )
-        # The retry tiers of a job reading a pattern are the job's, one set for every topic.
-        t.values["topics"] = None if pattern is None else (ANY_TOPIC,)
+    if router:
+        for key in ("topics", "topic_pattern", "starting_offsets", "source"):
+            if key in t.data:
+                t.refuse(key, f"{_ROUTER_READS}; remove kafka.{key}")
+        t.values["topics"] = topics = pattern = None
     else:
-        topics = t.strings("topics", TOPIC, 'topics = ["orders"]')
-    starting = t.get(
-        "starting_offsets", STARTING_OFFSETS, 'starting_offsets = "earliest"', "earliest"
-    )
+        topics, pattern = _main_topics(t)
+    starting = "earliest"
+    if not router:
+        example = 'starting_offsets = "earliest"'
+        starting = t.get("starting_offsets", STARTING_OFFSETS, example, starting)
     max_offsets = t.get(
         "max_offsets_per_trigger", POSITIVE_INT, "max_offsets_per_trigger = 100000", None
     )
     starting_ms = instant_ms(starting)
     fail_on_data_loss = t.get("fail_on_data_loss", BOOL, "fail_on_data_loss = true", True)
-    source = t.get("source", SOURCE, 'source = "auto"', "auto")
+    source = "python" if router else t.get("source", SOURCE, 'source = "auto"', "auto")
     create_topics = t.get("create_topics", BOOL, "create_topics = true", True)
     options = _kafka_options(
         t.table("options", '[kafka.options] "client.id" = "x"', required=False)
@@ -144,6 +155,21 @@ def read_kafka(t: Table) -> KafkaConfig | None:
         fail_on_data_loss=fail_on_data_loss,
         topic_pattern=pattern,
     )
+
+
+def _main_topics(t: Table) -> tuple[tuple[str, ...] | None, str | None]:
+    """kafka.topics, or kafka.topic_pattern: (topics, pattern), None for what is absent."""
+    pattern = t.get("topic_pattern", TOPIC_PATTERN, r'topic_pattern = "orders\\..*"', None)
+    if "topic_pattern" not in t.data:
+        return t.strings("topics", TOPIC, 'topics = ["orders"]'), None
+    if "topics" in t.data:
+        t.get("topics", NON_EMPTY_LIST, 'topics = ["orders"]')
+        t.problems.add(
+            t.path("topic_pattern"), "set together with kafka.topics; keep only one of them"
+        )
+    # The retry tiers of a job reading a pattern are the job's, one set for every topic.
+    t.values["topics"] = None if pattern is None else (ANY_TOPIC,)
+    return None, pattern
 
 
 def _options(t: Table) -> dict[str, str]:
@@ -399,6 +425,47 @@ def read_metrics(t: Table) -> MetricsConfig | None:
     check_table_name(t, "table", table)
     t.finish()
     return MetricsConfig(table) if t.ok else None
+
+
+def read_delay_router(t: Table, job_name: str | None) -> DelayRouterConfig | None:
+    """[delay_router]: the delay topics with their delays, the two header names, and the
+    fallback topic, which may not be one of the delay topics or the job's control topics."""
+    example = '[delay_router.topics] "retry_topic_5min" = "5m"'
+    topics = t.table("topics", example, required=True)
+    delays = {}
+    for name in topics.data:
+        if not is_topic(name):
+            topics.refuse(name, f"{TOPIC.noun} is needed, got {json.dumps(name)}; {example}")
+        else:
+            delays[name] = topics.duration(name, example, None, positive=True)
+    if not topics.data and not topics.broken:
+        t.problems.add(t.path("topics"), f"names no delay topic; add one, as {example}")
+    target = t.get("target_header", TEXT, 'target_header = "final_topic"', "final_topic")
+    stamp = t.get("timestamp_header", TEXT, 'timestamp_header = "msg_ts"', "msg_ts")
+    fallback = t.get("fallback_topic", TOPIC, 'fallback_topic = "retry_fallback"', None)
+    t.finish()
+    if target is not None and target == stamp:
+        t.problems.add(
+            t.path("timestamp_header"),
+            f"is the same header as target_header ({json.dumps(target)}); name another one",
+        )
+    if fallback in delays:
+        t.problems.add(
+            t.path("fallback_topic"),
+            f"{json.dumps(fallback)} is a delay topic: a record with no destination would go "
+            "round it for ever; name a topic that is not in delay_router.topics",
+        )
+    if job_name is not None:
+        control = {produced_topic(job_name), redriven_topic(job_name)}
+        for name in [*delays, fallback]:
+            if name in control:
+                t.problems.add(
+                    t.path("topics" if name in delays else "fallback_topic"),
+                    f"{json.dumps(name)} is the job's control topic; choose another topic",
+                )
+    if not t.ok or None in delays.values():
+        return None
+    return DelayRouterConfig(delays, target, stamp, fallback)
 
 
 def check_exception_classes(

@@ -270,6 +270,11 @@ class Table:
         self.values[key] = value
         return value
 
+    def refuse(self, key: str, message: str) -> None:
+        """Report `key`, present but not wanted here, with `message` saying why and the fix."""
+        self.known.append(key)
+        self.problems.add(self.path(key), message)
+
     def finish(self) -> None:
         """Report every key of the table that no getter asked for."""
         for key in self.data:

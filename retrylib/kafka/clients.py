@@ -391,10 +391,10 @@ def topic_max_message_bytes(
     Raises `KafkaException` when the broker does not answer within `timeout` or a topic
     does not exist.
     """
-    futures = admin.describe_configs(
-        [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in topics],
-        request_timeout=timeout,
-    )
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in topics]
+    if not resources:  # a delay router without a fallback topic: the client refuses none
+        return {}
+    futures = admin.describe_configs(resources, request_timeout=timeout)
     return {
         resource.name: int(future.result(timeout)["max.message.bytes"].value)
         for resource, future in futures.items()

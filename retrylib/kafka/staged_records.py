@@ -1,5 +1,5 @@
-"""Records staged for Kafka (retry tiers, dead-letter topic): their Arrow form, and producing
-one batch of them with every delivery checked.
+"""Records staged for Kafka (retry tiers, dead-letter topic, a delay router's destinations):
+their Arrow form, and producing one batch of them with every delivery checked.
 
 The router stages a batch's records as Arrow RecordBatches of `STAGED_SCHEMA`;
 `transactional_producer.StagedProducer` produces them inside its transaction through
@@ -21,7 +21,7 @@ from retrylib.kafka.record_size import producer_limit, wire_size
 STAGED_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string(), nullable=False),
-        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("partition", pa.int32()),  # null: the producer's partitioner, by key
         pa.field("timestamp_ms", pa.int64(), nullable=False),
         pa.field("key", pa.binary()),
         pa.field("value", pa.binary()),

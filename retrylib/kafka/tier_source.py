@@ -66,7 +66,7 @@ from retrylib.kafka.offsets import (
 )
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_range
 from retrylib.kafka.source_options import SourceOptions, parse_source_options
-from retrylib.logs import redact
+from retrylib.logs import configure_worker_logging, redact
 from retrylib.retry.policy import due_timestamp_ms
 
 try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python stream readers
@@ -268,6 +268,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         if isinstance(partition, KafkaRangeGroup):
             return iter(partition.ranges)
+        configure_worker_logging()
         return read_range(partition)
 
     def commit(self, end: dict) -> None:

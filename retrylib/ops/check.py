@@ -57,42 +57,27 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
     lookups = KafkaOffsets(
         kafka.bootstrap_servers, kafka.client_options(), timeout=timeout, errors=errors
     )
-    tier_topics = {
-        topic: (tier, main) for tier in config.retry.tiers for main, topic in tier.topics.items()
-    }
-    internal = produced_topic(config.job.name)
-    named = [*kafka.topics, *tier_topics, *config.dead_letter.topics(), internal]
+    required, others = _required_topics(config), _created_topics(config)
+    named = [*(topic for topic, _, _ in required), *(topic for topic, _ in others)]
     try:
         found = lookups.partitions(named, kafka.topic_pattern)
     except KafkaException as e:
         reason = errors[0] if errors else kafka_error_text(e)
         message = f"broker {shown_servers} not reachable within {timeout:g}s ({reason})"
         return False, [Finding("warning", f"{message}; topics not checked")]
-    # Each topic with what to say when it is missing: a main topic must exist; the others
-    # may be created by the job when kafka.create_topics allows it.
+    # Each topic with what to say when it is missing: a main or delay topic must exist; the
+    # others may be created by the job when kafka.create_topics allows it.
     wanted = [
         (
             topic,
-            f"main topic {topic!r}",
+            label,
             Finding(
                 "error",
-                f"kafka.topics[{i}]: topic {topic!r} does not exist on {shown_servers}; "
+                f"{key}: topic {topic!r} does not exist on {shown_servers}; "
                 "create it before starting the job",
             ),
         )
-        for i, topic in enumerate(kafka.topics)
-    ]
-    others = [
-        *(
-            (
-                topic,
-                f"retry topic {topic!r} (tier {tier.index + 1}, "
-                f"{format_duration(tier.delay_ms)}, for {_main_label(main)})",
-            )
-            for topic, (tier, main) in tier_topics.items()
-        ),
-        *((topic, f"dead-letter topic {topic!r}") for topic in config.dead_letter.topics()),
-        (internal, f"control topic {internal!r}"),
+        for topic, label, key in required
     ]
     for topic, label in others:
         if kafka.create_topics:
@@ -131,6 +116,48 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
     return True, findings
 
 
+def _required_topics(config: Config) -> list[tuple[str, str, str]]:
+    """(topic, label, config key) of each topic that must exist before the job starts: the
+    main topics, or a delay router's delay topics."""
+    if config.delay_router is not None:
+        return [
+            (
+                topic,
+                f"delay topic {topic!r} ({format_duration(delay)})",
+                f"delay_router.topics.{topic}",
+            )
+            for topic, delay in config.delay_router.topics.items()
+        ]
+    return [
+        (topic, f"main topic {topic!r}", f"kafka.topics[{i}]")
+        for i, topic in enumerate(config.kafka.topics)
+    ]
+
+
+def _created_topics(config: Config) -> list[tuple[str, str]]:
+    """(topic, label) of each topic the job creates when missing (if allowed): retry tiers
+    and dead-letter topics, or a delay router's fallback topic; and the control topic."""
+    internal = produced_topic(config.job.name)
+    topics = [(internal, f"control topic {internal!r}")]
+    router = config.delay_router
+    if router is not None:
+        if router.fallback_topic is not None:
+            topics.insert(0, (router.fallback_topic, f"fallback topic {router.fallback_topic!r}"))
+        return topics
+    assert config.dead_letter is not None
+    tiers = [
+        (
+            topic,
+            f"retry topic {topic!r} (tier {tier.index + 1}, "
+            f"{format_duration(tier.delay_ms)}, for {_main_label(main)})",
+        )
+        for tier in config.retry.tiers
+        for main, topic in tier.topics.items()
+    ]
+    dead = [(topic, f"dead-letter topic {topic!r}") for topic in config.dead_letter.topics()]
+    return [*tiers, *dead, *topics]
+
+
 def _table_findings(spark: SparkSession, config: Config) -> list[Finding]:
     """One finding per table: missing (a note: the job creates it), matching, unreadable (a
     warning), or not what the job writes (an error naming every column difference).
@@ -139,10 +166,12 @@ def _table_findings(spark: SparkSession, config: Config) -> list[Finding]:
     from retrylib.delta.tables import column_differences, read_table, table_exists
     from retrylib.metrics import metrics_struct
 
-    wanted = [
-        ("output.table", config.output.table_ref(), config.handler.output_schema.to_spark()),
-        ("dead_letter.table", config.dead_letter.table_ref(), dead_letter_struct()),
-    ]
+    wanted = []
+    if config.handler is not None and config.output is not None and config.dead_letter is not None:
+        wanted += [
+            ("output.table", config.output.table_ref(), config.handler.output_schema.to_spark()),
+            ("dead_letter.table", config.dead_letter.table_ref(), dead_letter_struct()),
+        ]
     metrics = config.metrics.table_ref()
     if metrics is not None:
         wanted.append(("metrics.table", metrics, metrics_struct()))

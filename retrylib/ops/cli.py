@@ -200,6 +200,10 @@ def _check(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     config = _load(args.config)
     _out(f"config {args.config}: valid")
+    if config.delay_router is not None:
+        from retrylib.ops.render import describe_router
+
+        _out(describe_router(config.delay_router))
     hooks = config.hooks.references()
     if hooks:
         _out("hooks import: " + ", ".join(f"{name} = {ref}" for name, ref in hooks.items()))

@@ -138,6 +138,11 @@ def redrive(
     """
     if to is not None and not _TOPIC.fullmatch(to):
         raise RedriveError(f"--to: not a Kafka topic name, got {to!r}")
+    if config.dead_letter is None:
+        raise RedriveError(
+            f"{config.source_path} is a delay router: it has no dead-letter table to redrive "
+            "from (its records with no destination are on its fallback topic)"
+        )
     table = config.dead_letter.table_ref()
     report = RedriveReport(dry_run=dry_run)
     if spark is None:

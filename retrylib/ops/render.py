@@ -1,5 +1,5 @@
 """Text and JSON for the terminal: what `retrylib status` found and `retrylib redrive` did,
-and a redrive's progress."""
+a redrive's progress, and what a delay router does (`retrylib check`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,27 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from retrylib.config.durations import format_duration
-from retrylib.ops.status import BATCH_COUNTS
 
 if TYPE_CHECKING:
+    from retrylib.config.model import DelayRouterConfig
     from retrylib.ops.redrive import RedriveReport
+
+
+def describe_router(router: DelayRouterConfig) -> str:
+    """What a delay router does, in one line of `retrylib check`."""
+    topics = ", ".join(
+        f"{topic} ({format_duration(delay)})" for topic, delay in router.topics.items()
+    )
+    no_destination = (
+        f"to {router.fallback_topic}"
+        if router.fallback_topic is not None
+        else "logged at ERROR and counted (no fallback_topic)"
+    )
+    return (
+        f"delay router: records of {topics} go to the topic in their {router.target_header} "
+        f"header once {router.timestamp_header} (epoch seconds) + the delay has passed; "
+        f"records with no such topic {no_destination}"
+    )
 
 
 def render_status(status: Mapping[str, Any]) -> str:
@@ -59,8 +76,34 @@ def render_status(status: Mapping[str, Any]) -> str:
         missing = [t for tier in status["retry_tiers"] for t in tier["missing_topics"]]
         if missing:
             lines.append(f"  missing retry topics (created when the job starts): {missing}")
-    dead = status["dead_letters"]
-    lines.append("")
+    if status["delay_topics"]:
+        lines += ["", "delay topics"]
+        rows = [("topic", "delay", "waiting", "due", "oldest waiting", "next due")]
+        for topic in status["delay_topics"]:
+            waiting = str(topic["waiting"]) + ("" if topic["exact"] else "+")
+            rows.append(
+                (
+                    topic["topics"][0],
+                    topic["delay"],
+                    waiting,
+                    str(topic["due"]),
+                    _ago(topic["oldest_waiting_age_seconds"]),
+                    _due(topic["next_due_in_seconds"]),
+                )
+            )
+        lines += _table(rows)
+        missing = [t for topic in status["delay_topics"] for t in topic["missing_topics"]]
+        if missing:
+            lines.append(f"  missing delay topics (create them): {missing}")
+    lines += _dead_letter_lines(status["dead_letters"])
+    lines += _batch_lines(status["last_batches"])
+    return "\n".join(lines)
+
+
+def _dead_letter_lines(dead: Mapping[str, Any] | None) -> list[str]:
+    if dead is None:  # a delay router
+        return []
+    lines = [""]
     if not dead["exists"]:
         lines.append(f"dead letters: no table {dead['table']} yet")
     else:
@@ -79,18 +122,34 @@ def render_status(status: Mapping[str, Any]) -> str:
                     )
                 )
             lines += _table(rows)
-    recent = status["last_batches"]
-    lines.append("")
+    return lines
+
+
+_COUNT_HEADINGS = {
+    "records_main": "in main",
+    "records_retry": "in retry",
+    "succeeded": "ok",
+    "retried": "retried",
+    "dead_lettered": "dead",
+    "duplicates_skipped": "dup",
+    "records_delayed": "in",
+    "forwarded": "forwarded",
+    "requeued_not_due": "held",
+    "forwarded_to_fallback": "fallback",
+    "unroutable": "unroutable",
+}
+
+
+def _batch_lines(recent: Mapping[str, Any]) -> list[str]:
     if not recent["batches"]:
-        lines.append("last batches: none recorded")
-    else:
-        lines.append(f"last batches (from {recent['source'].replace('_', ' ')})")
-        rows = [("batch", "at", "in main", "in retry", "ok", "retried", "dead", "dup", "ms")]
-        for b in recent["batches"]:
-            figures = ("-" if b[k] is None else str(b[k]) for k in (*BATCH_COUNTS, "duration_ms"))
-            rows.append((str(b["batch_id"]), b["at"] or "-", *figures))
-        lines += _table(rows)
-    return "\n".join(lines)
+        return ["", "last batches: none recorded"]
+    lines = ["", f"last batches (from {recent['source'].replace('_', ' ')})"]
+    counts = recent["counts"]
+    rows = [("batch", "at", *(_COUNT_HEADINGS[name] for name in counts), "ms")]
+    for b in recent["batches"]:
+        figures = ("-" if b[k] is None else str(b[k]) for k in (*counts, "duration_ms"))
+        rows.append((str(b["batch_id"]), b["at"] or "-", *figures))
+    return lines + _table(rows)
 
 
 def _table(rows: list[tuple[str, ...]], *, right_aligned: bool = True) -> list[str]:

@@ -15,6 +15,9 @@ comes from:
   one failed and entered the tier), `next_due_at` (earliest `retrylib.not_before`; in the
   past means due already). At most `scan_limit` records are read per tier; beyond that
   the rest are counted by offsets (an upper bound) and `exact` is false.
+- Delay topics (a delay router's, `delay_topics`): counted as a tier's records are, each
+  due at its Kafka timestamp + the topic's delay (the senders' `msg_ts` is not read).
+  `dead_letters` is null for a router, and its last batches count what it forwarded.
 - Dead letters: counted by error class from the dead-letter Delta table, with how many
   were redriven and how many a redrive claimed but has not confirmed yet.
 - Last batches: from the metrics table when `[metrics] table` is set and holds rows, else
@@ -67,7 +70,7 @@ def collect_status(
     or through `tool_session()` when it is None. A missing table or checkpoint is reported
     in place (`exists: false`), not raised.
     """
-    dead_letter = config.dead_letter.table_ref()
+    dead_letter = config.dead_letter.table_ref() if config.dead_letter is not None else None
     metrics = config.metrics.table_ref()
     if spark is None:
         spark = tool_session(f"retrylib-status-{config.job.name}")
@@ -93,11 +96,16 @@ def collect_status(
     }
     main_topics: list[dict[str, Any]] = []
     tiers: list[dict[str, Any]] = []
+    delay_topics: list[dict[str, Any]] = []
     try:
         main_topics = _main_topics(config, kafka, position, known=committed is not None)
         tiers = [
             _tier(config, tier, kafka, position, now_ms, timeout, scan_limit)
             for tier in config.retry.tiers
+        ]
+        delay_topics = [
+            _tier(config, tier, kafka, position, now_ms, timeout, scan_limit)
+            for tier in _router_tiers(config)
         ]
     except KafkaException as e:
         broker["reachable"] = False
@@ -110,7 +118,8 @@ def collect_status(
         "broker": broker,
         "main_topics": main_topics,
         "retry_tiers": tiers,
-        "dead_letters": dead_letter_summary(spark, dead_letter),
+        "delay_topics": delay_topics,
+        "dead_letters": None if dead_letter is None else dead_letter_summary(spark, dead_letter),
         "last_batches": last_batches(spark, config, metrics, batches),
     }
 
@@ -134,6 +143,17 @@ def _main_topics(
             )
         result.append({"topic": topic, "exists": True, "partitions": len(found[topic]), "lag": lag})
     return result
+
+
+def _router_tiers(config: Config) -> list[RetryTier]:
+    """A delay router's topics, each shown as a tier of its own (none for a handler job)."""
+    router = config.delay_router
+    if router is None:
+        return []
+    return [
+        RetryTier(index, delay_ms, {topic: topic})
+        for index, (topic, delay_ms) in enumerate(router.topics.items())
+    ]
 
 
 def _tier(
@@ -287,15 +307,28 @@ BATCH_COUNTS = (
     Count.DUPLICATES_SKIPPED,
 )
 """The record counts `last_batches` gives for each batch, in the order `status` shows them."""
-_BATCH_COLUMNS = ("batch_id", "replayed", "duration_ms", *BATCH_COUNTS)
+ROUTER_BATCH_COUNTS = (
+    Count.RECORDS_DELAYED,
+    Count.FORWARDED,
+    Count.REQUEUED_NOT_DUE,
+    Count.FORWARDED_TO_FALLBACK,
+    Count.UNROUTABLE,
+)
+"""`BATCH_COUNTS` of a delay router."""
+
+
+def batch_counts(config: Config) -> tuple[str, ...]:
+    """The record counts `last_batches` gives for each batch of the job of `config`."""
+    return BATCH_COUNTS if config.delay_router is None else ROUTER_BATCH_COUNTS
 
 
 def last_batches(
     spark: SparkSession, config: Config, metrics: TableRef | None, count: int
 ) -> dict[str, Any]:
-    """The last `count` batches' figures, newest first, and where they came from: the
-    `metrics` table when given and holding rows, else the checkpoint's manifests.
+    """The last `count` batches' figures (`batch_counts`), newest first, and where they came
+    from: the `metrics` table when given and holding rows, else the checkpoint's manifests.
     """
+    counted = batch_counts(config)
     if metrics is not None:
         from pyspark.sql import functions as F
 
@@ -304,7 +337,7 @@ def last_batches(
         if table_exists(spark, metrics):
             rows = (
                 read_table(spark, metrics)
-                .select(*_BATCH_COLUMNS, "finished_at")
+                .select("batch_id", "replayed", "duration_ms", *counted, "finished_at")
                 .orderBy(F.desc("finished_at"), F.desc("batch_id"))
                 .limit(count)
                 .toArrow()
@@ -313,7 +346,7 @@ def last_batches(
             if rows:
                 for row in rows:
                     row["at"] = _iso_datetime(row.pop("finished_at"))
-                return {"source": "metrics_table", "batches": rows}
+                return {"source": "metrics_table", "counts": list(counted), "batches": rows}
     checkpoint = Checkpoint(config.job.checkpoint)
     batches = []
     for number in reversed(checkpoint.manifest_ids(spark)[-count:] if count else []):
@@ -321,9 +354,10 @@ def last_batches(
         if manifest is None:  # removed by the job's clean-up since the listing
             continue
         counters = manifest.get("counters", {})
-        counts = {name: counters.get(name, 0) for name in BATCH_COUNTS}
-        # A manifest counts retries per tier.
-        counts["retried"] = sum(v for k, v in counters.items() if k.startswith(RETRIED_TIER_PREFIX))
+        counts = {name: counters.get(name, 0) for name in counted}
+        if "retried" in counted:  # a manifest counts retries per tier
+            retried = (v for k, v in counters.items() if k.startswith(RETRIED_TIER_PREFIX))
+            counts["retried"] = sum(retried)
         batches.append(
             {
                 "batch_id": number,
@@ -333,7 +367,8 @@ def last_batches(
                 **counts,
             }
         )
-    return {"source": "manifests" if batches else None, "batches": batches}
+    source = "manifests" if batches else None
+    return {"source": source, "counts": list(counted), "batches": batches}
 
 
 def _iso(ms: int | None) -> str | None:

@@ -29,6 +29,10 @@ class Reason(StrEnum):
     """A signed record on a retry tier whose retry headers cannot be read."""
     UNKNOWN_ORIGIN_TOPIC = "unknown_origin_topic"
     """The record's origin topic is no longer one of the job's main topics."""
+    NO_FINAL_TOPIC = "no_final_topic"
+    """A record on a delay router's topic names no destination (`forwarding`)."""
+    UNKNOWN_FINAL_TOPIC = "unknown_final_topic"
+    """A record on a delay router's topic names a destination that is not a topic."""
 
 
 class Count(StrEnum):
@@ -62,6 +66,16 @@ class Count(StrEnum):
     """retrylib's own header names taken off main-topic records."""
     HOOK_ERRORS = "hook_errors"
     """Calls of the user's lifecycle hooks that raised (`hooks`)."""
+    RECORDS_DELAYED = "records_delayed"
+    """Records read from a delay router's topics (`forwarding`)."""
+    FORWARDED = "forwarded"
+    """Records a delay router produced to the topic they name."""
+    FORWARDED_TO_FALLBACK = "forwarded_to_fallback"
+    """Records a delay router sent to its fallback topic: no destination they name exists."""
+    UNROUTABLE = "unroutable"
+    """Records with no destination and no fallback topic: logged at ERROR, not produced."""
+    TIMESTAMP_HEADER_MISSING = "timestamp_header_missing"
+    """Records whose sent-at header was missing or unreadable: delayed from their timestamp."""
     HANDLER_MS = "handler_ms"
     """Time spent in the handler."""
     KAFKA_READ_MS = "kafka_read_ms"

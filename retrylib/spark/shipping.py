@@ -47,7 +47,11 @@ def ship_code(spark: SparkSession, config: Config) -> None:
     Packages that come from site-packages (installed as a wheel on the cluster) are left
     alone.
     """
-    references = {"handler.function": config.handler.function}
+    references = {}
+    paths = config.kafka.import_paths
+    if config.handler is not None:
+        references["handler.function"] = config.handler.function
+        paths = config.handler.paths
     references.update(
         (f"hooks.{name}", reference)
         for name, reference in config.hooks.references(RECORD_HOOKS).items()
@@ -55,7 +59,7 @@ def ship_code(spark: SparkSession, config: Config) -> None:
     security = config.kafka.security
     if security is not None and security.token_provider is not None:
         references["kafka.security.token_provider"] = security.token_provider
-    sources = {code_source(ref, config.handler.paths, key) for key, ref in references.items()}
+    sources = {code_source(ref, paths, key) for key, ref in references.items()}
     for source in sorted(sources):
         _ship(spark, source)
 

@@ -1,0 +1,72 @@
+"""A delay router's decisions for one record (`forwarding`): when it was sent, where it goes,
+and whether it waits longer."""
+
+from __future__ import annotations
+
+import pytest
+
+from retrylib.forwarding import Forward, Hold, NoDestination, destination, hold, sent_at_ms
+from retrylib.retry.outcomes import Reason
+
+TOPICS = frozenset({"orders", "payments", "__consumer_offsets"})
+
+
+@pytest.mark.parametrize(
+    ("value", "ms"),
+    [
+        (b"1764000000", 1_764_000_000_000),
+        (b" 1764000000\n", 1_764_000_000_000),  # `date +%s` through a shell keeps a newline
+        (b"1764000000.25", 1_764_000_000_250),
+        (b"1764000000.123456", 1_764_000_000_123),
+        (b"1764000000.", 1_764_000_000_000),
+        (b"0", 0),
+    ],
+)
+def test_sent_at_reads_epoch_seconds(value: bytes, ms: int) -> None:
+    assert sent_at_ms(value) == ms
+
+
+@pytest.mark.parametrize(
+    "value", [None, b"", b"soon", b"-5", b"1764000000000000", b"1.2.3", b"\xff", b"1e9"]
+)
+def test_sent_at_is_none_for_what_is_not_epoch_seconds(value: bytes | None) -> None:
+    assert sent_at_ms(value) is None
+
+
+def test_a_named_topic_of_the_cluster_is_the_destination() -> None:
+    assert destination(b"orders", "final_topic", TOPICS) == Forward("orders")
+
+
+@pytest.mark.parametrize(
+    ("target", "reason", "message"),
+    [
+        (None, Reason.NO_FINAL_TOPIC, "the record has no final_topic header"),
+        (b"nope", Reason.UNKNOWN_FINAL_TOPIC, 'final_topic "nope" is not a topic of the cluster'),
+        (b"", Reason.UNKNOWN_FINAL_TOPIC, 'final_topic "" is not a topic of the cluster'),
+        (b"__consumer_offsets", Reason.UNKNOWN_FINAL_TOPIC, '"__consumer_offsets" is not a topic'),
+        (b"ord\xffers", Reason.UNKNOWN_FINAL_TOPIC, '"ord\\ufffders" is not a topic'),
+    ],
+)
+def test_no_destination_says_why(target: bytes | None, reason: Reason, message: str) -> None:
+    found = destination(target, "final_topic", TOPICS)
+    assert isinstance(found, NoDestination)
+    assert found.reason == reason
+    assert message in found.message
+
+
+def test_a_record_is_due_once_sent_at_plus_delay_has_passed() -> None:
+    assert hold(sent_ms=10_000, delay_ms=5_000, now_ms=15_000) is None
+    assert hold(sent_ms=10_000, delay_ms=5_000, now_ms=20_000) is None
+
+
+def test_a_record_not_due_is_stamped_to_be_released_when_due() -> None:
+    # Sent at 10 s but stamped by Kafka at 9 s: released at 14 s, due at 15 s.
+    assert hold(sent_ms=10_000, delay_ms=5_000, now_ms=14_000) == Hold(10_000)
+
+
+def test_a_sender_clock_ahead_of_now_is_never_stamped_in_the_future() -> None:
+    # Sent "at" 100 s by a clock 86 s ahead: stamped now, so it comes round again after
+    # one delay, and again until it is due.
+    assert hold(sent_ms=100_000, delay_ms=5_000, now_ms=14_000) == Hold(14_000)
+    assert hold(sent_ms=100_000, delay_ms=5_000, now_ms=104_000) == Hold(100_000)
+    assert hold(sent_ms=100_000, delay_ms=5_000, now_ms=105_000) is None
