@@ -122,3 +122,9 @@ def test_delay_topics_must_be_topic_names_with_durations(tmp_path: Path) -> None
         "delay_router.topics: names no delay topic; add one, as [delay_router.topics] "
         '"retry_topic_5min" = "5m"'
     ]
+
+
+def test_the_shipped_router_config_is_valid() -> None:
+    config = load_config(Path(__file__).parents[2] / "conf" / "retry_router.toml")
+    assert config.delay_router is not None
+    assert config.delay_router.fallback_topic == "retry_fallback"
