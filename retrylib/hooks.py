@@ -23,6 +23,7 @@ recorded.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
@@ -46,6 +47,7 @@ class Hooks:
         }
         self._counters = counters
         self._logged: set[str] = set()
+        self._failures = threading.Lock()  # record hooks may run on several lanes at once
         self.around_calls = "before_record" in self._functions or "after_record" in self._functions
         """Whether a hook watches each handler call (the handler loop checks it once)."""
 
@@ -57,9 +59,11 @@ class Hooks:
         try:
             function(*args)
         except BaseException as error:  # a hook never stops the job, whatever it raises
-            self._counters[Count.HOOK_ERRORS] += 1
-            if name not in self._logged:
+            with self._failures:
+                self._counters[Count.HOOK_ERRORS] += 1
+                first = name not in self._logged
                 self._logged.add(name)
+            if first:
                 log.warning(
                     "hook %s (%s) raised %s: %s; the job goes on, and counts each failure as "
                     "hook_errors (only the first of this hook is logged here)",

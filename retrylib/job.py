@@ -306,6 +306,7 @@ def task_plan(
         jitter=retry.jitter,
         non_retryable=retry.non_retryable,
         handler_kind=config.handler.kind,
+        handler_parallelism=config.handler.parallelism,
         bootstrap_servers=config.kafka.bootstrap_servers,
         client_options=config.kafka.client_options(),
         secret_options=config.secret_options(),

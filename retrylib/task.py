@@ -35,6 +35,7 @@ from retrylib.hooks import Hooks
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
 from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
+from retrylib.lanes import Lanes
 from retrylib.logs import configure_worker_logging
 from retrylib.record import Record
 from retrylib.results import ResultRows, output_batch
@@ -81,6 +82,7 @@ class TaskPlan:
     max_retry_after_ms: int
     signing_key: bytes  # signs every staged record; a retry record must carry its signature
     handler_kind: str = "record"
+    handler_parallelism: int = 1  # lanes per task (`lanes`), for record handlers
     bootstrap_servers: str = ""  # and client_options: how the task reads offset ranges
     client_options: Mapping[str, str] = field(default_factory=dict)
     secret_options: tuple[str, ...] = ()  # names among client_options, masked in logs
@@ -150,6 +152,10 @@ class TaskRouter:
         # has one, rows). Written together; a record whose rows do not fit fails alone.
         self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
         self.retries = RetryRecords(plan, _policy(plan), self.tier_of, self.counters, self.hooks)
+        self.lanes: Lanes | None = None
+        if plan.handler_parallelism > 1 and plan.handler_kind == "record" and not plan.isolate:
+            # The lanes keep the timeout themselves: SIGALRM only reaches the main thread.
+            self.lanes = Lanes(plan.handler_parallelism, self._hooked_call, plan.handler_timeout_ms)
 
     def route(self, batch: pa.RecordBatch) -> None:
         """Route a RecordBatch of Kafka records (`KAFKA_ARROW_SCHEMA`)."""
@@ -225,6 +231,8 @@ class TaskRouter:
         """Yields the result rows not yet handed over, then the task's counters row."""
         self._flush()
         yield from self.results.drain()
+        if self.lanes is not None:
+            self.lanes.close()
         self.counters[Count.HANDLER_MS] = self.handler_ns // 1_000_000
         if self.read_ns:
             self.counters[Count.KAFKA_READ_MS] = self.read_ns // 1_000_000
@@ -290,7 +298,10 @@ class TaskRouter:
         `deliveries` are the records' Deliveries when they are retries; first deliveries
         (None) get one only if they fail. A successful call's rows wait in `pending`.
         """
-        invoke, columns, pending = self.invoke, self.columns, self.pending
+        if self.lanes is not None:
+            self._handle_in_lanes(records, deliveries)
+            return
+        invoke, keep = self.invoke, self._keep
         hooks = self.hooks if self.hooks.around_calls else None
         clock = time.perf_counter_ns
         spent = 0
@@ -310,16 +321,47 @@ class TaskRouter:
             spent += clock() - started
             if hooks is not None:
                 hooks.call("after_record", record, None)
-            if type(result) is dict and result.keys() <= columns:
-                rows: Sequence[dict] = (result,)  # the common case, checked cheaply
-            else:
-                try:
-                    rows = result_rows(result, columns)
-                except BadHandlerResult as error:
-                    self.retries.fail(self._delivery(record, deliveries, index), error)
-                    continue
-            pending.append((record, deliveries[index] if deliveries else None, rows))
+            keep(record, deliveries, index, result)
         self.handler_ns += spent
+
+    def _keep(
+        self, record: Record, deliveries: list[Delivery] | None, index: int, result: object
+    ) -> None:
+        """Keep a successful call's rows in `pending`, or fail the record on a bad result."""
+        if type(result) is dict and result.keys() <= self.columns:
+            rows: Sequence[dict] = (result,)  # the common case, checked cheaply
+        else:
+            try:
+                rows = result_rows(result, self.columns)
+            except BadHandlerResult as error:
+                self.retries.fail(self._delivery(record, deliveries, index), error)
+                return
+        self.pending.append((record, deliveries[index] if deliveries else None, rows))
+
+    def _handle_in_lanes(self, records: list[Record], deliveries: list[Delivery] | None) -> None:
+        """`_handle_each` with the calls spread over the task's lanes (`lanes`)."""
+        assert self.lanes is not None
+        for index, call in enumerate(self.lanes.call_all(records)):
+            self.handler_ns += call.elapsed_ns
+            if call.error is not None:
+                self.retries.fail(self._delivery(records[index], deliveries, index), call.error)
+            else:
+                self._keep(records[index], deliveries, index, call.result)
+
+    def _hooked_call(self, record: Record) -> object:
+        """One lane's call of the handler for `record`, between its record hooks."""
+        hooks = self.hooks if self.hooks.around_calls else None
+        if hooks is not None:
+            hooks.call("before_record", record)
+        try:
+            result = self.handler(record)
+        except BaseException as raised:
+            if hooks is not None:
+                hooks.call("after_record", record, as_failure(raised))
+            raise
+        if hooks is not None:
+            hooks.call("after_record", record, None)
+        return result
 
     def _delivery(self, record: Record, deliveries: list[Delivery] | None, index: int) -> Delivery:
         if deliveries is not None:

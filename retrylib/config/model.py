@@ -135,6 +135,7 @@ class HandlerConfig:
     paths: tuple[str, ...]
     timeout_ms: int | None  # the longest one handler call may run; None: no limit
     kind: str = "record"  # "record": one call per record; "arrow"/"pandas": one per batch
+    parallelism: int = 1  # concurrent calls per Spark task, records spread by key (`lanes`)
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,14 @@ def read_handler(t: Table, check_imports: bool) -> HandlerConfig | None:
     paths = t.strings("paths", TEXT, 'paths = ["."]', ["."])
     timeout = t.duration("timeout", 'timeout = "30s"', None, positive=True)
     kind = t.get("kind", HANDLER_KIND, 'kind = "record"', "record")
+    parallelism = t.get("parallelism", POSITIVE_INT, "parallelism = 8", 1)
     t.finish()
+    if parallelism and parallelism > 1 and kind not in (None, "record"):
+        t.problems.add(
+            t.path("parallelism"),
+            f'spreads calls for one record at a time over lanes, but handler.kind = "{kind}" '
+            "hands the handler whole batches; remove it, or use a record handler",
+        )
     schema = _schema(t.problems, t.path("output_schema"), ddl) if ddl else None
     if paths:
         paths = t.values["paths"] = tuple(os.path.abspath(p) for p in paths)
@@ -232,7 +239,7 @@ def read_handler(t: Table, check_imports: bool) -> HandlerConfig | None:
             _check_import(t.problems, t.path("function"), function, paths, callable, "callable")
     if not t.ok:
         return None
-    return HandlerConfig(function, schema, paths, timeout, kind)
+    return HandlerConfig(function, schema, paths, timeout, kind, parallelism)
 
 
 def _schema(problems: Problems, key: str, ddl: str) -> OutputSchema | None:
