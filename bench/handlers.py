@@ -33,6 +33,12 @@ def trivial(record) -> dict:
     return {"partition": record.partition, "offset": record.offset, "size": len(record.value)}
 
 
+def waiting_io(record) -> dict:
+    """`trivial` after a 5 ms wait, as a call to another service would make (`lanes`)."""
+    time.sleep(0.005)
+    return {"partition": record.partition, "offset": record.offset, "size": len(record.value)}
+
+
 def flaky(record) -> dict:
     """`trivial`, except that a marked record fails on attempt 0."""
     if record.attempt == 0 and record.value[:1] == FAIL_MARK:

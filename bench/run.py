@@ -41,13 +41,25 @@ from bench.report import (
 from tests.helpers import write_job_toml
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("ceiling", "baseline", "bare", "retrylib", "arrow", "python", "memory", "lateness")
-THROUGHPUT_PARTS = set(PARTS) - {"lateness"}
+PARTS = (
+    "ceiling",
+    "baseline",
+    "bare",
+    "retrylib",
+    "arrow",
+    "python",
+    "memory",
+    "lateness",
+    "lanes",
+)
+THROUGHPUT_PARTS = set(PARTS) - {"lateness", "lanes"}
 # Goals of the issue, for retrylib with the per-record handler, in steady state.
 GOAL_VS_BARE = 0.8
 GOAL_VS_BASELINE = 1.5
 MAIN_TOPIC = "bench-main"
 LATE_TOPIC = "bench-late"
+LANES_TOPIC = "bench-lanes"
+LANES_FACTORS = (1, 4)  # calls at once per run, times the partitions
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -83,6 +95,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=10.0,
         help="seconds over which the lateness records are produced",
+    )
+    p.add_argument(
+        "--lanes-records",
+        type=int,
+        default=20_000,
+        help="records of the lanes runs, each handled with a 5 ms wait (20000)",
     )
     p.add_argument(
         "--only",
@@ -200,9 +218,19 @@ class Bench:
         events: Path | None = None,
         kind: str = "record",
         source: str = "builtin",
+        parallelism: int = 1,
     ) -> dict:
         config = self.write_config(
-            label, handler, cap, topic, ddl, delay or self.args.tier_delay, trigger, kind, source
+            label,
+            handler,
+            cap,
+            topic,
+            ddl,
+            delay or self.args.tier_delay,
+            trigger,
+            kind,
+            source,
+            parallelism,
         )
         result_path = self.workdir / f"{label}.json"
         command = [
@@ -247,7 +275,9 @@ class Bench:
         ]
         return self.run_process(label, command, result_path)
 
-    def write_config(self, label, handler, cap, topic, ddl, delay, trigger, kind, source):
+    def write_config(
+        self, label, handler, cap, topic, ddl, delay, trigger, kind, source, parallelism
+    ):
         root = self.workdir / label
         return write_job_toml(
             self.workdir / f"{label}.toml",
@@ -260,6 +290,7 @@ class Bench:
                 "output_schema": ddl,
                 "paths": [REPO],
                 "kind": kind,
+                "parallelism": parallelism,
             },
             job={"trigger": trigger},
             kafka={
@@ -324,6 +355,28 @@ class Bench:
                 if memory_cap == cap and "retrylib-trivial" in self.results:
                     continue
                 self.retrylib(f"retrylib-cap{memory_cap}", "trivial", cap=memory_cap)
+
+    def run_lanes(self) -> None:
+        """A handler that waits 5 ms per record, with as many calls at once as the topic has
+        partitions (what a consumer per partition gets), then with 4 times as many (lanes)."""
+        from retrylib.kafka.clients import ensure_topics, make_admin
+
+        a = self.args
+        ensure_topics(make_admin(self.bootstrap, {}), {LANES_TOPIC: a.partitions}, create=True)
+        produce_input(self.bootstrap, LANES_TOPIC, a.lanes_records, a.partitions, 200, 0.0)
+        for factor in LANES_FACTORS:
+            self.retrylib(
+                f"lanes-x{factor}",
+                "waiting_io",
+                cap=a.lanes_records // 4,
+                topic=LANES_TOPIC,
+                parallelism=self.lanes_per_task(factor),
+            )
+
+    def lanes_per_task(self, factor: int) -> int:
+        """Lanes per task for `factor` x partitions calls at once: a batch runs one task per
+        core."""
+        return max(1, factor * self.args.partitions // self.cores())
 
     def run_lateness(self) -> None:
         from retrylib.kafka.clients import ensure_topics, make_admin
@@ -423,6 +476,7 @@ class Bench:
         out.append(self.split_table())
         out.append(self.memory_table())
         out.append(self.lateness_table())
+        out.append(self.lanes_table())
         return "\n\n".join(part for part in out if part)
 
     def header(self) -> str:
@@ -820,6 +874,26 @@ class Bench:
             "Driver memory against batch size (retrylib, trivial handler; peaks in MiB)",
         )
 
+    def lanes_table(self) -> str:
+        runs = [(f, self.summary(f"lanes-x{f}")) for f in LANES_FACTORS]
+        runs = [(f, s) for f, s in runs if s is not None]
+        if not runs:
+            return ""
+        first = runs[0][1]
+        rows = []
+        for factor, s in runs:
+            lanes = self.lanes_per_task(factor)
+            vs = ratio(s["steady"], first["steady"])
+            rows.append(
+                [lanes * self.cores(), lanes, fmt(s["steady"], 0), fmt(s["run"]), fmt(vs, 2)]
+            )
+        title = (
+            f"handler.parallelism (virtual partitions): {self.args.lanes_records:,} records, "
+            f"a 5 ms wait each, {self.args.partitions} partitions, {self.cores()} cores"
+        )
+        headers = ["calls at once", "lanes/task", "steady rec/s", "run s", "x first row"]
+        return table(headers, rows, title)
+
     def lateness_table(self) -> str:
         entry = self.results.get("lateness")
         if not entry or "lateness" not in entry:
@@ -951,6 +1025,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.run_throughput()
         if "lateness" in args.only:
             bench.run_lateness()
+        if "lanes" in args.only:
+            bench.run_lanes()
         text = bench.report()
         print(text)
         if args.json:

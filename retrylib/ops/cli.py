@@ -204,6 +204,11 @@ def _check(args: argparse.Namespace) -> int:
         from retrylib.ops.render import describe_router
 
         _out(describe_router(config.delay_router))
+    elif config.handler is not None and config.handler.parallelism > 1:
+        _out(
+            f"handler: {config.handler.parallelism} lanes per Spark task (handler.parallelism): "
+            "calls for different keys at once, each key's records one at a time, in order"
+        )
     hooks = config.hooks.references()
     if hooks:
         _out("hooks import: " + ", ".join(f"{name} = {ref}" for name, ref in hooks.items()))

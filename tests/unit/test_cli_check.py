@@ -168,3 +168,10 @@ def test_check_imports_the_hooks_and_names_the_broken_one(tmp_path, capsys):
     bad = write(tmp_path, hooks={"on_dead_letter": "h:no_such_function"})
     assert main(["check", str(bad)]) == EXIT_CONFIG
     assert "error: hooks.on_dead_letter: cannot import" in capsys.readouterr().err
+
+
+def test_check_says_how_many_lanes_a_task_runs(tmp_path, capsys):
+    path = write(tmp_path, handler={"parallelism": 6})
+
+    assert main(["check", str(path)]) == EXIT_OK
+    assert "handler: 6 lanes per Spark task (handler.parallelism)" in capsys.readouterr().out
