@@ -99,8 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--lanes-records",
         type=int,
-        default=20_000,
-        help="records of the lanes runs, each handled with a 5 ms wait (20000)",
+        default=40_000,
+        help="records of the lanes runs, each handled with a 5 ms wait (40000)",
     )
     p.add_argument(
         "--only",
@@ -368,7 +368,7 @@ class Bench:
             self.retrylib(
                 f"lanes-x{factor}",
                 "waiting_io",
-                cap=a.lanes_records // 4,
+                cap=a.lanes_records // 2,  # two batches: "steady" is the second one
                 topic=LANES_TOPIC,
                 parallelism=self.lanes_per_task(factor),
             )
@@ -482,11 +482,16 @@ class Bench:
     def header(self) -> str:
         a = self.args
         load = os.getloadavg()
+        machine = (
+            f"master {a.master}, {os.cpu_count()} CPUs, "
+            f"load avg {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}"
+        )
+        if not self.input:  # no throughput part ran: its input was not produced
+            return f"retrylib bench: {machine}"
         return (
             f"retrylib bench: {a.records:,} records x {a.record_bytes} B, {a.partitions} "
-            f"partitions, failure rate {a.failure_rate:.0%} (failure runs), master {a.master}, "
-            f"maxOffsetsPerTrigger {a.max_offsets_per_trigger:,}, {os.cpu_count()} CPUs, "
-            f"load avg {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}\n"
+            f"partitions, failure rate {a.failure_rate:.0%} (failure runs), "
+            f"maxOffsetsPerTrigger {a.max_offsets_per_trigger:,}, {machine}\n"
             f"input produced in {self.input.get('seconds', 0):.1f}s; "
             f"{self.input.get('marked', 0):,} records marked to fail once"
         )
