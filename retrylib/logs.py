@@ -109,8 +109,9 @@ class RedactingFilter(logging.Filter):
 
 
 _REDACTOR = RedactingFilter()
-# Worker processes never call `configure_logging`: librdkafka's lines, and any other line
-# that falls through to Python's last-resort handler (stderr), are masked there too.
+# A process that has not called `configure_logging` (a worker before its first task, a
+# user's own) masks librdkafka's lines, and any other line that falls through to Python's
+# last-resort handler (stderr), too.
 logging.getLogger(KAFKA_CLIENT_LOGGER).addFilter(_REDACTOR)
 if logging.lastResort is not None:
     logging.lastResort.addFilter(_REDACTOR)
@@ -208,8 +209,13 @@ def configure_worker_logging() -> None:
     if _worker_logging:
         return
     _worker_logging = True
-    if not logging.getLogger().handlers:
-        configure_logging()
+    if logging.getLogger().handlers:
+        return
+    configure_logging()
+    # The tasks' own Kafka clients warn of what concerns their reads (a configuration
+    # warning, a broker away): unlike the driver's, their warnings are shown.
+    kafka = logging.getLogger(KAFKA_CLIENT_LOGGER)
+    kafka.setLevel(min(kafka.level, logging.WARNING))
 
 
 def redact_secrets(values: Iterable[str]) -> None:
