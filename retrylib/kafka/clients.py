@@ -256,19 +256,28 @@ def connected_admin(
         except KafkaException as e:
             last = kafka_error_text(e)
         admin.poll(0)
-        refused = [error for error in refusals if error.code() in _REFUSALS]
-        if refused:
-            error = refused[0]
-            raise KafkaConnectError(
-                f"the Kafka brokers at {bootstrap_servers} {_REFUSALS[error.code()]} "
-                f"({login}): {redact(error.str())}; check kafka.security"
-            )
+        refused = login_refusal(refusals, bootstrap_servers, login)
+        if refused is not None:
+            raise KafkaConnectError(refused)
         if time.monotonic() >= deadline:
             reason = redact(refusals[-1].str()) if refusals else last
             raise KafkaConnectError(
                 f"no Kafka broker at {bootstrap_servers} answered within {timeout:g}s "
                 f"({login}): {reason}"
             )
+
+
+def login_refusal(errors: Iterable[KafkaError], bootstrap_servers: str, login: str) -> str | None:
+    """What the first of a client's connection `errors` that no retry can cure says (the
+    brokers refused the login, or the TLS handshake failed), naming the brokers and `login`
+    (how the job logs in, never a secret); None when there is none."""
+    for error in errors:
+        if error.code() in _REFUSALS:
+            return (
+                f"the Kafka brokers at {bootstrap_servers} {_REFUSALS[error.code()]} "
+                f"({login}): {redact(error.str())}; check kafka.security"
+            )
+    return None
 
 
 def topic_partitions(

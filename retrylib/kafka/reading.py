@@ -91,14 +91,18 @@ class KafkaOffsets:
         bootstrap_servers: str,
         options: Mapping[str, str],
         timeout: float = OFFSETS_TIMEOUT_S,
-        errors: list[str] | None = None,
+        errors: list[KafkaError] | None = None,
     ) -> None:
-        """`errors`, when given, collects the client's connection errors as text."""
+        """`errors`, when given, collects the client's connection errors."""
         settings = client_config(bootstrap_servers, options)
         if errors is not None:
-            settings["error_cb"] = lambda error: errors.append(error.str())
+            settings["error_cb"] = errors.append
         self.admin = AdminClient(settings)
         self.timeout = timeout
+
+    def serve_errors(self) -> None:
+        """Hand the client's connection errors so far to `errors` (callbacks wait for this)."""
+        self.admin.poll(0)
 
     def partitions(self, topics: Iterable[str], pattern: str | None = None) -> dict[str, list[int]]:
         """Partition numbers of each existing topic among `topics`, then of those matching

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.config.durations import format_duration
 from retrylib.config.model import Config
 from retrylib.config.topics import produced_topic
 from retrylib.errors import RetrylibError
-from retrylib.kafka.clients import kafka_error_text
+from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.reading import KafkaOffsets
 from retrylib.retry.policy import ANY_TOPIC
 from retrylib.spark.session import tool_session
@@ -53,7 +53,7 @@ def preflight(
 def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]]:
     kafka = config.kafka
     shown_servers = config.redacted()["kafka"]["bootstrap_servers"]
-    errors: list[str] = []
+    errors: list[KafkaError] = []
     lookups = KafkaOffsets(
         kafka.bootstrap_servers, kafka.client_options(), timeout=timeout, errors=errors
     )
@@ -62,7 +62,11 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
     try:
         found = lookups.partitions(named, kafka.topic_pattern)
     except KafkaException as e:
-        reason = errors[0] if errors else kafka_error_text(e)
+        lookups.serve_errors()
+        refused = login_refusal(errors, shown_servers, config.kafka_login())
+        if refused is not None:
+            return False, [Finding("error", refused)]
+        reason = errors[0].str() if errors else kafka_error_text(e)
         message = f"broker {shown_servers} not reachable within {timeout:g}s ({reason})"
         return False, [Finding("warning", f"{message}; topics not checked")]
     # Each topic with what to say when it is missing: a main or delay topic must exist; the

@@ -32,12 +32,12 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.checkpoint import Checkpoint, read_json
 from retrylib.config.durations import format_duration
 from retrylib.config.model import Config, RetryTier
-from retrylib.kafka.clients import kafka_error_text
+from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.retry import headers
@@ -82,7 +82,7 @@ def collect_status(
     if committed is not None:
         position, triggered_ms = checkpoint.batch_offsets(spark, committed)
         last_batch = {"id": committed, "triggered_at": _iso(triggered_ms)}
-    errors: list[str] = []
+    errors: list[KafkaError] = []
     kafka = KafkaOffsets(
         config.kafka.bootstrap_servers,
         config.kafka.client_options(),
@@ -109,7 +109,9 @@ def collect_status(
         ]
     except KafkaException as e:
         broker["reachable"] = False
-        broker["error"] = errors[0] if errors else kafka_error_text(e)
+        kafka.serve_errors()
+        refused = login_refusal(errors, broker["bootstrap_servers"], config.kafka_login())
+        broker["error"] = refused or (errors[0].str() if errors else kafka_error_text(e))
     return {
         "job": config.job.name,
         "generated_at": _iso(now_ms),

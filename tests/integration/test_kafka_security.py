@@ -154,6 +154,16 @@ def test_a_wrong_password_stops_the_job_at_start_naming_brokers_and_mechanism(
     )
     assert wrong not in done.stdout + done.stderr
     assert not (tmp_path / "out").exists()
+    refused = (
+        f"the Kafka brokers at {servers_for(broker, protocol)} refused the login "
+        f"(SASL {mechanism} over {protocol}, user '{USER}')"
+    )
+    checked = retrylib("check", str(path), password=wrong)
+    assert checked.returncode != 0
+    assert f"error: {refused}" in checked.stderr, checked.stderr
+    status = retrylib("status", str(path), "--json", password=wrong)
+    assert refused in json.loads(status.stdout)["broker"]["error"], status.stdout
+    assert wrong not in checked.stdout + checked.stderr + status.stdout + status.stderr
 
 
 def test_a_broker_certificate_without_its_ca_stops_the_job_at_start(broker, topic, tmp_path):

@@ -28,6 +28,7 @@ def closed_broker(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(KafkaOffsets, "__init__", lambda self, *args, **kwargs: None)
     monkeypatch.setattr(KafkaOffsets, "partitions", refused)
+    monkeypatch.setattr(KafkaOffsets, "serve_errors", lambda self: None)
 
 
 def write(tmp_path: Path, **sections: Any) -> Path:
