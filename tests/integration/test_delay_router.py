@@ -10,10 +10,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Message
 from helpers import read_topic, run_retrylib
 
 from retrylib.kafka.clients import make_producer
+
+pytestmark = pytest.mark.every_spark
 
 DELAY_MS = 2_000
 Headers = list[tuple[str, bytes | None]]
