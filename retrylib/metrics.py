@@ -112,11 +112,11 @@ METRICS_SCHEMA = pa.schema(
 def input_lag(
     config: Config, end: Mapping[PartitionKey, int], kafka: KafkaOffsets, now_ms: int
 ) -> dict[str, dict[str, int]]:
-    """Per topic, records past `end` that are ready ("lag") and, on retry topics, those
-    still inside their delay ("not_due"). Partitions missing from `end` count from their
-    earliest offset.
+    """Per topic, records past `end` that are ready ("lag") and, on retry topics (or a
+    delay router's topics), those still inside their delay ("not_due"). Partitions missing
+    from `end` count from their earliest offset.
     """
-    delays = config.retry.tier_delays_ms()
+    delays = config.delayed_topics()
     found = kafka.partitions([*config.kafka.topics, *delays], config.kafka.topic_pattern)
     keys = [(topic, p) for topic, partitions in found.items() for p in partitions]
     latest = kafka.latest(keys)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Message
-from helpers import read_topic, run_retrylib
+from helpers import read_topic, run_job_available_now, run_retrylib
 
 from retrylib.kafka.clients import make_producer
 
@@ -54,9 +54,7 @@ def write_router(tmp_path: Path, bootstrap: str, delay_topic: str, fallback: str
 
 def run_router(path: Path, *, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {"RETRYLIB_CRASH_AT": crash_at} if crash_at else None
-    return run_retrylib(
-        "run", str(path), "--available-now", "--master", "local[2]", env=env, new_session=True
-    )
+    return run_job_available_now(path, env=env, new_session=True)
 
 
 def metrics(done: subprocess.CompletedProcess[str]) -> dict[str, int]:
@@ -198,6 +196,9 @@ def test_with_no_fallback_a_record_with_no_destination_is_logged_and_counted(
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert (metrics(done)["forwarded"], metrics(done)["unroutable"]) == (1, 1)
+    last = [line for line in done.stderr.splitlines() if "retrylib.metrics: " in line][-1]
+    lag = json.loads(last.split("retrylib.metrics: ", 1)[1])["input_lag"]
+    assert lag == {delay_topic: {"lag": 0, "not_due": 0}}
     [line] = [line for line in done.stderr.splitlines() if "not forwarded" in line]
     assert " ERROR " in line
     assert f'{delay_topic}[0]@1 not forwarded: final_topic "missing-topic" is not a topic' in line
