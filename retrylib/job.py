@@ -254,10 +254,7 @@ def source_frame(
     """
     kafka = config.kafka
     main, tiers = source_options(config)
-    builtin = kafka.source == "builtin" or (
-        kafka.source == "auto" and builtin_kafka_available(spark)
-    )
-    if builtin and config.delay_router is None:
+    if kafka.source == "builtin" or (kafka.source == "auto" and builtin_kafka_available(spark)):
         log.info("main topics read with Spark's built-in kafka source")
         frame = _read_kafka(spark, "kafka", {**main, "includeHeaders": "true"})
         if not config.retry.tier_delays_ms():

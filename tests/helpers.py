@@ -199,6 +199,22 @@ def run_retrylib(
     )
 
 
+def run_job_available_now(
+    path: str | Path, *, env: Mapping[str, str] | None = None, new_session: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`retrylib run PATH --available-now --master local[2]` as a user runs it (see
+    `run_retrylib` for `env` and `new_session`)."""
+    return run_retrylib(
+        "run",
+        str(path),
+        "--available-now",
+        "--master",
+        "local[2]",
+        env=env,
+        new_session=new_session,
+    )
+
+
 def run_until(
     spark: SparkSession, config: Config, settled: Callable[[], bool], timeout: float = 120
 ) -> list[BatchResult]:

@@ -58,46 +58,41 @@ def render_status(status: Mapping[str, Any]) -> str:
         lines += _table(rows)
     if status["retry_tiers"]:
         lines += ["", "retry tiers"]
-        rows = [("tier", "delay", "waiting", "due", "oldest waiting", "next due")]
-        for tier in status["retry_tiers"]:
-            waiting = str(tier["waiting"]) + ("" if tier["exact"] else "+")
-            rows.append(
-                (
-                    str(tier["tier"]),
-                    tier["delay"],
-                    waiting,
-                    str(tier["due"]),
-                    _ago(tier["oldest_waiting_age_seconds"]),
-                    _due(tier["next_due_in_seconds"]),
-                )
-            )
-        lines += _table(rows)
+        lines += _waiting_table(
+            "tier", [str(t["tier"]) for t in status["retry_tiers"]], status["retry_tiers"]
+        )
         lines += [f"  warning: {text}" for text in overdue_tiers(status["retry_tiers"])]
         missing = [t for tier in status["retry_tiers"] for t in tier["missing_topics"]]
         if missing:
             lines.append(f"  missing retry topics (created when the job starts): {missing}")
     if status["delay_topics"]:
         lines += ["", "delay topics"]
-        rows = [("topic", "delay", "waiting", "due", "oldest waiting", "next due")]
-        for topic in status["delay_topics"]:
-            waiting = str(topic["waiting"]) + ("" if topic["exact"] else "+")
-            rows.append(
-                (
-                    topic["topics"][0],
-                    topic["delay"],
-                    waiting,
-                    str(topic["due"]),
-                    _ago(topic["oldest_waiting_age_seconds"]),
-                    _due(topic["next_due_in_seconds"]),
-                )
-            )
-        lines += _table(rows)
+        delayed = status["delay_topics"]
+        lines += _waiting_table("topic", [t["topics"][0] for t in delayed], delayed)
         missing = [t for topic in status["delay_topics"] for t in topic["missing_topics"]]
         if missing:
             lines.append(f"  missing delay topics (create them): {missing}")
     lines += _dead_letter_lines(status["dead_letters"])
     lines += _batch_lines(status["last_batches"])
     return "\n".join(lines)
+
+
+def _waiting_table(heading: str, names: list[str], entries: list[Mapping[str, Any]]) -> list[str]:
+    """Records waiting out a delay (retry tiers, or a delay router's topics), a row each,
+    named in a first column with `heading`."""
+    rows = [(heading, "delay", "waiting", "due", "oldest waiting", "next due")]
+    for name, entry in zip(names, entries, strict=True):
+        rows.append(
+            (
+                name,
+                entry["delay"],
+                str(entry["waiting"]) + ("" if entry["exact"] else "+"),
+                str(entry["due"]),
+                _ago(entry["oldest_waiting_age_seconds"]),
+                _due(entry["next_due_in_seconds"]),
+            )
+        )
+    return _table(rows)
 
 
 def _dead_letter_lines(dead: Mapping[str, Any] | None) -> list[str]:

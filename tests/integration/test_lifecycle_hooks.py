@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from chispa import assert_df_equality
-from helpers import produce, run_retrylib, write_job_toml
+from helpers import produce, run_job_available_now, write_job_toml
 
 HANDLERS_DIR = Path(__file__).parent / "handlers"
 OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"
@@ -38,14 +38,7 @@ def run_hooked_job(tmp_path: Path, bootstrap: str, topic: str, hooks: dict[str, 
         hooks=hooks,
     )
     hook_log = tmp_path / "hooks.jsonl"
-    done = run_retrylib(
-        "run",
-        str(path),
-        "--available-now",
-        "--master",
-        "local[2]",
-        env={"RETRYLIB_TEST_HOOK_LOG": str(hook_log)},
-    )
+    done = run_job_available_now(path, env={"RETRYLIB_TEST_HOOK_LOG": str(hook_log)})
     assert done.returncode == 0, done.stderr[-3000:]
     return hook_log, done
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from chispa import assert_df_equality
 from confluent_kafka import TopicPartition
-from helpers import produce, run_retrylib, write_job_toml
+from helpers import produce, run_job_available_now, run_retrylib, write_job_toml
 
 from retrylib.kafka.clients import ensure_topics, make_admin
 
@@ -40,7 +40,7 @@ def run_job(tmp_path: Path, bootstrap: str, topic: str | None, source: str, **ka
         },
         retry={"delays": ["1s"], "max_attempts": 2},
     )
-    return run_retrylib("run", str(path), "--available-now", "--master", "local[2]")
+    return run_job_available_now(path)
 
 
 def assert_output_keys(spark, tmp_path: Path, keys: list[str]) -> None:

@@ -9,7 +9,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from chispa import assert_df_equality
-from helpers import produce, run_retrylib, write_job_toml
+from helpers import produce, run_job_available_now, write_job_toml
 
 HANDLERS_DIR = Path(__file__).parent / "handlers"
 
@@ -35,14 +35,7 @@ def test_lanes_call_at_once_and_keep_each_keys_order(
     )
     call_log = tmp_path / "calls.jsonl"
 
-    done = run_retrylib(
-        "run",
-        str(path),
-        "--available-now",
-        "--master",
-        "local[2]",
-        env={"RETRYLIB_TEST_CALL_LOG": str(call_log)},
-    )
+    done = run_job_available_now(path, env={"RETRYLIB_TEST_CALL_LOG": str(call_log)})
 
     assert done.returncode == 0, done.stderr[-3000:]
     calls = [json.loads(line) for line in call_log.read_text().splitlines()]
