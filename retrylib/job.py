@@ -406,7 +406,7 @@ def start_query(
         target = available_now_target(config)
         log.info("availableNow on Spark %s: up to %s", spark.version, offsets_to_json(target))
     writer = (
-        source_frame(spark, config, target)
+        router.routed(source_frame(spark, config, target))
         .writeStream.queryName(config.job.name)
         .option("checkpointLocation", checkpoint.spark)
         .foreachBatch(router)

@@ -11,6 +11,8 @@ one line on the `retrylib.metrics` logger whose message is a JSON object:
      "requeued_not_due": 0, "skipped_other_job": 0, "skipped_by_handler": 0,
      "records_lost": 0, "reserved_headers_removed": 0, "hook_errors": 0,
      "handler_ms": 40, "produced": 7,
+     "lateness_p50_ms_by_tier": [212, null], "lateness_p99_ms_by_tier": [870, null],
+     "oldest_waiting_ms_by_tier": [4100, 61000],
      "input_lag": {"orders": {"lag": 0, "not_due": 0},
                    "orders.orders.retry.5s": {"lag": 0, "not_due": 3}}}
 
@@ -24,13 +26,20 @@ never adds a second row. A metrics table made before a column was added to
 over what its tier topic accepts (included in `dead_lettered`); `dead_letter_truncated`
 the records produced to the dead-letter topic cut to fit it (`record_size.fit`).
 
+`lateness_p50_ms_by_tier` and `lateness_p99_ms_by_tier` are percentiles, per retry tier, of
+how long after it was due each retry record of the batch reached the handler (null: none
+did). `oldest_waiting_ms_by_tier` is the age of the longest-waiting record at the head of
+each tier's partitions after the batch, since it failed (null: nothing waits). The same
+counters and percentiles are in Spark's progress reports too (`observed`).
+
 Input lag is measured right after the batch: for a main topic, records in Kafka past the
 batch's end offsets (read from the Spark checkpoint's offset log); for a retry tier topic,
 `lag` counts records past the end that are already due and `not_due` those still waiting
 out their delay. Counts are offset distances, so transaction markers (one per partition per
 produced batch on retry topics) count too: an upper bound, off by a few per batch.
 
-Metrics never fail a batch: a failed lag look-up leaves `input_lag` null, a failed table
+Metrics never fail a batch: a failed lag look-up leaves `input_lag` and
+`oldest_waiting_ms_by_tier` null, a failed table
 append is logged as a warning and that batch's row is missing.
 """
 
@@ -49,7 +58,8 @@ from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import Config
 from retrylib.delta.tables import append_once, ensure_table
 from retrylib.kafka.offsets import PartitionKey, delay_frontier
-from retrylib.kafka.reading import KafkaOffsets
+from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
+from retrylib.retry.headers import LAST_FAILURE, header_ms, split_headers
 from retrylib.retry.outcomes import Count, retried_tier
 from retrylib.retry.policy import due_timestamp_ms
 
@@ -83,6 +93,8 @@ _COUNTERS = (
     Count.HANDLER_MS,
     "produced",  # records the batch produced to tiers and dead-letter topics
 )
+OBSERVED_COUNTERS = tuple(name for name in _COUNTERS if name != "produced")
+"""The counters the routing tasks count (`observed`): all but the driver's `produced`."""
 METRICS_SCHEMA = pa.schema(
     [
         pa.field("job", pa.string()),
@@ -92,6 +104,9 @@ METRICS_SCHEMA = pa.schema(
         pa.field("duration_ms", pa.int64()),
         *(pa.field(name, pa.int64()) for name in _COUNTERS),
         pa.field("retried_by_tier", pa.list_(pa.int64())),
+        pa.field("lateness_p50_ms_by_tier", pa.list_(pa.int64())),
+        pa.field("lateness_p99_ms_by_tier", pa.list_(pa.int64())),
+        pa.field("oldest_waiting_ms_by_tier", pa.list_(pa.int64())),
         pa.field(
             "input_lag",
             pa.list_(
@@ -137,6 +152,44 @@ def input_lag(
     return lag
 
 
+def oldest_waiting_ms(
+    config: Config, end: Mapping[PartitionKey, int], kafka: KafkaOffsets, now_ms: int
+) -> list[int | None]:
+    """Per retry tier, the age of the longest-waiting record at the head of the tier's
+    partitions past `end`, counted from its last failure; None where nothing waits."""
+    tiers = [set(tier.topics.values()) for tier in config.retry.tiers]
+    if not tiers:
+        return []
+    found = kafka.partitions(set().union(*tiers))
+    keys = [(topic, p) for topic, partitions in found.items() for p in partitions]
+    latest = kafka.latest(keys)
+    start = kafka.earliest([key for key in keys if key not in end])
+    start.update({key: end[key] for key in keys if key in end})
+    # Two offsets reach a head record even behind a transaction marker.
+    heads = {key: min(latest[key], start[key] + 2) for key in keys}
+    since: dict[str, int] = {}
+    if any(heads[key] > start[key] for key in keys):
+        kafka_config = config.kafka
+        consumer = reading_consumer(
+            kafka_config.bootstrap_servers, kafka_config.client_options(), "retrylib-metrics"
+        )
+        try:
+            for message in ReadToEnd(consumer, start, heads).messages(timeout_s=_HEAD_READ_S):
+                _, ours = split_headers(message.headers())
+                failed = header_ms(ours, LAST_FAILURE, message.timestamp()[1])
+                since[message.topic()] = min(failed, since.get(message.topic(), failed))
+        finally:
+            consumer.close()
+    ages = []
+    for topics in tiers:
+        waiting = [since[topic] for topic in topics if topic in since]
+        ages.append(max(0, now_ms - min(waiting)) if waiting else None)
+    return ages
+
+
+_HEAD_READ_S = 5.0
+
+
 def metrics_row(
     result: BatchResult,
     *,
@@ -144,8 +197,10 @@ def metrics_row(
     tiers: int,
     finished_ms: int,
     lag: Mapping[str, Mapping[str, int]] | None,
+    waiting: list[int | None] | None = None,
 ) -> dict[str, Any]:
-    """The figures of one batch, as logged (JSON-ready; see the module docstring)."""
+    """The figures of one batch, as logged (JSON-ready; see the module docstring);
+    `waiting` is `oldest_waiting_ms_by_tier`."""
     counters = result.counters
     by_tier = [int(counters.get(retried_tier(i), 0)) for i in range(tiers)]
     row: dict[str, Any] = {
@@ -162,6 +217,12 @@ def metrics_row(
     row["retried"] = sum(by_tier)
     row["retried_by_tier"] = by_tier
     row["produced"] = result.produced
+    for index, name in enumerate(("p50", "p99")):
+        row[f"lateness_{name}_ms_by_tier"] = [
+            result.lateness_ms[tier][index] if tier in result.lateness_ms else None
+            for tier in range(tiers)
+        ]
+    row["oldest_waiting_ms_by_tier"] = waiting
     row["input_lag"] = {topic: dict(figures) for topic, figures in lag.items()} if lag else None
     return row
 
@@ -224,7 +285,7 @@ class MetricsRecorder:
             job=self.config.job.name,
             tiers=len(self.config.retry.tiers),
             finished_ms=now_ms,
-            lag=self._lag(result.batch_id, now_ms),
+            **self._backlog(result.batch_id, now_ms),
         )
         log.info(json.dumps(row))
         if self._table is not None and self._spark is not None:
@@ -242,13 +303,17 @@ class MetricsRecorder:
                 )
         return row
 
-    def _lag(self, batch_id: int, now_ms: int) -> dict[str, dict[str, int]] | None:
+    def _backlog(self, batch_id: int, now_ms: int) -> dict[str, Any]:
+        """`metrics_row`'s `lag` and `waiting` after batch `batch_id`, None when unknown."""
         try:
             end, _ = self._checkpoint.batch_offsets(self._spark, batch_id)
             if self._kafka is None:
                 kafka = self.config.kafka
                 self._kafka = KafkaOffsets(kafka.bootstrap_servers, kafka.client_options())
-            return input_lag(self.config, end, self._kafka, now_ms)
+            return {
+                "lag": input_lag(self.config, end, self._kafka, now_ms),
+                "waiting": oldest_waiting_ms(self.config, end, self._kafka, now_ms),
+            }
         except Exception as e:
             log.warning("input lag after batch %d unknown: %s", batch_id, e)
-            return None
+            return {"lag": None, "waiting": None}

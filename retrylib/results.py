@@ -5,6 +5,8 @@ Each row is one of:
 - `kind = "output"`: a row for the output table, in the `output` struct;
 - `kind = "dead_letter"`: a row for the dead-letter table, in `dead_letter`;
 - `kind = "staged"`: a record to produce to a retry tier or the dead-letter topic, in `staged`;
+- `kind = "lateness"`: a retry record handed to the handler, in `lateness`: its tier and how
+  long after it was due that happened (`LATENESS_SCHEMA`);
 - `kind = "counters"`: one per task, its counters as a JSON object in `counters`.
 
 The driver writes these rows to the batch's staging folder through Spark before any effect,
@@ -18,7 +20,13 @@ import pyarrow as pa
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
 from retrylib.kafka.staged_records import STAGED_SCHEMA
 
-KINDS = ("output", "dead_letter", "staged")
+KINDS = ("output", "dead_letter", "staged", "lateness")
+LATENESS_SCHEMA = pa.schema(
+    [
+        pa.field("tier", pa.int32(), nullable=False),  # 0 = the first retry tier
+        pa.field("lateness_ms", pa.int64(), nullable=False),  # handled minus due
+    ]
+)
 
 
 def _nullable(schema: pa.Schema) -> pa.StructType:
@@ -38,6 +46,7 @@ def result_schema(output: pa.Schema | None) -> pa.Schema:
             *outputs,
             ("dead_letter", _nullable(DEAD_LETTER_SCHEMA)),
             ("staged", _nullable(STAGED_SCHEMA)),
+            ("lateness", _nullable(LATENESS_SCHEMA)),
             ("counters", pa.string()),
         ]
     )

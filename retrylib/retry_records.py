@@ -22,7 +22,7 @@ from retrylib.errors import CorruptRetryHeaders, Skip, UnverifiedRetryRecord
 from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
 from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.record import Record
-from retrylib.results import ResultRows
+from retrylib.results import LATENESS_SCHEMA, ResultRows
 from retrylib.retry.headers import (
     JOB,
     RetryState,
@@ -95,13 +95,15 @@ class RetryRecords:
         self.dead_letter_topics = {plan.dead_letter_topic, *(t for _, t in plan.dead_letter_routes)}
         self._staged_rows: list[dict] = []
         self._dead_rows: list[dict] = []
+        self._lateness: tuple[list[int], list[int]] = ([], [])  # tiers, lateness in ms
 
     def read_back(
         self, key, value, topic, partition, offset, timestamp_ms, header_pairs
     ) -> Delivery | None:
-        """The Delivery of a record read from a retry tier, or None when it is not handled
-        now: another job's (skipped and counted), not signed by this job or with corrupt
-        retry headers (dead-lettered), a duplicate, or not due yet (re-queued)."""
+        """The Delivery of a record read from a retry tier, its lateness (now minus when it
+        was due) kept for the batch's metrics, or None when it is not handled now: another
+        job's (skipped and counted), not signed by this job or with corrupt retry headers
+        (dead-lettered), a duplicate, or not due yet (re-queued)."""
         self.counters[Count.RECORDS_RETRY] += 1
         user_headers, own = split_headers(header_pairs)
         writer = own.get(JOB)
@@ -157,6 +159,9 @@ class RetryRecords:
             timestamp = tier_timestamp_ms(state.not_before_ms, delay_ms, self.plan.now_ms)
             self.stage(topic, partition, timestamp, record, header_pairs[:-1])
             return None
+        tiers, lateness = self._lateness
+        tiers.append(self.tier_of[topic])
+        lateness.append(max(0, _now_ms() - state.not_before_ms))
         return delivery
 
     def fail(self, delivery: Delivery, error: BaseException) -> None:
@@ -298,7 +303,8 @@ class RetryRecords:
         )
 
     def hand_over(self, results: ResultRows) -> None:
-        """Move the staged records and dead-letter rows gathered so far into `results`."""
+        """Move the staged records, dead-letter rows and lateness rows gathered so far into
+        `results`."""
         if self._staged_rows:
             staged = pa.RecordBatch.from_pylist(self._staged_rows, schema=STAGED_SCHEMA)
             results.add("staged", staged)
@@ -307,6 +313,14 @@ class RetryRecords:
             dead = pa.RecordBatch.from_pylist(self._dead_rows, schema=DEAD_LETTER_SCHEMA)
             results.add("dead_letter", dead)
             self._dead_rows = []
+        tiers, lateness = self._lateness
+        if tiers:
+            late = pa.RecordBatch.from_arrays(
+                [pa.array(tiers, pa.int32()), pa.array(lateness, pa.int64())],
+                schema=LATENESS_SCHEMA,
+            )
+            results.add("lateness", late)
+            self._lateness = ([], [])
 
 
 def _state(

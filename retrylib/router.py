@@ -5,6 +5,9 @@ A batch runs in steps, each safe to repeat after a crash:
 1. Unless this batch already has a manifest: executors route every record (see
    `task`), and Spark writes their decisions (`results`) to the batch's staging folder
    in the checkpoint; the driver then records the batch's clock and counters in a manifest.
+   The routing tasks are part of the streaming query's plan (`routed`), so that Spark
+   reports their counters in its progress (`observed`); the batch's id, clock and record
+   limits reach them as Spark local properties, set here before the batch's one job.
    The manifest is the commit point of the batch's decisions: a replay after it reads them
    back instead of calling the handler again.
 2. Staged retry and dead-letter records are produced in one Kafka transaction with a
@@ -36,13 +39,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.functions import collect_list, count
+from pyspark.sql.functions import array, collect_list, count, lit, percentile_approx
 
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
 from retrylib.delta.compaction import Compactor
@@ -54,6 +58,8 @@ from retrylib.forwarding import ForwardPlan
 from retrylib.hooks import Hooks
 from retrylib.kafka.clients import RecordLimits
 from retrylib.kafka.transactional_producer import StagedProducer
+from retrylib.metrics import OBSERVED_COUNTERS
+from retrylib.observed import OBSERVATION, PERCENTILES, observed_columns
 from retrylib.results import result_struct
 from retrylib.task import TaskPlan, run_task
 
@@ -64,6 +70,8 @@ Task = Callable[[Any, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 """A `mapInArrow` body given its batch's plan: `run_task` or `run_forwarding_task`."""
 
 _WORKER_DIED = "Python worker exited unexpectedly"
+_BATCH_PROPERTY = "retrylib.batch"
+"""The Spark local property that carries a batch's id, clock and record limits to its tasks."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,8 @@ class BatchResult:
     output_committed: bool
     dead_letters_committed: bool
     duration_ms: int
+    lateness_ms: dict[int, list[int]] = field(default_factory=dict)
+    """Tier -> [p50, p99] of how late its records were handled; tiers with none left out."""
 
 
 class BatchRouter:
@@ -130,6 +140,20 @@ class BatchRouter:
         self.batch_finished = threading.Event()
         """Set whenever a batch has done all its work (a graceful stop waits for it)."""
 
+    def routed(self, source: DataFrame) -> DataFrame:
+        """The streaming query's frame: `source` routed by this router's tasks, one per
+        executor core, their result rows observed as `observed` describes."""
+        # One task per executor core rather than one per Kafka range: a small batch (retries
+        # trickling in over many partitions) then costs a few task start-ups, not dozens.
+        # (coalesce never adds partitions, so a batch with fewer ranges is left as it is.)
+        slots = max(1, source.sparkSession.sparkContext.defaultParallelism)
+        template = self._template
+        tiers = len(template.tier_delays_ms) if isinstance(template, TaskPlan) else 0
+        results = source.coalesce(slots).mapInArrow(
+            partial(_batch_task, self._task, template), result_struct(template.output_schema)
+        )
+        return results.observe(OBSERVATION, *observed_columns(OBSERVED_COUNTERS, tiers))
+
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         try:
             self._run(df, batch_id)
@@ -180,24 +204,34 @@ class BatchRouter:
             max_record_bytes=self._record_limits.current(),
         )
         staging = self._checkpoint.staged(batch_id)
-        _run_tasks(df, plan, staging, self._task)
+        _run_tasks(df, plan, staging)
         crash_point("after_handler", batch_id)
         counters: Counter[str] = Counter()
         kinds: Counter[str] = Counter()
+        lateness: dict[str, list[int]] = {}
+        fractions = array(*(lit(fraction) for _, fraction in PERCENTILES))
         by_kind = (
             df.sparkSession.read.parquet(staging)
-            .groupBy("kind")
-            .agg(count("*").alias("rows"), collect_list("counters").alias("counters"))
+            .groupBy("kind", "lateness.tier")
+            .agg(
+                count("*").alias("rows"),
+                collect_list("counters").alias("counters"),
+                percentile_approx("lateness.lateness_ms", fractions).alias("lateness"),
+            )
         )
-        for row in by_kind.collect():  # one row per kind; only "counters" has counters
-            kinds[row["kind"]] = row["rows"]
+        # One row per kind, and per tier for "lateness"; only "counters" has counters.
+        for row in by_kind.collect():
+            kinds[row["kind"]] += row["rows"]
             for text in row["counters"]:
                 counters.update(json.loads(text))
+            if row["kind"] == "lateness":
+                lateness[str(row["tier"])] = row["lateness"]
         return {
             "now_ms": plan.now_ms,
             "staging": staging,
             "rows": {kind: kinds[kind] for kind in ("output", "dead_letter", "staged")},
             "counters": dict(counters),
+            "lateness_ms": lateness,
         }
 
     def _apply(
@@ -237,6 +271,7 @@ class BatchRouter:
             output_committed,
             dead_committed,
             round((time.monotonic() - started) * 1000),
+            {int(tier): values for tier, values in manifest.get("lateness_ms", {}).items()},
         )
 
     def _append(
@@ -279,32 +314,66 @@ class BatchRouter:
         self._producer.close()
 
 
-def _run_tasks(df: DataFrame, plan: Plan, staging: str, task: Task) -> None:
+def _run_tasks(df: DataFrame, plan: Plan, staging: str, *, isolate: bool = False) -> None:
     """Route the batch on the executors and write their result rows to `staging` (Parquet).
+
+    `df` is the query's frame (`BatchRouter.routed`): writing it runs the routing tasks,
+    given `plan`'s batch id, clock and record limits.
 
     If a Python worker dies (a handler called os._exit or crashed in native code), the
     batch runs again with every handler call in a process of its own, so that the record
     responsible fails alone, as a `HandlerCrashed` attempt, instead of failing every
     replay of the batch.
     """
-    # One task per executor core rather than one per Kafka range: a small batch (retries
-    # trickling in over many partitions) then costs a few task start-ups, not dozens.
-    # (coalesce never adds partitions, so a batch with fewer ranges is left as it is.)
-    slots = max(1, df.sparkSession.sparkContext.defaultParallelism)
-    results = df.coalesce(slots).mapInArrow(partial(task, plan), result_struct(plan.output_schema))
+    context = df.sparkSession.sparkContext
+    context.setLocalProperty(_BATCH_PROPERTY, _batch_property(plan, isolate))
     try:
-        results.write.mode("overwrite").parquet(staging)
+        df.write.mode("overwrite").parquet(staging)
         return
     except Exception as error:
-        isolated = plan.isolated()
-        if isolated is None or _WORKER_DIED not in str(error):
+        if isolate or plan.isolated() is None or _WORKER_DIED not in str(error):
             raise
+    finally:
+        context.setLocalProperty(_BATCH_PROPERTY, None)
     log.warning(
         "batch %d: a Python worker died while handling records; running the batch again "
         "with each handler call in its own process",
         plan.batch_id,
     )
-    _run_tasks(df, isolated, staging, task)
+    _run_tasks(df, plan, staging, isolate=True)
+
+
+def _batch_property(plan: Plan, isolate: bool) -> str:
+    return json.dumps(
+        {
+            "batch_id": plan.batch_id,
+            "now_ms": plan.now_ms,
+            "max_record_bytes": dict(plan.max_record_bytes),
+            "isolate": isolate,
+        }
+    )
+
+
+def _batch_task(
+    task: Task, template: Plan, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """The `mapInArrow` body of `BatchRouter.routed`: `task` with `template` completed by
+    the batch's values, which `_run_tasks` sets as a local property of the batch's job."""
+    values = TaskContext.get().getLocalProperty(_BATCH_PROPERTY)
+    if values is None:
+        raise RetrylibError(
+            "the routing tasks ran outside a batch of the job: the query's frame must only be "
+            "written by BatchRouter"
+        )
+    batch = json.loads(values)
+    plan = replace(
+        template,
+        batch_id=batch["batch_id"],
+        now_ms=batch["now_ms"],
+        max_record_bytes=batch["max_record_bytes"],
+    )
+    isolated = plan.isolated() if batch["isolate"] else None
+    return task(isolated or plan, batches)
 
 
 def table_write_error(batch_id: int, key: str, table: TableRef, reason: str) -> TableWriteError:

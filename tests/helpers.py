@@ -29,7 +29,7 @@ from retrylib.job import start_query, stop_gracefully
 from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA
 from retrylib.kafka.clients import make_consumer, make_producer, topic_partitions
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
-from retrylib.results import result_schema
+from retrylib.results import KINDS, result_schema
 from retrylib.router import BatchResult
 from retrylib.task import TaskPlan, run_task
 
@@ -358,12 +358,12 @@ def kafka_batch(rows: list[dict]) -> pa.RecordBatch:
 
 def route(plan: TaskPlan, rows: list[dict]) -> tuple[dict, dict[str, list[dict]]]:
     """Run the executor task on one batch of `rows`: its counters, and the rows it wrote by
-    kind ("output", "dead_letter", "staged")."""
+    kind ("output", "dead_letter", "staged", "lateness")."""
     batches = list(run_task(plan, iter([kafka_batch(rows)])))
     assert all(batch.schema == result_schema(plan.output_schema) for batch in batches)
     results = pa.Table.from_batches(batches).to_pylist()
     [counters] = [json.loads(r["counters"]) for r in results if r["kind"] == "counters"]
-    written: dict[str, list[dict]] = {"output": [], "dead_letter": [], "staged": []}
+    written: dict[str, list[dict]] = {kind: [] for kind in KINDS}
     for row in results:
         if row["kind"] != "counters":
             written[row["kind"]].append(row[row["kind"]])

@@ -234,19 +234,12 @@ def _scan(
 def _count(summary: dict[str, Any], message: Any, delay_ms: int, now_ms: int) -> None:
     _, ours = headers.split_headers(message.headers())
     timestamp = message.timestamp()[1]
-    not_before = _header_ms(ours, headers.NOT_BEFORE, due_time_ms(timestamp, delay_ms))
-    entered = _header_ms(ours, headers.LAST_FAILURE, timestamp)
+    not_before = headers.header_ms(ours, headers.NOT_BEFORE, due_time_ms(timestamp, delay_ms))
+    entered = headers.header_ms(ours, headers.LAST_FAILURE, timestamp)
     summary["waiting"] += 1
     summary["due"] += not_before <= now_ms
     summary["oldest_ms"] = min(entered, summary["oldest_ms"] or entered)
     summary["next_due_ms"] = min(not_before, summary["next_due_ms"] or not_before)
-
-
-def _header_ms(ours: Mapping[str, bytes | None], name: str, default: int) -> int:
-    try:
-        return int((ours.get(name) or b"").decode())
-    except ValueError:
-        return default
 
 
 def dead_letter_summary(spark: SparkSession, table: TableRef) -> dict[str, Any]:

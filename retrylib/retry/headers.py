@@ -169,6 +169,15 @@ def split_headers(
     return user, ours
 
 
+def header_ms(retrylib_headers: Mapping[str, bytes | None], name: str, default: int) -> int:
+    """Header `name` of `retrylib_headers` (as `split_headers` gives them), a decimal number
+    of epoch milliseconds, or `default` when it is missing or not a number."""
+    try:
+        return int((retrylib_headers.get(name) or b"").decode())
+    except ValueError:
+        return default
+
+
 def encode_retry_headers(
     user_headers: Sequence[tuple[str, bytes | None]] | None, state: RetryState
 ) -> list[Header]:

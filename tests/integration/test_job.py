@@ -65,9 +65,9 @@ def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topi
     config = write_config([topic])
     now = datetime.now(UTC)
     rows = [(f"ok-{i}".encode(), b"v", topic, 0, i, now, 0, []) for i in range(50)]
-    frame = spark.createDataFrame(rows, KAFKA_SCHEMA)
     query, router = start_query(spark, config, available_now=True)
     query.awaitTermination()
+    frame = router.routed(spark.createDataFrame(rows, KAFKA_SCHEMA))
 
     router(frame, 7)
     router(frame, 7)  # replay with the manifest in place: decisions reused

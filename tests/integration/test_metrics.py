@@ -45,6 +45,11 @@ def test_metrics_lines_and_table_match_the_run(
     finally:
         stop_gracefully(query, router)
         router.close()
+    observed = {
+        progress["batchId"]: progress["observedMetrics"]["retrylib"].asDict()
+        for progress in query.recentProgress
+        if "retrylib" in (progress["observedMetrics"] or {})
+    }
 
     lines = [
         json.loads(record.getMessage())
@@ -74,6 +79,26 @@ def test_metrics_lines_and_table_match_the_run(
         "duplicates_skipped": 0,
     }
     assert sum(line["retried_by_tier"][0] for line in lines) == 3
+    # Spark's progress reports carry the same counters (a StreamingQueryListener sees them).
+    for line in lines:
+        figures = observed[line["batch_id"]]
+        assert {name: figures[name] for name in totals} == {name: line[name] for name in totals}
+        assert figures["retried_tier_0"] == line["retried_by_tier"][0]
+        assert figures["lateness_p50_ms_tier_0"] == line["lateness_p50_ms_by_tier"][0]
+        assert figures["lateness_p99_ms_tier_0"] == line["lateness_p99_ms_by_tier"][0]
+    # The three retries were handled after they were due, never before.
+    retry_batches = [line for line in lines if line["records_retry"]]
+    assert retry_batches and all(
+        0 <= line["lateness_p50_ms_by_tier"][0] <= line["lateness_p99_ms_by_tier"][0] < 60_000
+        for line in retry_batches
+    )
+    assert all(
+        line["lateness_p50_ms_by_tier"] == [None] for line in lines if not line["records_retry"]
+    )
+    # A batch that sent retries leaves them waiting on the tier: their age is there.
+    first_retries = next(line for line in lines if line["retried"])
+    assert first_retries["oldest_waiting_ms_by_tier"][0] is not None
+    assert lines[-1]["oldest_waiting_ms_by_tier"] == [None]  # every retry was handled
     assert all(line["duration_ms"] > 0 and line["replayed"] is False for line in lines)
     assert all(line["input_lag"][topic]["lag"] == 0 for line in lines)
     assert set(lines[-1]["input_lag"]) == {topic, *config.retry.tier_topics()}
@@ -86,6 +111,8 @@ def test_metrics_lines_and_table_match_the_run(
         assert row["records_main"] == line["records_main"]
         assert row["succeeded"] == line["succeeded"]
         assert row["retried_by_tier"] == line["retried_by_tier"]
+        assert row["lateness_p99_ms_by_tier"] == line["lateness_p99_ms_by_tier"]
+        assert row["oldest_waiting_ms_by_tier"] == line["oldest_waiting_ms_by_tier"]
         lag = {
             item["topic"]: {"lag": item["lag"], "not_due": item["not_due"]}
             for item in row["input_lag"]

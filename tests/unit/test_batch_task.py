@@ -98,6 +98,20 @@ def test_retry_record_is_handed_over_as_the_original(plan):
     assert counters["records_retry"] == 1
 
 
+def test_a_handled_retry_reports_how_late_it_was_and_a_requeued_one_does_not(plan):
+    due = int(time.time() * 1000) - 1500
+    rows = [
+        retry_row(plan, b"ok-late", 40, not_before_ms=due),
+        retry_row(plan, b"ok-early", 41, not_before_ms=plan.now_ms + 60_000, record_id="r2"),
+    ]
+    before = int(time.time() * 1000)
+    _, written = route(plan, rows)
+    after = int(time.time() * 1000)
+    [lateness] = written["lateness"]
+    assert lateness["tier"] == 0
+    assert before - due <= lateness["lateness_ms"] <= after - due
+
+
 def test_last_attempt_failure_is_dead_lettered_as_exhausted(plan):
     rows = [retry_row(plan, b"fail-2", 41, attempt=2)]
     _, written = route(plan, rows)
@@ -241,7 +255,7 @@ def test_a_record_moved_to_another_tier_is_not_verified(plan):
 def test_another_jobs_retry_is_skipped_and_counted(plan):
     row = retry_row(plan, b"ok-theirs", 94, job="neighbour", signing_key=b"n" * 32)
     counters, written = route(plan, [row])
-    assert written == {"output": [], "dead_letter": [], "staged": []}
+    assert written == {"output": [], "dead_letter": [], "staged": [], "lateness": []}
     assert counters["skipped_other_job"] == 1 and counters["records_retry"] == 1
 
 
@@ -321,7 +335,7 @@ def test_a_long_retry_after_waits_in_hops_never_holding_the_tier(plan):
 
 def test_skip_drops_the_record_with_a_count(plan):
     counters, written = route(plan, [{"key": b"skip-1", "offset": 14}])
-    assert written == {"output": [], "dead_letter": [], "staged": []}
+    assert written == {"output": [], "dead_letter": [], "staged": [], "lateness": []}
     assert counters["skipped_by_handler"] == 1
 
 

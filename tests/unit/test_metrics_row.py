@@ -41,6 +41,19 @@ def test_row_holds_every_figure():
     assert pa.Table.from_pylist([table_row(row)], schema=METRICS_SCHEMA).num_rows == 1
 
 
+def test_row_holds_lateness_and_waiting_per_tier():
+    late = BatchResult(4, False, {}, 0, True, True, 321, {0: [120, 900], 2: [5, 7]})
+    row = metrics_row(
+        late, job="orders", tiers=3, finished_ms=0, lag=None, waiting=[4000, None, 10]
+    )
+
+    assert row["lateness_p50_ms_by_tier"] == [120, None, 5]
+    assert row["lateness_p99_ms_by_tier"] == [900, None, 7]
+    assert row["oldest_waiting_ms_by_tier"] == [4000, None, 10]
+    table = pa.Table.from_pylist([table_row(row)], schema=METRICS_SCHEMA)
+    assert table.column("lateness_p99_ms_by_tier").to_pylist() == [[900, None, 7]]
+
+
 def test_row_counts_records_too_large_for_their_topic():
     counters = {"dead_lettered": 3, "dead_lettered_too_large": 1, "dead_letter_truncated": 2}
     row = metrics_row(result(**counters), job="orders", tiers=1, finished_ms=0, lag=None)

@@ -1,0 +1,71 @@
+"""The batch's counters in Spark's own progress reports (`StreamingQueryProgress`).
+
+The routing tasks run inside the query's plan (`BatchRouter.routed`), and `observe` over
+their result rows sums the counters every task reports and takes the percentiles of the
+retry records' lateness. Spark puts these figures into each batch's progress, under
+`observedMetrics["retrylib"]`, where `StreamingQueryListener`s, the Spark UI and
+Databricks' dashboards find them:
+
+    "observedMetrics": {"retrylib": {"records_main": 100, "succeeded": 97, "retried": 5,
+        "retried_tier_0": 4, "retried_tier_1": 1, "dead_lettered": 2, ...,
+        "handler_ms": 40, "lateness_p50_ms_tier_0": 212, "lateness_p99_ms_tier_0": 870,
+        ...}}
+
+Every counter of the metrics log line is there except `produced` (known only after the
+batch's Kafka transaction); a tier's lateness percentiles are null when no retry record of
+that tier was handled. A batch whose decisions come from its manifest (a replay after a
+crash) runs no task, so its observed metrics are empty: its log line says `replayed`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from retrylib.retry.outcomes import retried_tier
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+OBSERVATION = "retrylib"
+"""The name of retrylib's entry in `StreamingQueryProgress.observedMetrics`."""
+
+PERCENTILES = (("p50", 0.5), ("p99", 0.99))
+
+
+def lateness_metric(percentile: str, tier: int) -> str:
+    """The observed metric of `percentile` ("p50", "p99") of tier `tier`'s lateness."""
+    return f"lateness_{percentile}_ms_tier_{tier}"
+
+
+def metric_names(counters: tuple[str, ...], tiers: int) -> list[str]:
+    """The names of the observed metrics, in order: `counters` ("retried" being the tiers'
+    sum), each tier's retried counter, then each tier's lateness percentiles."""
+    return [
+        *counters,
+        *(retried_tier(tier) for tier in range(tiers)),
+        *(lateness_metric(name, tier) for tier in range(tiers) for name, _ in PERCENTILES),
+    ]
+
+
+def observed_columns(counters: tuple[str, ...], tiers: int) -> list[Column]:
+    """The aggregate columns of `metric_names(counters, tiers)` over a batch's result rows
+    (`retrylib.results`)."""
+    from pyspark.sql import functions as F
+
+    def total(name: str) -> Column:
+        reported = F.get_json_object(F.col("counters"), f"$.{name}").cast("long")
+        return F.coalesce(F.sum(reported), F.lit(0))
+
+    columns = {name: total(name) for name in counters if name != "retried"}
+    by_tier = {retried_tier(tier): total(retried_tier(tier)) for tier in range(tiers)}
+    if "retried" in counters:
+        columns["retried"] = sum(by_tier.values(), F.lit(0))
+    columns.update(by_tier)
+    lateness = F.col("lateness")
+    fractions = F.array(*(F.lit(fraction) for _, fraction in PERCENTILES))
+    for tier in range(tiers):
+        late = F.when((F.col("kind") == "lateness") & (lateness.tier == tier), lateness.lateness_ms)
+        values = F.percentile_approx(late, fractions)
+        for index, (name, _) in enumerate(PERCENTILES):
+            columns[lateness_metric(name, tier)] = values.getItem(index)
+    return [columns[name].alias(name) for name in metric_names(counters, tiers)]
