@@ -26,11 +26,19 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
-def test_spark_submit_available_now_exits_zero(bootstrap_servers, make_topic, write_config):
+def test_spark_submit_available_now_exits_zero(
+    bootstrap_servers, make_topic, write_config, tmp_path
+):
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(200)])
     config = write_config([topic])
-    env = {**child_env(), "SPARK_SUBMIT_OPTS_EXTRA": "--master local[2]"}
+    events = tmp_path / "spark-events"
+    events.mkdir()
+    event_log = (
+        f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{events} "
+        "--conf spark.eventLog.compress=false --conf spark.eventLog.rolling.enabled=false"
+    )
+    env = {**child_env(), "SPARK_SUBMIT_OPTS_EXTRA": f"--master local[2] {event_log}"}
 
     done = subprocess.run(
         [str(REPO / "spark-submit.sh"), config.source_path, "--available-now"],
@@ -45,6 +53,25 @@ def test_spark_submit_available_now_exits_zero(bootstrap_servers, make_topic, wr
     # "auto" finds Spark's connector among the jars spark-submit.sh passes. (spark-submit
     # sends the Python driver's stderr to its own stdout.)
     assert "main topics read with Spark's built-in kafka source" in done.stdout + done.stderr
+    # Each batch's counters reach Spark's listeners: the event log (what the History Server
+    # shows) holds them in the progress events.
+    observed = [
+        event["progress"]["observedMetrics"]["retrylib"]
+        for log_file in events.iterdir()
+        for event in map(json.loads, log_file.read_text().splitlines())
+        if event["Event"].endswith("StreamingQueryListener$QueryProgressEvent")
+        and "retrylib" in event["progress"].get("observedMetrics", {})
+    ]
+    totals = [
+        sum(dict(zip(names(m), m["values"], strict=True))[name] for m in observed)
+        for name in ("records_main", "succeeded", "output_rows", "dead_lettered")
+    ]
+    assert totals == [200, 200, 200, 0]
+
+
+def names(observed: dict) -> list[str]:
+    """The field names of an observed-metrics row as Spark's event log writes it."""
+    return [field["name"] for field in observed["schema"]["fields"]]
 
 
 def test_sigterm_stops_after_the_batch_and_exits_zero(bootstrap_servers, make_topic, write_config):

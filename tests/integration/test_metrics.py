@@ -1,5 +1,5 @@
-"""Per-batch metrics of a known run: the JSON log lines and the Delta metrics table agree
-with what the job did, and a replayed batch adds no second row.
+"""Per-batch metrics of a known run: the JSON log lines, Spark's progress reports and the
+Delta metrics table agree with what the job did, and a replayed batch adds no second row.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 import logging
 import time
 
+import pytest
 from helpers import produce, read_table
 
 from retrylib.delta.table_ref import TableRef
@@ -15,6 +16,8 @@ from retrylib.delta.tables import append_once
 from retrylib.job import start_query, stop_gracefully
 from retrylib.metrics import METRICS_SCHEMA, metrics_struct, table_row
 from retrylib.router import BatchResult
+
+pytestmark = pytest.mark.every_spark
 
 
 def test_metrics_lines_and_table_match_the_run(
