@@ -215,6 +215,11 @@ class Checkpoint:
     def compaction(self) -> str:
         return join(self.state, "compaction.json")
 
+    @property
+    def breaker(self) -> str:
+        """The breaker's last change of state (`retrylib.breaker`), for `status`."""
+        return join(self.state, "breaker.json")
+
     def app_id(self, spark: SparkSession, job_name: str) -> str:
         """The Delta app id and produce-marker id of this checkpoint: "<job>-<random>".
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from retrylib.checkpoint import Checkpoint
+from retrylib.breaker import OPEN, Breaker, BreakerState
+from retrylib.checkpoint import Checkpoint, replace_json
 from retrylib.config.model import BATCH_HOOKS, RECORD_HOOKS, Config, KafkaConfig
 from retrylib.config.topics import produced_topic
 from retrylib.delta.compaction import Compactor
@@ -239,7 +243,10 @@ def _held_to(options: dict[str, str], target: Offsets | None) -> dict[str, str]:
 
 
 def source_frame(
-    spark: SparkSession, config: Config, available_now_offsets: Offsets | None = None
+    spark: SparkSession,
+    config: Config,
+    available_now_offsets: Offsets | None = None,
+    breaker_file: Path | None = None,
 ) -> DataFrame:
     """Every topic the job reads: the main topics, and the retry tiers up to what is due.
 
@@ -250,7 +257,7 @@ def source_frame(
     (`retrylib.emit = ranges`) that the routing tasks read themselves: records skip the
     JVM, and `maxOffsetsPerTrigger` bounds a batch, retries included.
     `available_now_offsets` holds the `retrylib_kafka` source to them (an availableNow run
-    on Spark 4.0/4.1).
+    on Spark 4.0/4.1); `breaker_file` holds its main topics while the breaker is open.
     """
     kafka = config.kafka
     main, tiers = source_options(config)
@@ -269,6 +276,8 @@ def source_frame(
         # One input partition per core: Spark pays a Python round trip per input partition.
         "retrylib.rangeGroups": str(spark.sparkContext.defaultParallelism),
     }
+    if breaker_file is not None:
+        every_topic["retrylib.breakerFile"] = str(breaker_file)
     return _read_kafka(spark, "retrylib_kafka", _held_to(every_topic, available_now_offsets))
 
 
@@ -374,7 +383,16 @@ def start_query(
     output, dead_letter = _prepare_tables(spark, config)
     checkpoint = Checkpoint(config.job.checkpoint)
     app_id = checkpoint.app_id(spark, config.job.name)
-    metrics = MetricsRecorder(config, app_id, forward=on_result)
+    breaker = None
+    if config.breaker is not None:
+        # The source's planner reads it on this node: a local file, fresh for each run.
+        state_dir = Path(tempfile.mkdtemp(prefix=f"retrylib-{config.job.name}-breaker-"))
+        breaker = Breaker(
+            config.breaker,
+            state_dir / "state.json",
+            on_change=partial(_publish_breaker, spark, checkpoint.breaker),
+        )
+    metrics = MetricsRecorder(config, app_id, forward=on_result, breaker=breaker)
     metrics.prepare(spark)
     limits, producer_options = record_limits(config, partitions)
     compactor = None
@@ -406,7 +424,7 @@ def start_query(
         target = available_now_target(config)
         log.info("availableNow on Spark %s: up to %s", spark.version, offsets_to_json(target))
     writer = (
-        router.routed(source_frame(spark, config, target))
+        router.routed(source_frame(spark, config, target, breaker.state_file if breaker else None))
         .writeStream.queryName(config.job.name)
         .option("checkpointLocation", checkpoint.spark)
         .foreachBatch(router)
@@ -446,6 +464,15 @@ def _prepare_tables(spark: SparkSession, config: Config) -> tuple[TableRef | Non
     )
     ensure_table(spark, dead_letter, dead_letter_struct(), what="dead-letter")
     return output, dead_letter
+
+
+def _publish_breaker(spark: SparkSession, uri: str, state: BreakerState, why: str) -> None:
+    """Put the breaker's new `state` in the checkpoint, for `retrylib status`."""
+    now_ms = int(time.time() * 1000)
+    probe_at = state.probe_at_ms if state.state == OPEN else None
+    replace_json(
+        spark, uri, {"state": state.state, "since_ms": now_ms, "why": why, "probe_at_ms": probe_at}
+    )
 
 
 def _stop_at_target(query: StreamingQuery, router: BatchRouter, target: Offsets) -> None:

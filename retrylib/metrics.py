@@ -12,7 +12,7 @@ one line on the `retrylib.metrics` logger whose message is a JSON object:
      "records_lost": 0, "reserved_headers_removed": 0, "hook_errors": 0,
      "handler_ms": 40, "produced": 7,
      "lateness_p50_ms_by_tier": [212, null], "lateness_p99_ms_by_tier": [870, null],
-     "oldest_waiting_ms_by_tier": [4100, 61000],
+     "oldest_waiting_ms_by_tier": [4100, 61000], "breaker": null,
      "input_lag": {"orders": {"lag": 0, "not_due": 0},
                    "orders.orders.retry.5s": {"lag": 0, "not_due": 3}}}
 
@@ -29,7 +29,8 @@ the records produced to the dead-letter topic cut to fit it (`record_size.fit`).
 `lateness_p50_ms_by_tier` and `lateness_p99_ms_by_tier` are percentiles, per retry tier, of
 how long after it was due each retry record of the batch reached the handler (null: none
 did). `oldest_waiting_ms_by_tier` is the age of the longest-waiting record at the head of
-each tier's partitions after the batch, since it failed (null: nothing waits). The same
+each tier's partitions after the batch, since it failed (null: nothing waits). `breaker` is
+the breaker's state after the batch (`open`, `closed`; null without `[breaker]`). The same
 counters and percentiles are in Spark's progress reports too (`observed`).
 
 Input lag is measured right after the batch: for a main topic, records in Kafka past the
@@ -64,6 +65,7 @@ from retrylib.retry.outcomes import Count, retried_tier
 from retrylib.retry.policy import due_timestamp_ms
 
 if TYPE_CHECKING:
+    from retrylib.breaker import Breaker
     from retrylib.router import BatchResult
 
 log = logging.getLogger(__name__)  # "retrylib.metrics": the batch lines and the warnings
@@ -73,6 +75,7 @@ _COUNTERS = (
     Count.RECORDS_MAIN,
     Count.RECORDS_RETRY,
     Count.SUCCEEDED,
+    Count.MAIN_FAILED,
     Count.OUTPUT_ROWS,
     "retried",  # the tiers' retried_tier_N summed
     Count.DEAD_LETTERED,
@@ -107,6 +110,7 @@ METRICS_SCHEMA = pa.schema(
         pa.field("lateness_p50_ms_by_tier", pa.list_(pa.int64())),
         pa.field("lateness_p99_ms_by_tier", pa.list_(pa.int64())),
         pa.field("oldest_waiting_ms_by_tier", pa.list_(pa.int64())),
+        pa.field("breaker", pa.string()),
         pa.field(
             "input_lag",
             pa.list_(
@@ -198,6 +202,7 @@ def metrics_row(
     finished_ms: int,
     lag: Mapping[str, Mapping[str, int]] | None,
     waiting: list[int | None] | None = None,
+    breaker: str | None = None,
 ) -> dict[str, Any]:
     """The figures of one batch, as logged (JSON-ready; see the module docstring);
     `waiting` is `oldest_waiting_ms_by_tier`."""
@@ -223,6 +228,7 @@ def metrics_row(
             for tier in range(tiers)
         ]
     row["oldest_waiting_ms_by_tier"] = waiting
+    row["breaker"] = breaker
     row["input_lag"] = {topic: dict(figures) for topic, figures in lag.items()} if lag else None
     return row
 
@@ -251,12 +257,16 @@ class MetricsRecorder:
 
     `app_id` is the job's Delta app id (the router's); rows are committed under
     "<app_id>:metrics". `forward` is called with each result afterwards (a caller's own
-    callback). Call `prepare(spark)` before the query starts: it creates the table if
+    callback). A `breaker` is given each batch's main-topic outcomes first, and its state
+    goes into the row. Call `prepare(spark)` before the query starts: it creates the table if
     configured, through that session.
     """
 
-    def __init__(self, config: Config, app_id: str, forward=None) -> None:
+    def __init__(
+        self, config: Config, app_id: str, forward=None, breaker: Breaker | None = None
+    ) -> None:
         self.config = config
+        self.breaker = breaker
         self.app_id = f"{app_id}:metrics"
         self.forward = forward
         self._kafka: KafkaOffsets | None = None
@@ -270,6 +280,13 @@ class MetricsRecorder:
             ensure_table(spark, self._table, metrics_struct(), what="metrics", evolve=True)
 
     def on_result(self, result: BatchResult) -> None:
+        if self.breaker is not None:
+            counters = result.counters
+            self.breaker.after_batch(
+                counters.get(Count.RECORDS_MAIN, 0),
+                counters.get(Count.MAIN_FAILED, 0),
+                int(time.time() * 1000),
+            )
         try:
             self.record(result)
         except Exception as e:  # metrics must never fail the batch
@@ -285,6 +302,7 @@ class MetricsRecorder:
             job=self.config.job.name,
             tiers=len(self.config.retry.tiers),
             finished_ms=now_ms,
+            breaker=None if self.breaker is None else self.breaker.state.state,
             **self._backlog(result.batch_id, now_ms),
         )
         log.info(json.dumps(row))

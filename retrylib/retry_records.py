@@ -181,6 +181,8 @@ class RetryRecords:
                 describe_error(error, with_trace=False)[1],
             )
             return
+        if record.attempt == 0:
+            self.counters[Count.MAIN_FAILED] += 1
         failed_at = _now_ms()
         decision = decide(
             self.policy,

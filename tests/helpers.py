@@ -199,6 +199,30 @@ def run_retrylib(
     )
 
 
+@contextlib.contextmanager
+def running_job(
+    command: Sequence[str], env: Mapping[str, str], log_path: Path
+) -> Iterator[subprocess.Popen]:
+    """`command` running in the background, its output in `log_path` (a file, not a pipe: a
+    full pipe would stall it); killed on the way out if it is still running."""
+    with log_path.open("w") as log_file:
+        job = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            yield job
+        finally:
+            if job.poll() is None:
+                job.kill()
+
+
+def wait_for(job: subprocess.Popen, done: Callable[[], bool], timeout: float) -> None:
+    """Wait until `done()`, failing if `job` exits or `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert job.poll() is None, "the job exited"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
 def run_job_available_now(
     path: str | Path, *, env: Mapping[str, str] | None = None, new_session: bool = False
 ) -> subprocess.CompletedProcess[str]:

@@ -23,6 +23,7 @@ from retrylib.config.model import NO_RETRIES, OPTION_TABLES, Config
 from retrylib.config.sections import (
     check_callable,
     check_exception_classes,
+    read_breaker,
     read_dead_letter,
     read_delay_router,
     read_handler,
@@ -186,7 +187,7 @@ def _malformed_references(text: str) -> list[str]:
 
 
 _ROUTER_SECTIONS = ("job", "kafka", "delay_router", "metrics")
-_HANDLER_SECTIONS = ("handler", "output", "retry", "dead_letter", "hooks")
+_HANDLER_SECTIONS = ("handler", "output", "retry", "dead_letter", "hooks", "breaker")
 
 
 def _build_router(root: Table, source_path: str) -> Config | None:
@@ -231,7 +232,7 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
         return _build_router(root, source_path)
     tables = {
         name: root.table(name, f"a [{name}] table", required=name in _REQUIRED_SECTIONS)
-        for name in (*_REQUIRED_SECTIONS, "retry", "dead_letter", "metrics", "hooks")
+        for name in (*_REQUIRED_SECTIONS, "retry", "dead_letter", "metrics", "hooks", "breaker")
     }
     root.finish()
     job = read_job(tables["job"])
@@ -255,6 +256,9 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
         own[produced_topic(job_name)] = own[redriven_topic(job_name)] = "control topic"
         check_pattern_topics(root.problems, "kafka.topic_pattern", kafka.topic_pattern, own)
     hooks = read_hooks(tables["hooks"], handler.kind if handler else None)
+    breaker = None
+    if "breaker" in root.data:
+        breaker = read_breaker(tables["breaker"], tables["kafka"].values.get("source"))
     check_control_topics(root.problems, tables)
     check_locations(root.problems, tables)
     non_retryable = tables["retry"].values["non_retryable"]
@@ -291,4 +295,5 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
         source_path,
         frozenset(root.problems.from_env),
         hooks,
+        breaker=breaker,
     )

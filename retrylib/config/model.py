@@ -243,6 +243,16 @@ class MetricsConfig:
         return None if self.table is None else TableRef.parse(self.table, "metrics.table")
 
 
+@dataclass(frozen=True)
+class BreakerConfig:
+    """[breaker]: stop taking main-topic records while most of them fail (see `breaker`)."""
+
+    failure_share: float  # trips above this share of failed main-topic records (0 < x <= 1)
+    window: int  # over the outcomes of at least this many latest main-topic records
+    probe_every_ms: int  # while open, lets `probe_records` main-topic records in this often
+    probe_records: int
+
+
 RECORD_HOOKS = ("before_record", "after_record", "on_retry", "on_dead_letter")
 """The hooks called on the executors, per record (see `retrylib.hooks`)."""
 BATCH_HOOKS = ("on_batch_start", "on_batch_end")
@@ -285,6 +295,7 @@ class Config:
     from_env: frozenset[str] = field(default=frozenset(), repr=False)
     hooks: HooksConfig = field(default_factory=HooksConfig)
     delay_router: DelayRouterConfig | None = None
+    breaker: BreakerConfig | None = None
 
     def delayed_topics(self) -> dict[str, int]:
         """Topic -> delay (ms) of every topic the job reads only as far as is due: the

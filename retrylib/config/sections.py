@@ -16,6 +16,7 @@ from retrylib.config.locations import check_table_name
 from retrylib.config.model import (
     ANY_TOPIC,
     HOOKS,
+    BreakerConfig,
     DeadLetterConfig,
     DelayRouterConfig,
     HandlerConfig,
@@ -432,6 +433,31 @@ def read_metrics(t: Table) -> MetricsConfig | None:
     check_table_name(t, "table", table)
     t.finish()
     return MetricsConfig(table) if t.ok else None
+
+
+def read_breaker(t: Table, source: str | None) -> BreakerConfig | None:
+    """[breaker]: the failure share and window that trip it, and its probes. It holds the main
+    topics in retrylib's own Kafka source, which `kafka.source = "python"` selects."""
+    share = t.get("failure_share", PERCENT, 'failure_share = "50%"', "50%")
+    window = t.get("window", POSITIVE_INT, "window = 1000", 1000)
+    probe_every = t.duration("probe_every", 'probe_every = "30s"', "30s", positive=True)
+    probe_records = t.get("probe_records", POSITIVE_INT, "probe_records = 10", 10)
+    t.finish()
+    if share is not None and float(share[:-1]) == 0:
+        t.problems.add(
+            t.path("failure_share"),
+            'of "0%" would trip on the first failure and never close; give a share above 0%',
+        )
+    if source is not None and source != "python":
+        t.problems.add(
+            t.name,
+            f'needs kafka.source = "python" (it is "{source}"): only retrylib\'s own Kafka source '
+            "can stop reading the main topics while the query runs; set kafka.source = "
+            '"python" or remove [breaker]',
+        )
+    if not t.ok or probe_every is None:
+        return None
+    return BreakerConfig(float(share[:-1]) / 100, window, probe_every, probe_records)
 
 
 def read_delay_router(t: Table, job_name: str | None) -> DelayRouterConfig | None:

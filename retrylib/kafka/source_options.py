@@ -47,6 +47,8 @@ masked in this source's log lines and errors, in every process that reads (see
 `retrylib.kafka.clients.client_config`)."""
 
 OPTION_AVAILABLE_NOW_OFFSETS = "retrylib.availableNowOffsets"
+OPTION_BREAKER_FILE = "retrylib.breakerFile"
+"""A local file with the job's breaker state (`retrylib.breaker`): main topics held while open."""
 _EMIT_VALUES = ("records", "ranges")
 _KNOWN_OPTIONS = {
     name.lower(): name
@@ -64,6 +66,7 @@ _KNOWN_OPTIONS = {
         OPTION_RANGE_GROUPS,
         OPTION_SECRET_OPTIONS,
         OPTION_AVAILABLE_NOW_OFFSETS,
+        OPTION_BREAKER_FILE,
     )
 }
 # Consumer settings the source relies on; a user value would break offset-exact reads.
@@ -88,6 +91,7 @@ class SourceOptions:
     available_now_offsets: Offsets | None = None  # the end of an availableNow run on 4.0/4.1
     fail_on_data_loss: bool = True  # false: deleted records and topics are skipped, warned of
     topic_pattern: str | None = None  # topics read besides `topics`, by whole-name match
+    breaker_file: str | None = None  # the breaker's state (`retrylib.breaker`), if any
 
     @property
     def schema(self) -> StructType:
@@ -157,6 +161,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         ),
         fail_on_data_loss=fail_on_data_loss == "true",
         topic_pattern=pattern,
+        breaker_file=lowered.get(OPTION_BREAKER_FILE.lower()),
     )
 
 

@@ -22,6 +22,8 @@ Options of its own:
 - `retrylib.maxRecordsPerTask`: the longest offset range one Spark task reads (250000).
 - `retrylib.availableNowOffsets`: offsets JSON (`{"topic": {"0": 12}}`) the source reads up
   to and no further, for an availableNow run on Spark 4.0/4.1 (see below).
+- `retrylib.breakerFile`: a local file with the job's breaker state (`retrylib.breaker`):
+  while it is open, the main topics are held at the batch's start, but for its probes.
 
 Batches are bounded and availableNow works the same on Spark 4.0, 4.1 and 4.2. Spark 4.2
 passes the reader each batch's start offsets and read limit (`maxOffsetsPerTrigger`) and
@@ -46,6 +48,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from retrylib.breaker import main_topic_allowance, read_state
 from retrylib.errors import KafkaSourceError, TopicError
 from retrylib.kafka.clients import make_consumer, topic_partitions
 from retrylib.kafka.offsets import (
@@ -195,10 +198,26 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, end = self._available(begin)
         if target is not None:
             end = cap_at_target(begin, end, target)
+        if self._options.breaker_file is not None:
+            end = self._held_by_breaker(begin, end)
         if max_rows is not None:
             end = limit_offsets(begin, end, max_rows)
         self._last_end = end
         return offsets_to_json(end)
+
+    def _held_by_breaker(self, begin: Offsets, end: Offsets) -> Offsets:
+        """`end` with the main topics held at `begin` while the breaker is open, or cut to
+        its probe's records when one is due (`retrylib.breaker`)."""
+        assert self._options.breaker_file is not None
+        state = read_state(self._options.breaker_file)
+        allowance = main_topic_allowance(state, int(time.time() * 1000))
+        if allowance is None:
+            return end
+        main = {key: offset for key, offset in end.items() if key[0] not in self._options.delays_ms}
+        held = {key: begin[key] for key in main}
+        if allowance > 0:
+            held = limit_offsets(held, main, allowance)
+        return {**end, **held}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """`ReadMaxRows(maxOffsetsPerTrigger)` when that option is set, else `ReadAllAvailable`."""

@@ -209,6 +209,10 @@ def _check(args: argparse.Namespace) -> int:
             f"handler: {config.handler.parallelism} lanes per Spark task (handler.parallelism): "
             "calls for different keys at once, each key's records one at a time, in order"
         )
+    if config.breaker is not None:
+        from retrylib.ops.render import describe_breaker
+
+        _out(describe_breaker(config.breaker))
     hooks = config.hooks.references()
     if hooks:
         _out("hooks import: " + ", ".join(f"{name} = {ref}" for name, ref in hooks.items()))

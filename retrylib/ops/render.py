@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from retrylib.config.durations import format_duration
 
 if TYPE_CHECKING:
-    from retrylib.config.model import DelayRouterConfig
+    from retrylib.config.model import BreakerConfig, DelayRouterConfig
     from retrylib.ops.redrive import RedriveReport
 
 
@@ -73,6 +73,7 @@ def render_status(status: Mapping[str, Any]) -> str:
         if missing:
             lines.append(f"  missing delay topics (create them): {missing}")
     lines += _dead_letter_lines(status["dead_letters"])
+    lines += _breaker_lines(status["breaker"])
     lines += _batch_lines(status["last_batches"])
     return "\n".join(lines)
 
@@ -133,6 +134,27 @@ _COUNT_HEADINGS = {
     "forwarded_to_fallback": "fallback",
     "unroutable": "unroutable",
 }
+
+
+def describe_breaker(breaker: BreakerConfig) -> str:
+    """`retrylib check`'s line for `[breaker]`."""
+    return (
+        f"breaker: opens when {breaker.failure_share:.0%} of the last {breaker.window} "
+        "main-topic records failed, then holds the main topics (retry tiers go on) and lets "
+        f"{breaker.probe_records} through every {format_duration(breaker.probe_every_ms)} "
+        "until a probe passes"
+    )
+
+
+def _breaker_lines(breaker: Mapping[str, Any] | None) -> list[str]:
+    if breaker is None:
+        return []
+    if breaker["state"] is None:
+        return ["", f"breaker: unknown ({breaker['why']})"]
+    line = f"breaker: {breaker['state']} since {breaker['since']} ({breaker['why']})"
+    if breaker["next_probe_at"] is not None:
+        line += f"; next probe at {breaker['next_probe_at']}"
+    return ["", line]
 
 
 def _batch_lines(recent: Mapping[str, Any]) -> list[str]:

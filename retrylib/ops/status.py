@@ -20,6 +20,9 @@ comes from:
   `dead_letters` is null for a router, and its last batches count what it forwarded.
 - Dead letters: counted by error class from the dead-letter Delta table, with how many
   were redriven and how many a redrive claimed but has not confirmed yet.
+- Breaker (`[breaker]` set, else null): its last change of state as the running job put it
+  in `<checkpoint>/retrylib/breaker.json`: `state` (open, closed), `since`, `why`, and while
+  open `next_probe_at`.
 - Last batches: from the metrics table when `[metrics] table` is set and holds rows, else
   from the router's manifests under `<checkpoint>/retrylib/manifests` (counters only).
 """
@@ -122,7 +125,21 @@ def collect_status(
         "retry_tiers": tiers,
         "delay_topics": delay_topics,
         "dead_letters": None if dead_letter is None else dead_letter_summary(spark, dead_letter),
+        "breaker": None if config.breaker is None else _breaker(spark, checkpoint),
         "last_batches": last_batches(spark, config, metrics, batches),
+    }
+
+
+def _breaker(spark: SparkSession, checkpoint: Checkpoint) -> dict[str, Any]:
+    """The breaker's last change of state as the running job published it (`breaker`)."""
+    published = read_json(spark, checkpoint.breaker)
+    if published is None:
+        return {"state": None, "since": None, "why": "the job has not run with [breaker] yet"}
+    return {
+        "state": published["state"],
+        "since": _iso(published["since_ms"]),
+        "why": published["why"],
+        "next_probe_at": _iso(published["probe_at_ms"]),
     }
 
 

@@ -44,6 +44,9 @@ class Count(StrEnum):
     """Records read from retry tiers."""
     SUCCEEDED = "succeeded"
     """Records the handler handled."""
+    MAIN_FAILED = "main_failed"
+    """Main-topic records whose first handler call failed (sent to a retry tier or the dead
+    letter); what `[breaker]` watches."""
     OUTPUT_ROWS = "output_rows"
     """Rows for the output table."""
     DEAD_LETTERED = "dead_lettered"

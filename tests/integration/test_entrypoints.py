@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import produce, read_table
+from helpers import produce, read_table, running_job, wait_for
 
 from retrylib.config.loader import load_config
 from retrylib.errors import TopicError
@@ -113,26 +113,13 @@ def test_sigterm_to_the_spark_submit_jvm_stops_after_the_batch_and_exits_zero(
     config = write_config([topic], kafka={"max_offsets_per_trigger": 50})  # a long backlog
     env = {**child_env(), "SPARK_SUBMIT_OPTS_EXTRA": "--master local[2]"}
     log_path = tmp_path / "job.log"
-    with log_path.open("w") as log_file:  # a file, not a pipe: a full pipe would stall the job
-        job = subprocess.Popen(
-            [str(REPO / "spark-submit.sh"), config.source_path],
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + 240
-            while read_table_rows(config.output.table) == 0:
-                assert job.poll() is None and time.monotonic() < deadline, "job did not process"
-                time.sleep(0.2)
-            # spark-submit.sh execs spark-submit, which execs the JVM: this pid is the JVM.
-            command = Path(f"/proc/{job.pid}/cmdline").read_bytes().split(b"\0")
-            assert b"org.apache.spark.deploy.SparkSubmit" in command, command
-            job.send_signal(signal.SIGTERM)
-            job.wait(timeout=180)
-        finally:
-            if job.poll() is None:
-                job.kill()
+    with running_job([str(REPO / "spark-submit.sh"), config.source_path], env, log_path) as job:
+        wait_for(job, lambda: read_table_rows(config.output.table) > 0, 240)
+        # spark-submit.sh execs spark-submit, which execs the JVM: this pid is the JVM.
+        command = Path(f"/proc/{job.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"org.apache.spark.deploy.SparkSubmit" in command, command
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=180)
     output = log_path.read_text()
     assert job.returncode == 0, output[-3000:]
     after_signal = output.split("stopping after the current batch", 1)[1]

@@ -89,6 +89,7 @@ def test_non_retryable_goes_to_dead_letter(plan):
     )
     assert [s["topic"] for s in written["staged"]] == ["orders.dlt"]
     assert counters["dead_lettered"] == 1
+    assert counters["main_failed"] == 1  # what [breaker] watches: main-topic records only
 
 
 def test_retry_record_is_handed_over_as_the_original(plan):
@@ -114,7 +115,8 @@ def test_a_handled_retry_reports_how_late_it_was_and_a_requeued_one_does_not(pla
 
 def test_last_attempt_failure_is_dead_lettered_as_exhausted(plan):
     rows = [retry_row(plan, b"fail-2", 41, attempt=2)]
-    _, written = route(plan, rows)
+    counters, written = route(plan, rows)
+    assert "main_failed" not in counters
     [dead] = written["dead_letter"]
     assert (dead["reason"], dead["attempts"], dead["origin_offset"]) == (
         "attempts_exhausted",

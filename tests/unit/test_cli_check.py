@@ -176,3 +176,29 @@ def test_check_says_how_many_lanes_a_task_runs(tmp_path, capsys):
 
     assert main(["check", str(path)]) == EXIT_OK
     assert "handler: 6 lanes per Spark task (handler.parallelism)" in capsys.readouterr().out
+
+
+def test_check_describes_the_breaker(tmp_path, capsys):
+    path = write(tmp_path, kafka={"source": "python"}, breaker={"probe_every": "1m"})
+
+    assert main(["check", str(path)]) == EXIT_OK
+    assert (
+        "breaker: opens when 50% of the last 1000 main-topic records failed, then holds the "
+        "main topics (retry tiers go on) and lets 10 through every 1m until a probe passes"
+    ) in capsys.readouterr().out
+
+
+def test_status_shows_the_breaker_and_its_next_probe() -> None:
+    from retrylib.ops.render import _breaker_lines
+
+    assert _breaker_lines(None) == []
+    opened = {
+        "state": "open",
+        "since": "2026-11-25T04:00:00+00:00",
+        "why": "600 of the last 1000 main-topic records failed",
+        "next_probe_at": "2026-11-25T04:00:30+00:00",
+    }
+    assert _breaker_lines(opened)[1] == (
+        "breaker: open since 2026-11-25T04:00:00+00:00 (600 of the last 1000 main-topic "
+        "records failed); next probe at 2026-11-25T04:00:30+00:00"
+    )

@@ -21,6 +21,8 @@ unknowncol-* returns a row with a column not in the schema on attempt 0, then su
 exitalways-* always raises SystemExit (dead-lettered once out of attempts)
 hangalways-* always sleeps past the timeout (dead-lettered once out of attempts)
 nullkey-*   returns a row without "key" on attempt 0 (breaks `key STRING NOT NULL`)
+dep-*       fails with DependencyDown while the file named by $RETRYLIB_TEST_DEPENDENCY_DOWN
+            exists (a downstream service that goes down and comes back)
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from retrylib import NonRetryable, Record, RetryAfter, Skip
 
 class TransientError(Exception):
     """A failure that goes away on a later attempt."""
+
+
+class DependencyDown(Exception):
+    """The handler's downstream service does not answer."""
 
 
 def _row(record: Record) -> dict:
@@ -56,6 +62,8 @@ def by_key(record: Record) -> dict | None:
         os._exit(13)  # kills the Python worker, as a segfault in native code would
     if prefix == "always":
         raise RuntimeError("always fails")
+    if prefix == "dep" and os.path.exists(os.environ.get("RETRYLIB_TEST_DEPENDENCY_DOWN", "")):
+        raise DependencyDown("the service is down")
     if prefix == "bad":
         raise ValueError("bad order")
     if prefix == "stop":

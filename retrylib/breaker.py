@@ -1,0 +1,135 @@
+"""A circuit breaker against floods of failures (`[breaker]`).
+
+When at least `failure_share` of the latest `window` main-topic records failed (retried or
+dead-lettered; `Skip` is not a failure), the breaker opens: the job stops taking new
+main-topic records, while the retry tiers go on as before. Every `probe_every` it lets
+`probe_records` main-topic records in; when fewer than `failure_share` of a probe fail, it
+closes and the main topics flow again, else it stays open until the next probe.
+
+The driver keeps the state (`Breaker`, after each batch) and writes it to a file on the
+driver's node; retrylib's Kafka source, whose planner runs there too, reads it each time it
+plans a batch (`main_topic_allowance`) and holds the main topics at their start offsets, or
+lets the probe's records through. Each change is also published (`on_change`: the job puts
+it in the checkpoint, where `retrylib status` reads it). The state lives as long as the
+job's process: a restarted job starts closed, and trips again within one window if the
+failures go on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from retrylib.config.model import BreakerConfig
+
+log = logging.getLogger(__name__)
+
+CLOSED, OPEN = "closed", "open"
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    """What the source needs: whether main topics are held, and when the next probe is."""
+
+    state: str  # CLOSED or OPEN
+    probe_at_ms: int = 0  # when open: main-topic records flow again from then ...
+    probe_records: int = 0  # ... this many of them, until the driver decides
+
+
+class Breaker:
+    """The driver's side: feeds each batch's main-topic outcomes to the window, trips, probes
+    and closes, writing every change of state to `state_file`."""
+
+    def __init__(
+        self,
+        config: BreakerConfig,
+        state_file: Path,
+        on_change: Callable[[BreakerState, str], None] | None = None,
+    ) -> None:
+        """`on_change` is called with each new state and why, after `state_file` has it."""
+        self.config = config
+        self.state_file = state_file
+        self._on_change = on_change
+        self.state = BreakerState(CLOSED)
+        self._window: deque[tuple[int, int]] = deque()  # (records, failed) per batch
+        self._records = 0
+        self._failed = 0
+        write_state(state_file, self.state)
+        if on_change is not None:
+            on_change(self.state, "the job started")
+
+    def after_batch(self, records: int, failed: int, now_ms: int) -> None:
+        """Take a batch's `records` main-topic records, of which `failed` failed."""
+        if records == 0:
+            return
+        if self.state.state == OPEN:  # the batch's main-topic records were a probe
+            if failed < self.config.failure_share * records:
+                self._change(BreakerState(CLOSED), f"a probe passed ({failed} of {records} failed)")
+                self._window.clear()
+                self._records = self._failed = 0
+            else:
+                self._open(now_ms, f"a probe failed ({failed} of {records} failed)")
+            return
+        self._window.append((records, failed))
+        self._records += records
+        self._failed += failed
+        while self._window and self._records - self._window[0][0] >= self.config.window:
+            dropped, dropped_failed = self._window.popleft()
+            self._records -= dropped
+            self._failed -= dropped_failed
+        if self._records >= self.config.window and (
+            self._failed >= self.config.failure_share * self._records
+        ):
+            self._open(
+                now_ms,
+                f"{self._failed} of the last {self._records} main-topic records failed",
+            )
+
+    def _open(self, now_ms: int, why: str) -> None:
+        probe_at = now_ms + self.config.probe_every_ms
+        self._change(BreakerState(OPEN, probe_at, self.config.probe_records), why)
+
+    def _change(self, state: BreakerState, why: str) -> None:
+        if state.state == OPEN:
+            log.warning(
+                "breaker open: %s; main topics held while retry tiers go on; a probe of %d "
+                "records in %.0f s",
+                why,
+                state.probe_records,
+                self.config.probe_every_ms / 1000,
+            )
+        else:
+            log.warning("breaker closed: %s; main topics flow again", why)
+        self.state = state
+        write_state(self.state_file, state)
+        if self._on_change is not None:
+            self._on_change(state, why)
+
+
+def write_state(path: Path, state: BreakerState) -> None:
+    """Replace the state file at `path` in one step (the source may read it at any time)."""
+    draft = path.with_name(path.name + ".tmp")
+    draft.write_text(json.dumps(state.__dict__))
+    os.replace(draft, path)
+
+
+def read_state(path: str) -> BreakerState:
+    """The state in the file at `path`; a file not written yet reads as closed."""
+    try:
+        return BreakerState(**json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        return BreakerState(CLOSED)
+
+
+def main_topic_allowance(state: BreakerState, now_ms: int) -> int | None:
+    """How many main-topic records the next batch may take: None for no limit."""
+    if state.state == CLOSED:
+        return None
+    return state.probe_records if now_ms >= state.probe_at_ms else 0

@@ -1,0 +1,84 @@
+"""The circuit breaker through `retrylib run`: a handler whose dependency goes down and comes
+back. The breaker trips, holds the main topic while the retry tiers go on, probes, closes
+when the dependency is back, and nothing is dead-lettered because of the outage."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import pytest
+from helpers import produce, read_table, run_retrylib, running_job, wait_for
+from test_entrypoints import child_env, read_table_rows
+
+pytestmark = pytest.mark.every_spark
+RECORDS = 60
+
+
+def test_an_outage_trips_the_breaker_and_nothing_is_dead_lettered(
+    bootstrap_servers, make_topic, write_config, tmp_path
+):
+    topic = make_topic("orders", partitions=2)
+    produce(bootstrap_servers, topic, [(f"dep-{i}", "v") for i in range(RECORDS)], partitions=2)
+    config = write_config(
+        [topic],
+        kafka={"source": "python", "max_offsets_per_trigger": 10},
+        # Attempts every 8 s for over two minutes: longer than the outage (which lasts while
+        # `status` runs), so no record runs out of attempts.
+        retry={"delays": ["2s", "4s", "8s"], "max_attempts": 20},
+        breaker={"failure_share": "50%", "window": 10, "probe_every": "2s", "probe_records": 2},
+    )
+    down = tmp_path / "dependency-down"
+    down.touch()
+    log_path = tmp_path / "job.log"
+    command = [sys.executable, "-m", "retrylib", "run", config.source_path, "--master", "local[2]"]
+    env = {
+        **child_env(),
+        "RETRYLIB_TEST_DEPENDENCY_DOWN": str(down),
+        "RETRYLIB_LOG_FORMAT": "json",
+    }
+    with running_job(command, env, log_path) as job:
+        wait_for(job, lambda: "breaker open" in log_path.read_text(), 180)
+        # The outage goes on while status looks: probes fail, retries wait in their tiers.
+        during = status(config.source_path)["breaker"]
+        down.unlink()
+        wait_for(job, lambda: read_table_rows(config.output.table) >= RECORDS, 240)
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=120)
+    log = log_path.read_text()
+    assert job.returncode == 0, log[-3000:]
+
+    output = read_table(config.output.table).column("key").to_pylist()
+    assert sorted(output) == sorted(f"dep-{i}" for i in range(RECORDS))  # each once
+    assert read_table_rows(config.dead_letter.table) == 0
+    lines = metrics_lines(log)
+    states = [line["breaker"] for line in lines]
+    assert states[0] == "open" and states[-1] == "closed"
+    while_open = [line for line in lines if line["breaker"] == "open"]
+    # While open, the main topic gave only probes: at most 2 records a batch.
+    assert all(line["records_main"] <= 2 for line in while_open[1:])
+    assert sum(line["records_main"] for line in lines) == RECORDS
+    assert "breaker closed: a probe passed" in log
+    assert during["state"] == "open" and during["next_probe_at"] is not None
+    assert "main-topic records failed" in during["why"] or "probe failed" in during["why"]
+    after = status(config.source_path)["breaker"]
+    assert (after["state"], after["next_probe_at"]) == ("closed", None)
+    assert after["why"].startswith("a probe passed")
+
+
+def status(config_path: str) -> dict:
+    done = run_retrylib("status", config_path, "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def metrics_lines(log: str) -> list[dict]:
+    """The metrics of each batch, from the job's JSON log lines."""
+    lines = []
+    for text in log.splitlines():
+        if text.startswith("{") and '"logger": "retrylib.metrics"' in text:
+            line = json.loads(text)
+            if "metrics" in line:
+                lines.append(line["metrics"])
+    return lines

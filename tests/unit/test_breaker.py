@@ -1,0 +1,116 @@
+"""The circuit breaker (`[breaker]`): when it trips, probes and closes; what the source lets
+in while it is open; and the config that turns it on. No Spark, no broker."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import problem_for, write_literal_config
+from test_stream_reader_engines import P0, FakeKafka, reader_for
+
+from retrylib.breaker import (
+    CLOSED,
+    OPEN,
+    Breaker,
+    BreakerState,
+    main_topic_allowance,
+    read_state,
+    write_state,
+)
+from retrylib.config.loader import load_config
+from retrylib.config.model import BreakerConfig
+from retrylib.kafka.offsets import offsets_from_json
+
+CONFIG = BreakerConfig(failure_share=0.5, window=100, probe_every_ms=30_000, probe_records=5)
+TIER = ("orders.retry", 0)
+
+
+@pytest.fixture
+def breaker(tmp_path) -> Breaker:
+    return Breaker(CONFIG, tmp_path / "state.json")
+
+
+def test_it_trips_only_once_a_whole_window_has_failed_enough(breaker) -> None:
+    breaker.after_batch(60, 60, now_ms=1_000)
+    assert breaker.state.state == CLOSED  # 60 records: less than a window
+
+    breaker.after_batch(40, 0, now_ms=2_000)
+
+    assert breaker.state == BreakerState(OPEN, 32_000, 5)
+    assert read_state(str(breaker.state_file)) == breaker.state
+
+
+def test_old_batches_leave_the_window(breaker) -> None:
+    breaker.after_batch(100, 90, now_ms=0)  # would trip alone ...
+    assert breaker.state.state == OPEN
+
+    fresh = Breaker(CONFIG, breaker.state_file)
+    fresh.after_batch(100, 10, now_ms=0)
+    fresh.after_batch(100, 40, now_ms=0)  # ... the window is the last 100: 40% failed
+    assert fresh.state.state == CLOSED
+
+
+def test_a_passing_probe_closes_it_and_a_failing_one_waits_for_the_next(breaker) -> None:
+    breaker.after_batch(100, 100, now_ms=0)
+    breaker.after_batch(0, 0, now_ms=40_000)  # a batch of retries only: no probe result
+    assert breaker.state == BreakerState(OPEN, 30_000, 5)
+
+    breaker.after_batch(5, 3, now_ms=40_000)
+    assert breaker.state == BreakerState(OPEN, 70_000, 5)
+
+    breaker.after_batch(5, 2, now_ms=80_000)
+    assert breaker.state.state == CLOSED
+    breaker.after_batch(50, 50, now_ms=90_000)  # the window starts empty again
+    assert breaker.state.state == CLOSED
+
+
+def test_the_source_holds_main_topics_until_the_probe_is_due() -> None:
+    assert main_topic_allowance(BreakerState(CLOSED), now_ms=0) is None
+    assert main_topic_allowance(BreakerState(OPEN, 30_000, 5), now_ms=29_999) == 0
+    assert main_topic_allowance(BreakerState(OPEN, 30_000, 5), now_ms=30_000) == 5
+
+
+def test_a_state_file_not_written_yet_reads_as_closed(tmp_path) -> None:
+    assert read_state(str(tmp_path / "none.json")) == BreakerState(CLOSED)
+
+
+def test_the_reader_holds_main_partitions_and_lets_tiers_go_on(tmp_path) -> None:
+    state_file = tmp_path / "state.json"
+    reader = reader_for(
+        FakeKafka({P0: 50, TIER: 8}, due={TIER: 8}),
+        subscribe="orders,orders.retry",
+        **{
+            "retrylib.topicDelaysMs": '{"orders.retry": 1000}',
+            "retrylib.breakerFile": str(state_file),
+        },
+    )
+    start = {"orders": {"0": 10}, "orders.retry": {"0": 2}}
+
+    write_state(state_file, BreakerState(OPEN, 2**62, 5))
+    assert offsets_from_json(reader.latestOffset(start, None)) == {P0: 10, TIER: 8}
+
+    write_state(state_file, BreakerState(OPEN, 0, 5))
+    assert offsets_from_json(reader.latestOffset(start, None)) == {P0: 15, TIER: 8}
+
+    write_state(state_file, BreakerState(CLOSED))
+    assert offsets_from_json(reader.latestOffset(start, None)) == {P0: 50, TIER: 8}
+
+
+def test_config_defaults(tmp_path) -> None:
+    path = write_literal_config(tmp_path, {"kafka.source": '"python"'}, extra="[breaker]\n")
+
+    assert load_config(path).breaker == BreakerConfig(0.5, 1000, 30_000, 10)
+
+
+def test_the_builtin_source_is_refused_with_the_fix(tmp_path) -> None:
+    problem = problem_for(tmp_path, {"kafka.source": '"builtin"'}, extra="[breaker]\n")
+
+    assert problem.startswith('breaker: needs kafka.source = "python" (it is "builtin")')
+    assert 'set kafka.source = "python" or remove [breaker]' in problem
+
+
+def test_a_zero_share_is_refused(tmp_path) -> None:
+    extra = '[breaker]\nfailure_share = "0%"\n'
+    problem = problem_for(tmp_path, {"kafka.source": '"python"'}, extra=extra)
+
+    assert problem.startswith("breaker.failure_share: ")
+    assert "give a share above 0%" in problem
