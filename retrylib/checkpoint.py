@@ -9,6 +9,8 @@
     <root>/retrylib/manifests/<N>.json batch N's clock, counters and staged rows
     <root>/retrylib/staged/<N>/        batch N's decisions (Parquet) until batch N+1 ran
     <root>/retrylib/compaction.json    when the tables were last compacted
+    <root>/retrylib/breaker.json       the breaker's last change of state
+    <root>/retrylib/key_order.json     the keys waiting behind retries (`retry.key_ordered`)
 
 Files go to whatever file system Spark writes the checkpoint to. A location with a URI
 scheme (`s3a://`, `abfss://`, `gs://`, `hdfs://`, `dbfs:/`, `file:/`) goes through Hadoop's
@@ -219,6 +221,12 @@ class Checkpoint:
     def breaker(self) -> str:
         """The breaker's last change of state (`retrylib.breaker`), for `status`."""
         return join(self.state, "breaker.json")
+
+    @property
+    def key_order(self) -> str:
+        """The queues of the keys waiting behind retries, and the batch that left them
+        (`retrylib.key_order_store`)."""
+        return join(self.state, "key_order.json")
 
     def app_id(self, spark: SparkSession, job_name: str) -> str:
         """The Delta app id and produce-marker id of this checkpoint: "<job>-<random>".

@@ -40,8 +40,13 @@ from retrylib.kafka.offsets import (
     subscribed,
 )
 from retrylib.kafka.record_size import producer_batch_bytes
-from retrylib.kafka.source_options import OPTION_AVAILABLE_NOW_OFFSETS, parse_source_options
+from retrylib.kafka.source_options import (
+    OPTION_AVAILABLE_NOW_OFFSETS,
+    OPTION_KEY_ORDER,
+    parse_source_options,
+)
 from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
+from retrylib.key_order_store import KeyOrderStore
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder
 from retrylib.router import BatchResult, BatchRouter
@@ -247,6 +252,7 @@ def source_frame(
     config: Config,
     available_now_offsets: Offsets | None = None,
     breaker_file: Path | None = None,
+    key_state_file: Path | None = None,
 ) -> DataFrame:
     """Every topic the job reads: the main topics, and the retry tiers up to what is due.
 
@@ -257,7 +263,8 @@ def source_frame(
     (`retrylib.emit = ranges`) that the routing tasks read themselves: records skip the
     JVM, and `maxOffsetsPerTrigger` bounds a batch, retries included.
     `available_now_offsets` holds the `retrylib_kafka` source to them (an availableNow run
-    on Spark 4.0/4.1); `breaker_file` holds its main topics while the breaker is open.
+    on Spark 4.0/4.1); `breaker_file` holds its main topics while the breaker is open;
+    `key_state_file` (`retry.key_ordered`) has it plan key groups with those queues.
     """
     kafka = config.kafka
     main, tiers = source_options(config)
@@ -278,6 +285,16 @@ def source_frame(
     }
     if breaker_file is not None:
         every_topic["retrylib.breakerFile"] = str(breaker_file)
+    if key_state_file is not None:
+        every_topic[OPTION_KEY_ORDER] = json.dumps(
+            {
+                "tiers": {
+                    key: [tier.topics[key] for tier in config.retry.tiers]
+                    for key in config.kafka.topic_keys()
+                },
+                "stateFile": str(key_state_file),
+            }
+        )
     return _read_kafka(spark, "retrylib_kafka", _held_to(every_topic, available_now_offsets))
 
 
@@ -318,6 +335,7 @@ def task_plan(
         secret_options=config.secret_options(),
         fail_on_data_loss=config.kafka.fail_on_data_loss,
         hooks=config.hooks.references(RECORD_HOOKS),
+        key_ordered=retry.key_ordered,
     )
 
 
@@ -392,6 +410,10 @@ def start_query(
             state_dir / "state.json",
             on_change=partial(_publish_breaker, spark, checkpoint.breaker),
         )
+    key_order = None
+    if config.retry.key_ordered:
+        key_order = KeyOrderStore(checkpoint.key_order, config.job.name)
+        key_order.load(spark)
     metrics = MetricsRecorder(config, app_id, forward=on_result, breaker=breaker)
     metrics.prepare(spark)
     limits, producer_options = record_limits(config, partitions)
@@ -416,6 +438,7 @@ def start_query(
         hooks=config.hooks.references(BATCH_HOOKS),
         hook_paths=config.handler.paths if config.handler is not None else (),
         task=run_task if config.delay_router is None else run_forwarding_task,
+        key_order=key_order,
     )
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
     # back-to-back triggers instead, the tier source held to the target, until it is reached.
@@ -423,8 +446,15 @@ def start_query(
     if available_now and not ENGINE_LIMITS_PYTHON_SOURCES:
         target = available_now_target(config)
         log.info("availableNow on Spark %s: up to %s", spark.version, offsets_to_json(target))
+    source = source_frame(
+        spark,
+        config,
+        target,
+        breaker.state_file if breaker else None,
+        key_order.state_file if key_order else None,
+    )
     writer = (
-        router.routed(source_frame(spark, config, target, breaker.state_file if breaker else None))
+        router.routed(source)
         .writeStream.queryName(config.job.name)
         .option("checkpointLocation", checkpoint.spark)
         .foreachBatch(router)

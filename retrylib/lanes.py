@@ -52,12 +52,19 @@ class Lanes:
     """Handler calls of one task on `count` lanes; see the module docstring.
 
     `call` is one record's call, hooks included; it may raise anything. `timeout_ms` None
-    means no limit.
+    means no limit; `on_late` is told of each record whose call went over it.
     """
 
-    def __init__(self, count: int, call: Callable[[Record], Any], timeout_ms: int | None) -> None:
+    def __init__(
+        self,
+        count: int,
+        call: Callable[[Record], Any],
+        timeout_ms: int | None,
+        on_late: Callable[[Record], None] | None = None,
+    ) -> None:
         self.count = count
         self._call = call
+        self._on_late = on_late
         self._timeout_ns = None if not timeout_ms else timeout_ms * 1_000_000
         self._pool = ThreadPoolExecutor(count + SPARE_THREADS, thread_name_prefix="retrylib-lane")
 
@@ -94,6 +101,8 @@ class Lanes:
                     limit = self._timeout_ns / 1e9
                     late = HandlerTimeout(f"handler did not return within {limit:g}s")
                     calls[index] = Call(error=late, elapsed_ns=now - started)
+                    if self._on_late is not None:
+                        self._on_late(records[index])
                     start(lane)
         return calls
 

@@ -7,6 +7,8 @@ Each row is one of:
 - `kind = "staged"`: a record to produce to a retry tier or the dead-letter topic, in `staged`;
 - `kind = "lateness"`: a retry record handed to the handler, in `lateness`: its tier and how
   long after it was due that happened (`LATENESS_SCHEMA`);
+- `kind = "key_state"`: with `retry.key_ordered`, a key's queue as the task left it, in
+  `key_state` (`key_order.KEY_STATE_SCHEMA`);
 - `kind = "counters"`: one per task, its counters as a JSON object in `counters`.
 
 The driver writes these rows to the batch's staging folder through Spark before any effect,
@@ -19,8 +21,9 @@ import pyarrow as pa
 
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
 from retrylib.kafka.staged_records import STAGED_SCHEMA
+from retrylib.key_order import KEY_STATE_SCHEMA
 
-KINDS = ("output", "dead_letter", "staged", "lateness")
+KINDS = ("output", "dead_letter", "staged", "lateness", "key_state")
 LATENESS_SCHEMA = pa.schema(
     [
         pa.field("tier", pa.int32(), nullable=False),  # 0 = the first retry tier
@@ -47,6 +50,7 @@ def result_schema(output: pa.Schema | None) -> pa.Schema:
             ("dead_letter", _nullable(DEAD_LETTER_SCHEMA)),
             ("staged", _nullable(STAGED_SCHEMA)),
             ("lateness", _nullable(LATENESS_SCHEMA)),
+            ("key_state", _nullable(KEY_STATE_SCHEMA)),
             ("counters", pa.string()),
         ]
     )

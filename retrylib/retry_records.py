@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
-from retrylib.errors import CorruptRetryHeaders, Skip, UnverifiedRetryRecord
+from retrylib.errors import CorruptRetryHeaders, RetrylibError, Skip, UnverifiedRetryRecord
 from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
 from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.record import Record
@@ -47,9 +47,12 @@ from retrylib.retry.policy import (
 
 if TYPE_CHECKING:
     from retrylib.hooks import Hooks
+    from retrylib.key_order import KeyOrder
     from retrylib.task import TaskPlan
 
 log = logging.getLogger(__name__)
+
+_HELD_MESSAGE = "held behind an earlier record of its key (retry.key_ordered)"
 
 
 @dataclass
@@ -96,6 +99,7 @@ class RetryRecords:
         self._staged_rows: list[dict] = []
         self._dead_rows: list[dict] = []
         self._lateness: tuple[list[int], list[int]] = ([], [])  # tiers, lateness in ms
+        self.key_order: KeyOrder | None = None  # with retry.key_ordered: told every outcome
 
     def read_back(
         self, key, value, topic, partition, offset, timestamp_ms, header_pairs
@@ -150,7 +154,9 @@ class RetryRecords:
             state.origin_timestamp_ms,
             state.attempt,
         )
-        delivery = Delivery(record, topic, self.plan.job, state.id, state.first_failure_ms)
+        # A record held behind its key (attempt 0) has not failed yet.
+        first_failure_ms = state.first_failure_ms if state.attempt else None
+        delivery = Delivery(record, topic, self.plan.job, state.id, first_failure_ms)
         if not is_due(state.not_before_ms, self.plan.now_ms):
             # A wait longer than the tier holds in one pass, or clocks that disagree: never
             # hand it over early, wait in the tier again.
@@ -173,6 +179,8 @@ class RetryRecords:
         record = delivery.record
         if isinstance(error, Skip):
             self.counters[Count.SKIPPED_BY_HANDLER] += 1
+            if self.key_order is not None:
+                self.key_order.handled(record)
             log.info(
                 "%s[%d]@%d skipped at the handler's request: %s",
                 record.topic,
@@ -209,7 +217,29 @@ class RetryRecords:
             return
         self.stage(topic, record.partition, decision.kafka_timestamp_ms, record, headers)
         self.counters[retried_tier(decision.tier)] += 1
+        if self.key_order is not None:
+            self.key_order.retried(record, decision.tier, decision.not_before_ms)
         self.hooks.call("on_retry", record, decision.tier + 1, error)
+
+    def hold(self, delivery: Delivery) -> None:
+        """Stage `delivery` behind the waiting records of its key (`key_order`): to the tier
+        its key's head waits in, due with it, its attempts unchanged."""
+        assert self.key_order is not None
+        record = delivery.record
+        tier_topics = tiers_of(self.plan.retry_topics, record.topic)
+        if tier_topics is None:
+            error = RetrylibError(f"{record.topic} is no longer a main topic of the job")
+            self.dead_letter(
+                delivery, error, Reason.UNKNOWN_ORIGIN_TOPIC, record.attempt, _now_ms()
+            )
+            return
+        tier, not_before_ms = self.key_order.hold(record, self.plan.now_ms)
+        held_at = _now_ms()
+        state = _state(delivery, record.attempt, not_before_ms, held_at, "", _HELD_MESSAGE)
+        headers = encode_retry_headers(record.headers, state)
+        timestamp = tier_timestamp_ms(not_before_ms, self.plan.tier_delays_ms[tier], held_at)
+        self.stage(tier_topics[tier], record.partition, timestamp, record, headers)
+        self.counters[Count.HELD_BEHIND_KEY] += 1
 
     def dead_letter(
         self,
@@ -247,6 +277,8 @@ class RetryRecords:
         topic = self.policy.dead_letter_topic(error, self.plan.dead_letter_topic)
         self.stage(topic, record.partition, failed_at, record, headers)
         self.counters[Count.DEAD_LETTERED] += 1
+        if self.key_order is not None:
+            self.key_order.handled(record)
         self.hooks.call("on_dead_letter", record, reason, error)
 
     def _too_large(self, topic: str, record: Record, headers: list) -> bool:

@@ -15,7 +15,9 @@ A batch runs in steps, each safe to repeat after a crash:
 3. The output and dead-letter rows are appended to their Delta tables by Spark's Delta
    writer with the app transaction (`txnAppId` = the checkpoint's app id, `txnVersion` =
    batch id), so they are committed once (`delta.tables`).
-4. With `[output] optimize_every`, the tables are compacted when that period has passed
+4. With `retry.key_ordered`, the key queues the tasks changed are folded into the job's
+   (`key_order_store`).
+5. With `[output] optimize_every`, the tables are compacted when that period has passed
    (`compaction`).
 
 A batch's staging folder is removed once the next batch has run: Spark replays at most the
@@ -58,6 +60,7 @@ from retrylib.forwarding import ForwardPlan
 from retrylib.hooks import Hooks
 from retrylib.kafka.clients import RecordLimits
 from retrylib.kafka.transactional_producer import StagedProducer
+from retrylib.key_order_store import KeyOrderStore
 from retrylib.metrics import OBSERVED_COUNTERS
 from retrylib.observed import OBSERVATION, PERCENTILES, observed_columns
 from retrylib.results import result_struct
@@ -109,12 +112,14 @@ class BatchRouter:
         hooks: Mapping[str, str] | None = None,
         hook_paths: tuple[str, ...] = (),
         task: Task = run_task,
+        key_order: KeyOrderStore | None = None,
     ) -> None:
         """`hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`);
         `task` routes one Spark task's records with a plan like `plan_template`: a handler
         job's `run_task`, or a delay router's `run_forwarding_task` (whose plans have no
         output or dead-letter table: those are None then)."""
         self._task = task
+        self._key_order = key_order
         self._template = plan_template
         self._checkpoint = checkpoint
         self._output_table = output_table
@@ -180,6 +185,8 @@ class BatchRouter:
                 log.warning("batch %d was routed concurrently; using the other run's", batch_id)
             crash_point("after_manifest", batch_id)
         result = self._apply(spark, manifest, batch_id, replayed, started)
+        if self._key_order is not None:
+            self._key_order.after_batch(spark, manifest, batch_id)
         crash_point("before_batch_end", batch_id)
         self._checkpoint.clean_up(spark, batch_id)
         crash_point("after_cleanup", batch_id)
@@ -229,7 +236,9 @@ class BatchRouter:
         return {
             "now_ms": plan.now_ms,
             "staging": staging,
-            "rows": {kind: kinds[kind] for kind in ("output", "dead_letter", "staged")},
+            "rows": {
+                kind: kinds[kind] for kind in ("output", "dead_letter", "staged", "key_state")
+            },
             "counters": dict(counters),
             "lateness_ms": lateness,
         }

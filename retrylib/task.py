@@ -35,6 +35,7 @@ from retrylib.hooks import Hooks
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
 from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
+from retrylib.key_order import KeyOrder
 from retrylib.lanes import Lanes
 from retrylib.logs import configure_worker_logging
 from retrylib.record import Record
@@ -55,6 +56,8 @@ log = logging.getLogger(__name__)
 
 _RANGE_COLUMNS = RANGE_SCHEMA.names
 _GC_FIRST_THRESHOLD = 50_000
+HELD = object()
+"""What a lane's call gives for a record its key order holds (`key_order`)."""
 T = TypeVar("T")
 
 
@@ -94,6 +97,7 @@ class TaskPlan:
     max_record_bytes: Mapping[str, int] = field(default_factory=dict)
     retry_timeout_ms: int | None = None
     dead_letter_routes: tuple[tuple[str, str], ...] = ()  # (exception class name, topic)
+    key_ordered: bool = False  # a key's later records wait behind its retries (`key_order`)
 
     def isolated(self) -> TaskPlan | None:
         """This plan with each handler call in a process of its own, or None when it is so."""
@@ -152,10 +156,18 @@ class TaskRouter:
         # has one, rows). Written together; a record whose rows do not fit fails alone.
         self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
         self.retries = RetryRecords(plan, _policy(plan), self.tier_of, self.counters, self.hooks)
+        self.key_order: KeyOrder | None = None
+        if plan.key_ordered:
+            self.key_order = self.retries.key_order = KeyOrder()
         self.lanes: Lanes | None = None
         if plan.handler_parallelism > 1 and plan.handler_kind == "record" and not plan.isolate:
             # The lanes keep the timeout themselves: SIGALRM only reaches the main thread.
-            self.lanes = Lanes(plan.handler_parallelism, self._hooked_call, plan.handler_timeout_ms)
+            self.lanes = Lanes(
+                plan.handler_parallelism,
+                self._hooked_call,
+                plan.handler_timeout_ms,
+                on_late=None if self.key_order is None else self.key_order.call_failed,
+            )
 
     def route(self, batch: pa.RecordBatch) -> None:
         """Route a RecordBatch of Kafka records (`KAFKA_ARROW_SCHEMA`)."""
@@ -230,6 +242,8 @@ class TaskRouter:
     def finish(self) -> Iterator[pa.RecordBatch]:
         """Yields the result rows not yet handed over, then the task's counters row."""
         self._flush()
+        if self.key_order is not None:
+            self.results.add("key_state", self.key_order.changes())
         yield from self.results.drain()
         if self.lanes is not None:
             self.lanes.close()
@@ -303,9 +317,13 @@ class TaskRouter:
             return
         invoke, keep = self.invoke, self._keep
         hooks = self.hooks if self.hooks.around_calls else None
+        key_order = self.key_order
         clock = time.perf_counter_ns
         spent = 0
         for index, record in enumerate(records):
+            if key_order is not None and not key_order.admit(record):
+                self.retries.hold(self._delivery(record, deliveries, index))
+                continue
             if hooks is not None:
                 hooks.call("before_record", record)
             started = clock()
@@ -337,25 +355,35 @@ class TaskRouter:
                 self.retries.fail(self._delivery(record, deliveries, index), error)
                 return
         self.pending.append((record, deliveries[index] if deliveries else None, rows))
+        if self.key_order is not None:
+            self.key_order.handled(record)
 
     def _handle_in_lanes(self, records: list[Record], deliveries: list[Delivery] | None) -> None:
         """`_handle_each` with the calls spread over the task's lanes (`lanes`)."""
         assert self.lanes is not None
         for index, call in enumerate(self.lanes.call_all(records)):
             self.handler_ns += call.elapsed_ns
-            if call.error is not None:
+            if call.result is HELD:
+                self.retries.hold(self._delivery(records[index], deliveries, index))
+            elif call.error is not None:
                 self.retries.fail(self._delivery(records[index], deliveries, index), call.error)
             else:
                 self._keep(records[index], deliveries, index, call.result)
 
     def _hooked_call(self, record: Record) -> object:
-        """One lane's call of the handler for `record`, between its record hooks."""
+        """One lane's call of the handler for `record`, between its record hooks; `HELD`
+        instead when its key order holds it (a lane keeps a key's records in order)."""
+        key_order = self.key_order
+        if key_order is not None and not key_order.admit(record):
+            return HELD
         hooks = self.hooks if self.hooks.around_calls else None
         if hooks is not None:
             hooks.call("before_record", record)
         try:
             result = self.handler(record)
         except BaseException as raised:
+            if key_order is not None:
+                key_order.call_failed(record)
             if hooks is not None:
                 hooks.call("after_record", record, as_failure(raised))
             raise
@@ -470,10 +498,13 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     with _fewer_collections():
         router = TaskRouter(plan)
         for batch in batches:
-            if batch.schema.names == _RANGE_COLUMNS:
-                for topic, partition, start, end in zip(
+            if batch.schema.names[: len(_RANGE_COLUMNS)] == _RANGE_COLUMNS:
+                for topic, partition, start, end, *queues in zip(
                     *(column.to_pylist() for column in batch.columns), strict=True
                 ):
+                    if queues and queues[0] is not None:  # a key group's first range
+                        assert router.key_order is not None
+                        router.key_order.load(queues[0])
                     router.route_range(topic, partition, start, end)
             else:
                 router.route(batch)

@@ -23,6 +23,7 @@ from retrylib.config.model import NO_RETRIES, OPTION_TABLES, Config
 from retrylib.config.sections import (
     check_callable,
     check_exception_classes,
+    check_key_order,
     read_breaker,
     read_dead_letter,
     read_delay_router,
@@ -259,6 +260,9 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
     breaker = None
     if "breaker" in root.data:
         breaker = read_breaker(tables["breaker"], tables["kafka"].values.get("source"))
+    check_key_order(
+        tables["retry"], tables["kafka"].values.get("source"), tables["handler"].values.get("kind")
+    )
     check_control_topics(root.problems, tables)
     check_locations(root.problems, tables)
     non_retryable = tables["retry"].values["non_retryable"]

@@ -178,6 +178,7 @@ class RetryConfig:
     tiers: tuple[RetryTier, ...]
     max_retry_after_ms: int
     timeout_ms: int | None = None  # total retry time from the first failure; None: no limit
+    key_ordered: bool = False  # a key's later records wait behind its retries (`key_order`)
 
     def tier_topics(self) -> tuple[str, ...]:
         """Every retry topic, tier by tier, in the order of the main topics."""

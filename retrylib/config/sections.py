@@ -332,6 +332,7 @@ def read_retry(
     template = t.get("topic_template", TOPIC_TEMPLATE, template_example, default_template)
     max_retry_after = t.duration("max_retry_after", 'max_retry_after = "6h"', None, positive=True)
     timeout = t.duration("timeout", 'timeout = "1h"', None, positive=True)
+    key_ordered = t.get("key_ordered", BOOL, "key_ordered = true", False)
     t.finish()
     tiers = None
     if main_topics is not None and job_name and texts is not None and None not in delays:
@@ -352,7 +353,28 @@ def read_retry(
         tiers,
         max_retry_after,
         timeout,
+        bool(key_ordered),
     )
+
+
+def check_key_order(t: Table, source: str | None, handler_kind: str | None) -> None:
+    """`retry.key_ordered` holds records inside retrylib's own Kafka source's tasks, which
+    `kafka.source = "python"` selects, and decides record by record."""
+    if not t.values.get("key_ordered"):
+        return
+    if source is not None and source != "python":
+        t.problems.add(
+            t.path("key_ordered"),
+            f'needs kafka.source = "python" (it is "{source}"): only retrylib\'s own Kafka '
+            'source reads each key\'s partitions in one task; set kafka.source = "python" or '
+            "remove retry.key_ordered",
+        )
+    if handler_kind is not None and handler_kind != "record":
+        t.problems.add(
+            t.path("key_ordered"),
+            f'needs handler.kind = "record" (it is "{handler_kind}"): a key\'s records are '
+            "held one by one; use a record handler or remove retry.key_ordered",
+        )
 
 
 def read_dead_letter(

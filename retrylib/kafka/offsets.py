@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 PartitionKey = tuple[str, int]
 Offsets = dict[PartitionKey, int]
+T = TypeVar("T")
 
 EARLIEST = -2
 """In `startingOffsets` JSON (Kafka's convention): start at the partition's first offset."""
@@ -282,20 +284,30 @@ def split_ranges(
 
 
 def group_ranges(ranges: Sequence[OffsetRange], groups: int) -> list[list[OffsetRange]]:
-    """`ranges` dealt into at most `groups` groups of about equal record counts.
+    """`ranges` dealt into at most `groups` groups of about equal record counts (`deal`).
 
-    Longest first, each to the group with the fewest records so far, so the groups differ
-    by at most one range's length. Empty groups are left out. Raises `ValueError` when
-    `groups` < 1.
+    The groups differ by at most one range's length. Raises `ValueError` when `groups` < 1.
     """
-    if groups < 1:
-        raise ValueError(f"groups must be >= 1, got {groups!r}")
-    dealt: list[list[OffsetRange]] = [[] for _ in range(min(groups, len(ranges)))]
+    return deal(ranges, groups, range_length)
+
+
+def range_length(offset_range: OffsetRange) -> int:
+    return offset_range.end - offset_range.start
+
+
+def deal(items: Sequence[T], bins: int, size: Callable[[T], int]) -> list[list[T]]:
+    """`items` dealt into at most `bins` lists of about equal total `size`: largest first,
+    each to the list with the least so far. Empty lists are left out. Raises `ValueError`
+    when `bins` < 1.
+    """
+    if bins < 1:
+        raise ValueError(f"groups must be >= 1, got {bins!r}")
+    dealt: list[list[T]] = [[] for _ in range(min(bins, len(items)))]
     sizes = [0] * len(dealt)
-    for offset_range in sorted(ranges, key=lambda r: r.end - r.start, reverse=True):
+    for item in sorted(items, key=size, reverse=True):
         smallest = sizes.index(min(sizes))
-        dealt[smallest].append(offset_range)
-        sizes[smallest] += offset_range.end - offset_range.start
+        dealt[smallest].append(item)
+        sizes[smallest] += size(item)
     return dealt
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.types import StructType
 
-from retrylib.kafka.arrow_records import KAFKA_SCHEMA, RANGE_SCHEMA
+from retrylib.kafka.arrow_records import KAFKA_SCHEMA, KEY_RANGE_SCHEMA, RANGE_SCHEMA
 from retrylib.kafka.offsets import (
     AT_TIMESTAMP,
     Offsets,
@@ -49,6 +49,10 @@ masked in this source's log lines and errors, in every process that reads (see
 OPTION_AVAILABLE_NOW_OFFSETS = "retrylib.availableNowOffsets"
 OPTION_BREAKER_FILE = "retrylib.breakerFile"
 """A local file with the job's breaker state (`retrylib.breaker`): main topics held while open."""
+OPTION_KEY_ORDER = "retrylib.keyOrder"
+"""JSON `{"tiers": {main topic: [its tier topics]}, "stateFile": path}`: ranges come in key
+groups (`key_groups`), each group's first row carrying its keys' queues from the local
+state file (`retrylib.key_order`); needs `retrylib.emit = ranges`."""
 _EMIT_VALUES = ("records", "ranges")
 _KNOWN_OPTIONS = {
     name.lower(): name
@@ -67,6 +71,7 @@ _KNOWN_OPTIONS = {
         OPTION_SECRET_OPTIONS,
         OPTION_AVAILABLE_NOW_OFFSETS,
         OPTION_BREAKER_FILE,
+        OPTION_KEY_ORDER,
     )
 }
 # Consumer settings the source relies on; a user value would break offset-exact reads.
@@ -92,10 +97,21 @@ class SourceOptions:
     fail_on_data_loss: bool = True  # false: deleted records and topics are skipped, warned of
     topic_pattern: str | None = None  # topics read besides `topics`, by whole-name match
     breaker_file: str | None = None  # the breaker's state (`retrylib.breaker`), if any
+    key_order: KeyOrderOption | None = None
 
     @property
     def schema(self) -> StructType:
+        if self.key_order is not None:
+            return KEY_RANGE_SCHEMA
         return RANGE_SCHEMA if self.emit_ranges else KAFKA_SCHEMA
+
+
+@dataclass(frozen=True)
+class KeyOrderOption:
+    """`retrylib.keyOrder`: each main topic's tier topics, and the local file of the queues."""
+
+    tiers: dict[str, tuple[str, ...]]
+    state_file: str
 
 
 def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
@@ -162,7 +178,28 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         fail_on_data_loss=fail_on_data_loss == "true",
         topic_pattern=pattern,
         breaker_file=lowered.get(OPTION_BREAKER_FILE.lower()),
+        key_order=_key_order(lowered.get(OPTION_KEY_ORDER.lower()), emit),
     )
+
+
+def _key_order(raw: str | None, emit: str) -> KeyOrderOption | None:
+    """`retrylib.keyOrder` parsed; raises `ValueError` saying what is wrong with it."""
+    if raw is None:
+        return None
+    if emit != "ranges":
+        raise ValueError(f"option {OPTION_KEY_ORDER} needs {OPTION_EMIT} = ranges")
+    try:
+        parsed = json.loads(raw)
+        tiers = {main: tuple(topics) for main, topics in parsed["tiers"].items()}
+        state_file = parsed["stateFile"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        parsed = None
+    if parsed is None or not isinstance(state_file, str):
+        raise ValueError(
+            f"option {OPTION_KEY_ORDER}={raw!r} must be a JSON object "
+            '{"tiers": {"<main topic>": ["<tier topic>", ...]}, "stateFile": "<path>"}'
+        )
+    return KeyOrderOption(tiers, state_file)
 
 
 def _secret_options(raw: str | None) -> tuple[str, ...]:

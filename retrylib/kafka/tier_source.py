@@ -24,6 +24,9 @@ Options of its own:
   to and no further, for an availableNow run on Spark 4.0/4.1 (see below).
 - `retrylib.breakerFile`: a local file with the job's breaker state (`retrylib.breaker`):
   while it is open, the main topics are held at the batch's start, but for its probes.
+- `retrylib.keyOrder`: ranges are grouped so that a key's records are read by one task
+  (`key_groups`); a group's first row carries its keys' queues, read from a local file the
+  job keeps (`retrylib.key_order`).
 
 Batches are bounded and availableNow works the same on Spark 4.0, 4.1 and 4.2. Spark 4.2
 passes the reader each batch's start offsets and read limit (`maxOffsetsPerTrigger`) and
@@ -38,6 +41,7 @@ the job runs availableNow as a processing-time query it stops once there
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -51,24 +55,29 @@ from pyspark.sql.types import StructType
 from retrylib.breaker import main_topic_allowance, read_state
 from retrylib.errors import KafkaSourceError, TopicError
 from retrylib.kafka.clients import make_consumer, topic_partitions
+from retrylib.kafka.key_groups import key_groups
 from retrylib.kafka.offsets import (
     EARLIEST,
     LATEST,
+    OffsetRange,
     Offsets,
     PartitionKey,
     cap_at_target,
+    deal,
     delay_frontier,
     floor_at,
     group_ranges,
     limit_offsets,
     offsets_from_json,
     offsets_to_json,
+    range_length,
     resolve_starting_offsets,
     split_ranges,
     with_new_partitions,
 )
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_range
 from retrylib.kafka.source_options import SourceOptions, parse_source_options
+from retrylib.key_order import queues_to_json, read_queues
 from retrylib.logs import configure_worker_logging, redact
 from retrylib.retry.policy import due_timestamp_ms
 
@@ -123,7 +132,7 @@ class KafkaDataSource(DataSource):
 class KafkaRangeGroup(InputPartition):
     """Offset ranges that one Spark task emits as rows (`retrylib.emit = ranges`)."""
 
-    ranges: list[tuple[str, int, int, int]]  # topic, partition, start, end
+    ranges: list[tuple]  # topic, partition, start, end (and, with keyOrder, queues or None)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -256,6 +265,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if new:
             begin = with_new_partitions(begin, new, self._kafka.list_offsets(new, EARLIEST))
         ranges = split_ranges(begin, finish, self._options.max_records_per_task)
+        if self._options.key_order is not None:
+            return self._key_group_partitions(ranges, finish)
         if self._options.emit_ranges:
             groups = self._options.range_groups or max(len(ranges), 1)
             return [
@@ -274,6 +285,35 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._options.fail_on_data_loss,
             )
             for r in ranges
+        ]
+
+    def _key_group_partitions(
+        self, ranges: list[OffsetRange], finish: Offsets
+    ) -> list[KafkaRangeGroup]:
+        """`ranges` in key groups dealt over `retrylib.rangeGroups` partitions, each group's
+        first row carrying the queues of its keys."""
+        key_order = self._options.key_order
+        assert key_order is not None
+        groups, group_of = key_groups(ranges, key_order.tiers, finish)
+        entries: list[list] = [[] for _ in groups]
+        for key, queue in read_queues(key_order.state_file).items():
+            index = group_of.get(key[:2])
+            if index is not None:  # else none of its key's records is read in this batch
+                entries[index].append((key, queue))
+        first_rows = [
+            json.dumps(queues_to_json(queues)).encode() if queues else None for queues in entries
+        ]
+        numbered = list(enumerate(groups))
+        bins = deal(numbered, self._options.range_groups or max(len(groups), 1), _records)
+        return [
+            KafkaRangeGroup(
+                [
+                    (r.topic, r.partition, r.start, r.end, None if i else first_rows[index])
+                    for index, group in dealt
+                    for i, r in enumerate(group)
+                ]
+            )
+            for dealt in bins
         ]
 
     def read(  # type: ignore[override]
@@ -329,6 +369,10 @@ _PASSING_CODES = frozenset(
         KafkaError._TRANSPORT,
     }
 )
+
+
+def _records(numbered_group: tuple[int, list[OffsetRange]]) -> int:
+    return sum(range_length(r) for r in numbered_group[1])
 
 
 def _passing(error: KafkaError) -> bool:

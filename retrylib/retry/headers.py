@@ -234,13 +234,13 @@ def decode_retry_state(retrylib_headers: Mapping[str, bytes | None]) -> RetrySta
 
     Raises `CorruptRetryHeaders`, naming the header, when one is missing, has no value, is
     not UTF-8, is not a decimal integer where one is expected, or is out of range (an empty
-    id, an attempt below 1, a negative partition or offset).
+    id, a negative attempt, partition or offset).
     """
     reader = _HeaderReader(retrylib_headers)
     return RetryState(
         job=reader.text(JOB, allow_empty=False),
         id=reader.text(ID, allow_empty=False),
-        attempt=reader.integer(ATTEMPT, minimum=1),
+        attempt=reader.integer(ATTEMPT, minimum=0),
         not_before_ms=reader.integer(NOT_BEFORE),
         origin_topic=reader.text(ORIGIN_TOPIC, allow_empty=False),
         origin_partition=reader.integer(ORIGIN_PARTITION, minimum=0),

@@ -257,7 +257,7 @@ def test_a_record_moved_to_another_tier_is_not_verified(plan):
 def test_another_jobs_retry_is_skipped_and_counted(plan):
     row = retry_row(plan, b"ok-theirs", 94, job="neighbour", signing_key=b"n" * 32)
     counters, written = route(plan, [row])
-    assert written == {"output": [], "dead_letter": [], "staged": [], "lateness": []}
+    assert not any(written.values())
     assert counters["skipped_other_job"] == 1 and counters["records_retry"] == 1
 
 
@@ -337,7 +337,7 @@ def test_a_long_retry_after_waits_in_hops_never_holding_the_tier(plan):
 
 def test_skip_drops_the_record_with_a_count(plan):
     counters, written = route(plan, [{"key": b"skip-1", "offset": 14}])
-    assert written == {"output": [], "dead_letter": [], "staged": [], "lateness": []}
+    assert not any(written.values())
     assert counters["skipped_by_handler"] == 1
 
 

@@ -227,7 +227,7 @@ def test_missing_header_is_corrupt_and_named(name: str) -> None:
         ("retrylib.attempt", b"1_0", "not a decimal integer"),
         ("retrylib.attempt", b"2.0", "not a decimal integer"),
         ("retrylib.attempt", "٣".encode(), "not a decimal integer"),
-        ("retrylib.attempt", b"0", "must be >= 1"),
+        ("retrylib.attempt", b"-1", "must be >= 0"),
         ("retrylib.origin.partition", b"-1", "must be >= 0"),
         ("retrylib.origin.offset", b"-5", "must be >= 0"),
         ("retrylib.not_before", b"\xff\xfe", "not valid UTF-8"),

@@ -1,0 +1,76 @@
+"""The job's key queues (`retry.key_ordered`, see `key_order`) on the driver.
+
+They are kept in the checkpoint with the id of the batch that left them, and in a local file
+that the source's planner reads when it plans the next batch. After each batch the router
+folds in the queues its tasks changed (`key_state` result rows, staged with the batch's
+other decisions). A replayed batch that was folded in already is not folded in twice; one
+that was not (a crash before) is folded in from its staged rows, as the first run would.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from retrylib.checkpoint import read_json, replace_json
+from retrylib.key_order import (
+    KeyId,
+    Queue,
+    apply_changes,
+    queues_from_json,
+    queues_to_json,
+    write_queues,
+)
+
+log = logging.getLogger(__name__)
+
+
+class KeyOrderStore:
+    """The queues at checkpoint file `uri`, mirrored to `state_file` for the planner."""
+
+    def __init__(self, uri: str, job_name: str) -> None:
+        self.uri = uri
+        # The planner reads it on this node: a local file, fresh for each run.
+        folder = Path(tempfile.mkdtemp(prefix=f"retrylib-{job_name}-key-order-"))
+        self.state_file = folder / "queues.json"
+        self.queues: dict[KeyId, Queue] = {}
+        self.batch_id: int | None = None
+
+    def load(self, spark: SparkSession) -> None:
+        """Take the queues the checkpoint holds, if any, and hand them to the planner."""
+        stored = read_json(spark, self.uri)
+        if stored is not None:
+            self.batch_id = stored["batch_id"]
+            self.queues = queues_from_json(stored["queues"])
+            log.info(
+                "key order: %d key(s) waiting behind retries after batch %d",
+                len(self.queues),
+                self.batch_id,
+            )
+        write_queues(self.state_file, self._document())
+
+    def after_batch(self, spark: SparkSession, manifest: dict[str, Any], batch_id: int) -> None:
+        """Fold in the queues batch `batch_id` changed (its manifest's staged rows)."""
+        if self.batch_id is not None and self.batch_id >= batch_id:
+            return  # a replay of a batch folded in before
+        changed = manifest["rows"].get("key_state", 0)
+        if changed:
+            rows = (
+                spark.read.parquet(manifest["staging"])
+                .where("kind = 'key_state'")
+                .select("key_state.*")
+                .collect()
+            )
+            apply_changes(self.queues, (row.asDict() for row in rows))
+        self.batch_id = batch_id
+        if changed:
+            document = self._document()
+            replace_json(spark, self.uri, document)
+            write_queues(self.state_file, document)
+
+    def _document(self) -> dict[str, Any]:
+        return {"batch_id": self.batch_id, "queues": queues_to_json(self.queues.items())}

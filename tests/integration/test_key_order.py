@@ -1,0 +1,85 @@
+"""Key order (`retry.key_ordered`) through `retrylib run` as a user runs it: while a record
+waits in a retry tier, its key's later records wait behind it; dead-lettering it releases
+the key; other keys never wait; the queues survive a restart."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from helpers import produce, read_table, running_job, wait_for
+from test_breaker_outage import metrics_lines
+from test_entrypoints import child_env, read_table_rows
+
+pytestmark = pytest.mark.every_spark
+
+# key -> values in the order produced; "fail:N" fails N times first, "never" always fails.
+RECORDS = {
+    "a": ["fail:2", "a1", "a2", "fail:1", "a4"],
+    "b": ["never", "b1", "b2"],
+    "c": [f"c{i}" for i in range(10)],
+}
+
+
+def interleaved(records: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """(key, value) pairs, the keys' records taking turns, each key's in its order."""
+    longest = max(len(values) for values in records.values())
+    return [
+        (key, values[i])
+        for i in range(longest)
+        for key, values in records.items()
+        if i < len(values)
+    ]
+
+
+def successes(call_log: Path) -> dict[str, list[dict]]:
+    """Each key's successful handler calls, in the order they happened."""
+    by_key: dict[str, list[dict]] = defaultdict(list)
+    calls = [json.loads(line) for line in call_log.read_text().splitlines()]
+    for call in sorted(calls, key=lambda c: c["time"]):
+        by_key[call["key"]].append(call)
+    return by_key
+
+
+def test_a_keys_records_wait_behind_its_retry(
+    bootstrap_servers, make_topic, write_config, tmp_path
+):
+    topic = make_topic("orders", partitions=2)
+    produce(bootstrap_servers, topic, interleaved(RECORDS))  # keyed: a key stays in a partition
+    config = write_config(
+        [topic],
+        handler="key_order_handlers:ordered",
+        kafka={"source": "python"},
+        retry={"delays": ["1s", "2s"], "max_attempts": 3, "key_ordered": True},
+    )
+    call_log = tmp_path / "calls.jsonl"
+    log_path = tmp_path / "job.log"
+    command = [sys.executable, "-m", "retrylib", "run", config.source_path, "--master", "local[2]"]
+    env = {**child_env(), "RETRYLIB_TEST_CALL_LOG": str(call_log), "RETRYLIB_LOG_FORMAT": "json"}
+    expected = sum(len(values) for values in RECORDS.values()) - 1  # "never" is dead-lettered
+    with running_job(command, env, log_path) as job:
+        wait_for(job, lambda: read_table_rows(config.output.table) >= expected, 240)
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=120)
+    log = log_path.read_text()
+    assert job.returncode == 0, log[-3000:]
+
+    by_key = successes(call_log)
+    for key, values in RECORDS.items():
+        handled = [call["value"] for call in by_key[key]]
+        assert handled == [v for v in values if v != "never"], key  # in order, each once
+    # "a" waited for its first record's two retries, "c" for nothing.
+    assert by_key["a"][0]["attempt"] == 2 and by_key["a"][3]["attempt"] == 1
+    assert by_key["c"][-1]["time"] < by_key["a"][0]["time"]
+    dead = read_table(config.dead_letter.table).to_pylist()
+    assert [(row["key"], row["value"], row["attempts"]) for row in dead] == [(b"b", b"never", 3)]
+    output = read_table(config.output.table).column("value").to_pylist()
+    assert sorted(output) == sorted(
+        v for values in RECORDS.values() for v in values if v != "never"
+    )
+    held = sum(line["held_behind_key"] for line in metrics_lines(log))
+    assert held >= 5  # a1, a2, a4, b1, b2 at least once each
