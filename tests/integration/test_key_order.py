@@ -11,11 +11,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from helpers import produce, read_table, running_job, wait_for
+from helpers import produce, read_table, run_retrylib, running_job, wait_for
 from test_breaker_outage import metrics_lines
 from test_entrypoints import child_env, read_table_rows
-
-pytestmark = pytest.mark.every_spark
 
 # key -> values in the order produced; "fail:N" fails N times first, "never" always fails.
 RECORDS = {
@@ -45,9 +43,9 @@ def successes(call_log: Path) -> dict[str, list[dict]]:
     return by_key
 
 
-def test_a_keys_records_wait_behind_its_retry(
-    bootstrap_servers, make_topic, write_config, tmp_path
-):
+@pytest.mark.every_spark
+def ordered_job(bootstrap_servers, make_topic, write_config, tmp_path):
+    """A key-ordered job over a topic holding `RECORDS`, and the environment to run it with."""
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, interleaved(RECORDS))  # keyed: a key stays in a partition
     config = write_config(
@@ -56,20 +54,37 @@ def test_a_keys_records_wait_behind_its_retry(
         kafka={"source": "python"},
         retry={"delays": ["1s", "2s"], "max_attempts": 3, "key_ordered": True},
     )
-    call_log = tmp_path / "calls.jsonl"
-    log_path = tmp_path / "job.log"
+    env = {
+        **child_env(),
+        "RETRYLIB_TEST_CALL_LOG": str(tmp_path / "calls.jsonl"),
+        "RETRYLIB_LOG_FORMAT": "json",
+    }
+    return config, env
+
+
+def run_until_done(
+    config, env: dict[str, str], log_path: Path, records: dict[str, list[str]] = RECORDS
+) -> str:
+    """Run the job until every record of `records` that can succeed is in the output; its
+    log."""
     command = [sys.executable, "-m", "retrylib", "run", config.source_path, "--master", "local[2]"]
-    env = {**child_env(), "RETRYLIB_TEST_CALL_LOG": str(call_log), "RETRYLIB_LOG_FORMAT": "json"}
-    expected = sum(len(values) for values in RECORDS.values()) - 1  # "never" is dead-lettered
+    expected = sum(len(values) for values in records.values()) - 1  # "never" is dead-lettered
     with running_job(command, env, log_path) as job:
         wait_for(job, lambda: read_table_rows(config.output.table) >= expected, 240)
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=120)
     log = log_path.read_text()
     assert job.returncode == 0, log[-3000:]
+    return log
 
+
+def assert_handled_in_key_order(
+    config, call_log: Path, records: dict[str, list[str]] = RECORDS
+) -> None:
+    """Each key's records succeeded in the order produced, once each; "never" was
+    dead-lettered once; "c" never waited behind "a"."""
     by_key = successes(call_log)
-    for key, values in RECORDS.items():
+    for key, values in records.items():
         handled = [call["value"] for call in by_key[key]]
         assert handled == [v for v in values if v != "never"], key  # in order, each once
     # "a" waited for its first record's two retries, "c" for nothing.
@@ -79,7 +94,46 @@ def test_a_keys_records_wait_behind_its_retry(
     assert [(row["key"], row["value"], row["attempts"]) for row in dead] == [(b"b", b"never", 3)]
     output = read_table(config.output.table).column("value").to_pylist()
     assert sorted(output) == sorted(
-        v for values in RECORDS.values() for v in values if v != "never"
+        v for values in records.values() for v in values if v != "never"
     )
+
+
+@pytest.mark.every_spark
+def test_a_keys_records_wait_behind_its_retry(
+    bootstrap_servers, make_topic, write_config, tmp_path
+):
+    config, env = ordered_job(bootstrap_servers, make_topic, write_config, tmp_path)
+
+    log = run_until_done(config, env, tmp_path / "job.log")
+
+    assert_handled_in_key_order(config, tmp_path / "calls.jsonl")
     held = sum(line["held_behind_key"] for line in metrics_lines(log))
     assert held >= 5  # a1, a2, a4, b1, b2 at least once each
+
+
+def test_the_queues_survive_crashes_on_either_side_of_their_update(
+    bootstrap_servers, make_topic, write_config, tmp_path
+):
+    config, env = ordered_job(bootstrap_servers, make_topic, write_config, tmp_path)
+    # The first batch blocks "a" and "b". Crash after its tables' commits, before its
+    # queues are stored; then, on the replay, right after they are.
+    for point in ("after_dead_letter_commit", "before_batch_end"):
+        crashed = run_retrylib(
+            "run",
+            config.source_path,
+            "--master",
+            "local[2]",
+            env={**env, "RETRYLIB_CRASH_AT": point, "RETRYLIB_CRASH_BATCH": "0"},
+            new_session=True,
+        )
+        assert f"crash at {point} in batch 0" in crashed.stderr, crashed.stderr[-3000:]
+    # New records of a blocked key, read after the restart: they wait too.
+    produce(bootstrap_servers, config.kafka.topics[0], [("a", "a5"), ("a", "a6")])
+    records = {**RECORDS, "a": [*RECORDS["a"], "a5", "a6"]}
+
+    log = run_until_done(config, env, tmp_path / "job.log", records)
+
+    assert "key(s) waiting behind retries after batch 0" in log  # stored once, kept
+    assert_handled_in_key_order(config, tmp_path / "calls.jsonl", records)
+    stored = json.loads((Path(config.job.checkpoint) / "retrylib" / "key_order.json").read_text())
+    assert stored["queues"] == []  # every key released
