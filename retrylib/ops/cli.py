@@ -209,6 +209,11 @@ def _check(args: argparse.Namespace) -> int:
             f"handler: {config.handler.parallelism} lanes per Spark task (handler.parallelism): "
             "calls for different keys at once, each key's records one at a time, in order"
         )
+    if config.retry.key_ordered:
+        _out(
+            "retry: key-ordered (retry.key_ordered): while a record waits in a retry tier, "
+            "its key's later records in its partition wait behind it"
+        )
     if config.breaker is not None:
         from retrylib.ops.render import describe_breaker
 

@@ -178,6 +178,13 @@ def test_check_says_how_many_lanes_a_task_runs(tmp_path, capsys):
     assert "handler: 6 lanes per Spark task (handler.parallelism)" in capsys.readouterr().out
 
 
+def test_check_says_when_retries_keep_key_order(tmp_path, capsys):
+    path = write(tmp_path, kafka={"source": "python"}, retry={"key_ordered": True})
+
+    assert main(["check", str(path)]) == EXIT_OK
+    assert "retry: key-ordered (retry.key_ordered)" in capsys.readouterr().out
+
+
 def test_check_describes_the_breaker(tmp_path, capsys):
     path = write(tmp_path, kafka={"source": "python"}, breaker={"probe_every": "1m"})
 
