@@ -74,6 +74,7 @@ def render_status(status: Mapping[str, Any]) -> str:
             lines.append(f"  missing delay topics (create them): {missing}")
     lines += _dead_letter_lines(status["dead_letters"])
     lines += _breaker_lines(status["breaker"])
+    lines += _key_order_lines(status["key_order"])
     lines += _batch_lines(status["last_batches"])
     return "\n".join(lines)
 
@@ -155,6 +156,25 @@ def _breaker_lines(breaker: Mapping[str, Any] | None) -> list[str]:
     if breaker["next_probe_at"] is not None:
         line += f"; next probe at {breaker['next_probe_at']}"
     return ["", line]
+
+
+def _key_order_lines(key_order: Mapping[str, Any] | None) -> list[str]:
+    if key_order is None:
+        return []
+    if not key_order["blocked_keys"]:
+        return ["", "key order: no key waits behind a retry"]
+    lines = [
+        "",
+        f"key order: {key_order['blocked_keys']} key(s) wait behind a retry, "
+        f"{key_order['held_records']} record(s) held behind them (after batch "
+        f"{key_order['after_batch']}); longest:",
+    ]
+    lines += [
+        f"  {q['topic']}[{q['partition']}] key {q['key']!r}: {q['waiting']} waiting, the first "
+        f"in tier {q['tier']}, due {q['due_at']}"
+        for q in key_order["longest_queues"]
+    ]
+    return lines
 
 
 def _batch_lines(recent: Mapping[str, Any]) -> list[str]:

@@ -23,6 +23,10 @@ comes from:
 - Breaker (`[breaker]` set, else null): its last change of state as the running job put it
   in `<checkpoint>/retrylib/breaker.json`: `state` (open, closed), `since`, `why`, and while
   open `next_probe_at`.
+- Key order (`retry.key_ordered` set, else null): the queues the job stored after its last
+  batch (`<checkpoint>/retrylib/key_order.json`): `blocked_keys`, `held_records` (records
+  waiting behind their key's first), `after_batch`, and the `longest_queues` (at most 5:
+  main topic, partition, key, `waiting`, the `tier` and `due_at` of its first record).
 - Last batches: from the metrics table when `[metrics] table` is set and holds rows, else
   from the router's manifests under `<checkpoint>/retrylib/manifests` (counters only).
 """
@@ -43,6 +47,7 @@ from retrylib.config.model import Config, RetryTier
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
+from retrylib.key_order import queues_from_json
 from retrylib.retry import headers
 from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count
 from retrylib.retry.policy import due_time_ms
@@ -54,6 +59,7 @@ if TYPE_CHECKING:
     from retrylib.delta.table_ref import TableRef
 
 log = logging.getLogger(__name__)
+_LONGEST_QUEUES = 5  # key queues `status` lists
 
 DEFAULT_SCAN_LIMIT = 10_000
 
@@ -126,6 +132,7 @@ def collect_status(
         "delay_topics": delay_topics,
         "dead_letters": None if dead_letter is None else dead_letter_summary(spark, dead_letter),
         "breaker": None if config.breaker is None else _breaker(spark, checkpoint),
+        "key_order": _key_order(spark, checkpoint) if config.retry.key_ordered else None,
         "last_batches": last_batches(spark, config, metrics, batches),
     }
 
@@ -140,6 +147,32 @@ def _breaker(spark: SparkSession, checkpoint: Checkpoint) -> dict[str, Any]:
         "since": _iso(published["since_ms"]),
         "why": published["why"],
         "next_probe_at": _iso(published["probe_at_ms"]),
+    }
+
+
+def _key_order(spark: SparkSession, checkpoint: Checkpoint) -> dict[str, Any]:
+    """The key queues as the job stored them after its last batch (`key_order_store`)."""
+    stored = read_json(spark, checkpoint.key_order)
+    if stored is None:
+        return {"blocked_keys": 0, "held_records": 0, "after_batch": None, "longest_queues": []}
+    queues = sorted(
+        queues_from_json(stored["queues"]).items(), key=lambda item: -len(item[1].offsets)
+    )
+    return {
+        "blocked_keys": len(queues),
+        "held_records": sum(len(queue.offsets) - 1 for _, queue in queues),
+        "after_batch": stored["batch_id"],
+        "longest_queues": [
+            {
+                "topic": topic,
+                "partition": partition,
+                "key": key.decode("utf-8", errors="replace"),
+                "waiting": len(queue.offsets),
+                "tier": queue.tier + 1,
+                "due_at": _iso(queue.not_before_ms),
+            }
+            for (topic, partition, key), queue in queues[:_LONGEST_QUEUES]
+        ],
     }
 
 

@@ -191,10 +191,12 @@ def test_status_json_reports_tiers_dead_letters_and_batches(job, capsys):
         "delay_topics",
         "dead_letters",
         "breaker",
+        "key_order",
         "last_batches",
     }
     assert status["delay_topics"] == []  # a delay router's
     assert status["breaker"] is None  # no [breaker]
+    assert status["key_order"] is None  # no retry.key_ordered
     assert status["broker"]["reachable"] is True
     assert status["main_topics"] == [{"topic": job[1], "exists": True, "partitions": 2, "lag": 0}]
     first, second = status["retry_tiers"]

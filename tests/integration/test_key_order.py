@@ -127,6 +127,13 @@ def test_the_queues_survive_crashes_on_either_side_of_their_update(
             new_session=True,
         )
         assert f"crash at {point} in batch 0" in crashed.stderr, crashed.stderr[-3000:]
+    status = run_retrylib("status", config.source_path, "--json", env=env)
+    assert status.returncode == 0, status.stderr[-3000:]
+    key_order = json.loads(status.stdout)["key_order"]
+    assert (key_order["blocked_keys"], key_order["after_batch"]) == (2, 0)  # "a" and "b"
+    assert key_order["held_records"] == 2 + 4  # behind them: b1, b2 and a1 to a4
+    text = run_retrylib("status", config.source_path, env=env).stdout
+    assert "key order: 2 key(s) wait behind a retry, 6 record(s) held behind them" in text
     # New records of a blocked key, read after the restart: they wait too.
     produce(bootstrap_servers, config.kafka.topics[0], [("a", "a5"), ("a", "a6")])
     records = {**RECORDS, "a": [*RECORDS["a"], "a5", "a6"]}
