@@ -29,8 +29,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def write_config(tmp_path: Path, bootstrap_servers: str) -> Callable[..., Config]:
     """Write tmp_path/<name>.toml, a job reading `topics` from the test broker with a
-    handler from handlers/ (`job_handlers:by_key` by default), two retry tiers and a dead
-    letter, and load it. `sections` update its tables key by key, as in `helpers.job_toml`.
+    handler from handlers/ (`job_handlers:by_key` by default; `handler_options` add to its
+    table), two retry tiers and a dead letter, and load it. `sections` update its tables key
+    by key, as in `helpers.job_toml`.
     """
 
     def write(
@@ -38,6 +39,7 @@ def write_config(tmp_path: Path, bootstrap_servers: str) -> Callable[..., Config
         *,
         name: str = "itest",
         handler: str = "job_handlers:by_key",
+        handler_options: Mapping[str, Any] | None = None,
         **sections: Mapping[str, Any],
     ) -> Config:
         from job_handlers import OUTPUT_SCHEMA  # on sys.path via HANDLERS_DIR
@@ -55,7 +57,12 @@ def write_config(tmp_path: Path, bootstrap_servers: str) -> Callable[..., Config
             topics=topics,
             name=name,
             bootstrap_servers=bootstrap_servers,
-            handler={"function": handler, "output_schema": OUTPUT_SCHEMA, "paths": [HANDLERS_DIR]},
+            handler={
+                "function": handler,
+                "output_schema": OUTPUT_SCHEMA,
+                "paths": [HANDLERS_DIR],
+                **(handler_options or {}),
+            },
             **defaults,
         )
         return load_config(path)

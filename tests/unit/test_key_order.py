@@ -110,33 +110,53 @@ def test_queues_survive_json_and_changes_fold_in():
     assert queues == {("orders", 0, b"n"): Queue([5], 0, 7)}
 
 
+def tier_states(written: dict) -> list:
+    """The retry states of the records staged to the first tier, in staging order."""
+    return [
+        decode_retry_state(split_headers([(h["key"], h["value"]) for h in s["headers"]])[1])
+        for s in written["staged"]
+        if s["topic"] == TIER
+    ]
+
+
+ROWS = [
+    {"key": b"fail-k", "offset": 1},
+    {"key": b"fail-k", "offset": 2},  # held behind offset 1: not called
+    {"key": b"ok-1", "offset": 3},
+    {"key": b"stop-s", "offset": 4},  # dead-lettered
+    {"key": b"stop-s", "offset": 5},
+]
+
+
 def test_the_task_holds_a_blocked_keys_records_and_reports_its_queues(plan):
     ordered = dataclasses.replace(plan, key_ordered=True)
-    counters, written = route(
-        ordered,
-        [
-            {"key": b"fail-k", "offset": 1},
-            {"key": b"fail-k", "offset": 2},  # held behind offset 1: not called
-            {"key": b"ok-1", "offset": 3},
-            {"key": b"stop-s", "offset": 4},  # dead-lettered: its key is not blocked
-            {"key": b"stop-s", "offset": 5},
-        ],
-    )
+    counters, written = route(ordered, ROWS)
+    # Handled one by one, each outcome applied at once: a dead letter never blocks its key.
     assert counters["held_behind_key"] == 1 and counters["dead_lettered"] == 2
     assert [row["key"] for row in written["output"]] == ["ok-1"]
-    retried, held = [s for s in written["staged"] if s["topic"] == TIER]
-    states = [
-        decode_retry_state(split_headers(h)[1])
-        for h in (
-            [(x["key"], x["value"]) for x in retried["headers"]],
-            [(x["key"], x["value"]) for x in held["headers"]],
-        )
-    ]
-    assert (states[0].origin_offset, states[0].attempt) == (1, 1)
-    assert (states[1].origin_offset, states[1].attempt) == (2, 0)  # not an attempt
-    assert states[1].not_before_ms == states[0].not_before_ms  # due with its head
+    retried, held = tier_states(written)
+    assert (retried.origin_offset, retried.attempt) == (1, 1)
+    assert (held.origin_offset, held.attempt) == (2, 0)  # not an attempt
+    assert held.not_before_ms == retried.not_before_ms  # due with its head
     [queue] = written["key_state"]
     assert (queue["key"], queue["waiting"], queue["tier"]) == (b"fail-k", [1, 2], 0)
+
+
+def test_on_lanes_a_keys_next_record_is_held_until_its_failure_is_applied(plan):
+    ordered = dataclasses.replace(plan, key_ordered=True, handler_parallelism=4)
+    counters, written = route(ordered, ROWS)
+    # The lanes decide before the outcomes are applied: stop-s@5 waits behind stop-s@4's
+    # failure, and once that is a dead letter, heads its key's queue, due at once.
+    assert counters["held_behind_key"] == 2 and counters["dead_lettered"] == 1
+    retried, held, alone = tier_states(written)
+    assert [(s.origin_offset, s.attempt) for s in (retried, held, alone)] == [
+        (1, 1),
+        (2, 0),
+        (5, 0),
+    ]
+    assert alone.not_before_ms <= ordered.now_ms
+    queues = {q["key"]: q["waiting"] for q in written["key_state"]}
+    assert queues == {b"fail-k": [1, 2], b"stop-s": [5]}
 
 
 def test_key_groups_join_a_main_partition_with_its_tier_partitions():
