@@ -10,7 +10,8 @@
     <root>/retrylib/staged/<N>/        batch N's decisions (Parquet) until batch N+1 ran
     <root>/retrylib/compaction.json    when the tables were last compacted
     <root>/retrylib/breaker.json       the breaker's last change of state
-    <root>/retrylib/key_order.json     the keys waiting behind retries (`retry.key_ordered`)
+    <root>/retrylib/key_order/<N>.json the keys waiting behind retries after batch N
+                                       (`retry.key_ordered`; the last two changes kept)
 
 Files go to whatever file system Spark writes the checkpoint to. A location with a URI
 scheme (`s3a://`, `abfss://`, `gs://`, `hdfs://`, `dbfs:/`, `file:/`) goes through Hadoop's
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 MANIFESTS_KEPT = 20
+KEY_ORDER_KEPT = 2  # the newest, and the one before it should the newest be unreadable
 
 
 def join(base: str, *parts: str) -> str:
@@ -224,9 +226,9 @@ class Checkpoint:
 
     @property
     def key_order(self) -> str:
-        """The queues of the keys waiting behind retries, and the batch that left them
+        """The folder of the key queues, a file per batch that changed them
         (`retrylib.key_order_store`)."""
-        return join(self.state, "key_order.json")
+        return join(self.state, "key_order")
 
     def app_id(self, spark: SparkSession, job_name: str) -> str:
         """The Delta app id and produce-marker id of this checkpoint: "<job>-<random>".
@@ -262,7 +264,7 @@ class Checkpoint:
 
     def clean_up(self, spark: SparkSession, batch_id: int) -> None:
         """Delete the batch state `expired_state` names, so that it stays a few files."""
-        for folder in ("staged", "manifests"):
+        for folder in ("staged", "manifests", "key_order"):
             names = list_names(spark, join(self.state, folder))
             for name in expired_state(folder, names, batch_id):
                 delete_tree(spark, join(self.state, folder, name))
@@ -299,12 +301,22 @@ class Checkpoint:
 
 
 def expired_state(folder: str, names: Iterable[str], batch_id: int) -> list[str]:
-    """The entries of retrylib's `folder` ("staged" or "manifests") to delete once batch
-    `batch_id` is done: staging folders of earlier batches (a replay of this one may still
-    read its own), manifests older than the last `MANIFESTS_KEPT`, and temporary files of
-    manifest writes that crashed. Names retrylib does not write are left alone.
+    """The entries of retrylib's `folder` ("staged", "manifests" or "key_order") to delete
+    once batch `batch_id` is done: staging folders of earlier batches (a replay of this one
+    may still read its own), manifests older than the last `MANIFESTS_KEPT`, key queues but
+    the last two, and temporary files of writes that crashed. Names retrylib does not write
+    are left alone.
     """
     expired = []
+    if folder == "key_order":
+        numbers = sorted(int(name[:-5]) for name in names if _is_numbered_json(name))
+        kept = set(numbers[-KEY_ORDER_KEPT:])
+        return [
+            name
+            for name in names
+            if (_is_numbered_json(name) and int(name[:-5]) not in kept)
+            or (".json.tmp" in name and name.partition(".json")[0].isdigit())
+        ]
     for name in names:
         if folder == "staged":
             if name.isdigit() and int(name) < batch_id:
@@ -317,3 +329,7 @@ def expired_state(folder: str, names: Iterable[str], batch_id: int) -> list[str]
         if leftover or int(number) < batch_id - MANIFESTS_KEPT:
             expired.append(name)
     return expired
+
+
+def _is_numbered_json(name: str) -> bool:
+    return name.endswith(".json") and name[:-5].isdigit()

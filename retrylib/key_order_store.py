@@ -1,10 +1,12 @@
 """The job's key queues (`retry.key_ordered`, see `key_order`) on the driver.
 
-They are kept in the checkpoint with the id of the batch that left them, and in a local file
-that the source's planner reads when it plans the next batch. After each batch the router
-folds in the queues its tasks changed (`key_state` result rows, staged with the batch's
-other decisions). A replayed batch that was folded in already is not folded in twice; one
-that was not (a crash before) is folded in from its staged rows, as the first run would.
+They are kept in the checkpoint, a file per batch that changed them (`<N>.json`, the last
+two kept: a file cut short by a crash, as HDFS may leave one, is passed over for the one
+before), and in a local file that the source's planner reads when it plans the next batch.
+After each batch the router folds in the queues its tasks changed (`key_state` result rows,
+staged with the batch's other decisions). A replayed batch that was folded in already is
+not folded in twice; one that was not (a crash before) is folded in from its staged rows,
+as the first run would.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from retrylib.checkpoint import read_json, replace_json
+from retrylib.checkpoint import join, list_names, read_json, replace_json
 from retrylib.key_order import (
     KeyId,
     Queue,
@@ -30,22 +32,21 @@ log = logging.getLogger(__name__)
 
 
 class KeyOrderStore:
-    """The queues at checkpoint file `uri`, mirrored to `state_file` for the planner."""
+    """The queues in checkpoint folder `folder`, mirrored to `state_file` for the planner."""
 
-    def __init__(self, uri: str, job_name: str) -> None:
-        self.uri = uri
+    def __init__(self, folder: str, job_name: str) -> None:
+        self.folder = folder
         # The planner reads it on this node: a local file, fresh for each run.
-        folder = Path(tempfile.mkdtemp(prefix=f"retrylib-{job_name}-key-order-"))
-        self.state_file = folder / "queues.json"
+        local = Path(tempfile.mkdtemp(prefix=f"retrylib-{job_name}-key-order-"))
+        self.state_file = local / "queues.json"
         self.queues: dict[KeyId, Queue] = {}
         self.batch_id: int | None = None
 
     def load(self, spark: SparkSession) -> None:
         """Take the queues the checkpoint holds, if any, and hand them to the planner."""
-        stored = read_json(spark, self.uri)
+        stored = stored_queues(spark, self.folder)
         if stored is not None:
-            self.batch_id = stored["batch_id"]
-            self.queues = queues_from_json(stored["queues"])
+            self.batch_id, self.queues = stored
             log.info(
                 "key order: %d key(s) waiting behind retries after batch %d",
                 len(self.queues),
@@ -69,8 +70,25 @@ class KeyOrderStore:
         self.batch_id = batch_id
         if changed:
             document = self._document()
-            replace_json(spark, self.uri, document)
+            replace_json(spark, join(self.folder, f"{batch_id}.json"), document)
             write_queues(self.state_file, document)
 
     def _document(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "queues": queues_to_json(self.queues.items())}
+
+
+def stored_queues(spark: SparkSession, folder: str) -> tuple[int, dict[KeyId, Queue]] | None:
+    """The newest readable queues in checkpoint `folder` and the batch that left them, or
+    None when no batch has changed any."""
+    numbers = sorted(
+        (int(name[:-5]) for name in list_names(spark, folder) if name[:-5].isdigit()),
+        reverse=True,
+    )
+    for number in numbers:
+        uri = join(folder, f"{number}.json")
+        try:
+            stored = read_json(spark, uri)
+            return stored["batch_id"], queues_from_json(stored["queues"])
+        except (ValueError, KeyError, TypeError) as e:  # cut short by a crash while written
+            log.warning("key order: %s is unreadable (%s); taking the one before it", uri, e)
+    return None

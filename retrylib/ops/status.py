@@ -24,7 +24,7 @@ comes from:
   in `<checkpoint>/retrylib/breaker.json`: `state` (open, closed), `since`, `why`, and while
   open `next_probe_at`.
 - Key order (`retry.key_ordered` set, else null): the queues the job stored after its last
-  batch (`<checkpoint>/retrylib/key_order.json`): `blocked_keys`, `held_records` (records
+  batch (`<checkpoint>/retrylib/key_order/`): `blocked_keys`, `held_records` (records
   waiting behind their key's first), `after_batch`, and the `longest_queues` (at most 5:
   main topic, partition, key, `waiting`, the `tier` and `due_at` of its first record).
 - Last batches: from the metrics table when `[metrics] table` is set and holds rows, else
@@ -47,7 +47,7 @@ from retrylib.config.model import Config, RetryTier
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
-from retrylib.key_order import queues_from_json
+from retrylib.key_order_store import stored_queues
 from retrylib.retry import headers
 from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count
 from retrylib.retry.policy import due_time_ms
@@ -152,16 +152,15 @@ def _breaker(spark: SparkSession, checkpoint: Checkpoint) -> dict[str, Any]:
 
 def _key_order(spark: SparkSession, checkpoint: Checkpoint) -> dict[str, Any]:
     """The key queues as the job stored them after its last batch (`key_order_store`)."""
-    stored = read_json(spark, checkpoint.key_order)
+    stored = stored_queues(spark, checkpoint.key_order)
     if stored is None:
         return {"blocked_keys": 0, "held_records": 0, "after_batch": None, "longest_queues": []}
-    queues = sorted(
-        queues_from_json(stored["queues"]).items(), key=lambda item: -len(item[1].offsets)
-    )
+    after_batch, queues_by_key = stored
+    queues = sorted(queues_by_key.items(), key=lambda item: -len(item[1].offsets))
     return {
         "blocked_keys": len(queues),
         "held_records": sum(len(queue.offsets) - 1 for _, queue in queues),
-        "after_batch": stored["batch_id"],
+        "after_batch": after_batch,
         "longest_queues": [
             {
                 "topic": topic,

@@ -9,6 +9,7 @@ import json
 import pytest
 from helpers import TIER, problem_for, route
 
+from retrylib.checkpoint import expired_state
 from retrylib.kafka.key_groups import key_groups
 from retrylib.kafka.offsets import OffsetRange, deal
 from retrylib.key_order import (
@@ -18,6 +19,7 @@ from retrylib.key_order import (
     queues_from_json,
     queues_to_json,
 )
+from retrylib.key_order_store import stored_queues
 from retrylib.record import Record
 from retrylib.retry.headers import decode_retry_state, split_headers
 
@@ -203,3 +205,20 @@ def test_deal_keeps_items_whole_and_balances_them():
 def test_key_order_refuses_what_cannot_keep_it(tmp_path, changes, expected):
     problem = problem_for(tmp_path, changes, extra="[retry]\nkey_ordered = true\n")
     assert "retry.key_ordered" in problem and expected in problem
+
+
+def test_the_newest_two_key_queue_files_are_kept():
+    names = ["3.json", "12.json", "7.json", "12.json.tmp-99", "notes.txt"]
+    assert sorted(expired_state("key_order", names, 40)) == ["12.json.tmp-99", "3.json"]
+
+
+def test_a_key_queue_file_cut_short_is_passed_over_for_the_one_before(tmp_path, caplog):
+    older = {"batch_id": 3, "queues": [["orders", 1, "aw==", [5, 6], 0, 9]]}
+    (tmp_path / "3.json").write_text(json.dumps(older))
+    (tmp_path / "5.json").write_text('{"batch_id": 5, "queu')  # a crash while writing
+
+    batch_id, queues = stored_queues(None, str(tmp_path))  # a local path needs no Spark
+
+    assert (batch_id, queues) == (3, {("orders", 1, b"k"): Queue([5, 6], 0, 9)})
+    assert "5.json is unreadable" in caplog.text
+    assert stored_queues(None, str(tmp_path / "none")) is None
