@@ -38,7 +38,7 @@ CLOSED, OPEN = "closed", "open"
 class BreakerState:
     """What the source needs: whether main topics are held, and when the next probe is."""
 
-    state: str  # CLOSED or OPEN
+    phase: str  # CLOSED or OPEN
     probe_at_ms: int = 0  # when open: main-topic records flow again from then ...
     probe_records: int = 0  # ... this many of them, until the driver decides
 
@@ -59,8 +59,6 @@ class Breaker:
         self._on_change = on_change
         self.state = BreakerState(CLOSED)
         self._window: deque[tuple[int, int]] = deque()  # (records, failed) per batch
-        self._records = 0
-        self._failed = 0
         write_state(state_file, self.state)
         if on_change is not None:
             on_change(self.state, "the job started")
@@ -69,27 +67,24 @@ class Breaker:
         """Take a batch's `records` main-topic records, of which `failed` failed."""
         if records == 0:
             return
-        if self.state.state == OPEN:  # the batch's main-topic records were a probe
+        if self.state.phase == OPEN:  # the batch's main-topic records were a probe
             if failed < self.config.failure_share * records:
                 self._change(BreakerState(CLOSED), f"a probe passed ({failed} of {records} failed)")
                 self._window.clear()
-                self._records = self._failed = 0
             else:
                 self._open(now_ms, f"a probe failed ({failed} of {records} failed)")
             return
         self._window.append((records, failed))
-        self._records += records
-        self._failed += failed
-        while self._window and self._records - self._window[0][0] >= self.config.window:
-            dropped, dropped_failed = self._window.popleft()
-            self._records -= dropped
-            self._failed -= dropped_failed
-        if self._records >= self.config.window and (
-            self._failed >= self.config.failure_share * self._records
+        # Whole batches: drop the oldest while the rest still cover the window.
+        while sum(r for r, _ in self._window) - self._window[0][0] >= self.config.window:
+            self._window.popleft()
+        in_window = sum(r for r, _ in self._window)
+        failed_in_window = sum(f for _, f in self._window)
+        if in_window >= self.config.window and (
+            failed_in_window >= self.config.failure_share * in_window
         ):
             self._open(
-                now_ms,
-                f"{self._failed} of the last {self._records} main-topic records failed",
+                now_ms, f"{failed_in_window} of the last {in_window} main-topic records failed"
             )
 
     def _open(self, now_ms: int, why: str) -> None:
@@ -97,7 +92,7 @@ class Breaker:
         self._change(BreakerState(OPEN, probe_at, self.config.probe_records), why)
 
     def _change(self, state: BreakerState, why: str) -> None:
-        if state.state == OPEN:
+        if state.phase == OPEN:
             log.warning(
                 "breaker open: %s; main topics held while retry tiers go on; a probe of %d "
                 "records in %.0f s",
@@ -130,6 +125,6 @@ def read_state(path: str) -> BreakerState:
 
 def main_topic_allowance(state: BreakerState, now_ms: int) -> int | None:
     """How many main-topic records the next batch may take: None for no limit."""
-    if state.state == CLOSED:
+    if state.phase == CLOSED:
         return None
     return state.probe_records if now_ms >= state.probe_at_ms else 0

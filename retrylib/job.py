@@ -49,6 +49,7 @@ from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStream
 from retrylib.key_order_store import KeyOrderStore
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder
+from retrylib.retry.outcomes import Count
 from retrylib.router import BatchResult, BatchRouter
 from retrylib.spark.session import build_spark_session
 from retrylib.spark.shipping import ship_code
@@ -433,7 +434,11 @@ def start_query(
         evolve_output=output is not None and config.output.schema_evolution,
         dead_letter_table=dead_letter,
         record_limits=limits,
-        on_result=metrics.on_result,
+        on_result=(
+            metrics.on_result
+            if breaker is None
+            else partial(_feed_breaker, breaker, metrics.on_result)
+        ),
         compactor=compactor,
         hooks=config.hooks.references(BATCH_HOOKS),
         hook_paths=config.handler.paths if config.handler is not None else (),
@@ -496,12 +501,26 @@ def _prepare_tables(spark: SparkSession, config: Config) -> tuple[TableRef | Non
     return output, dead_letter
 
 
+def _feed_breaker(
+    breaker: Breaker, then: Callable[[BatchResult], None], result: BatchResult
+) -> None:
+    """Give the breaker a batch's main-topic outcomes, then pass the result on: the metrics
+    line then shows the state the batch left."""
+    counters = result.counters
+    breaker.after_batch(
+        counters.get(Count.RECORDS_MAIN, 0),
+        counters.get(Count.MAIN_FAILED, 0),
+        int(time.time() * 1000),
+    )
+    then(result)
+
+
 def _publish_breaker(spark: SparkSession, uri: str, state: BreakerState, why: str) -> None:
     """Put the breaker's new `state` in the checkpoint, for `retrylib status`."""
     now_ms = int(time.time() * 1000)
-    probe_at = state.probe_at_ms if state.state == OPEN else None
+    probe_at = state.probe_at_ms if state.phase == OPEN else None
     replace_json(
-        spark, uri, {"state": state.state, "since_ms": now_ms, "why": why, "probe_at_ms": probe_at}
+        spark, uri, {"state": state.phase, "since_ms": now_ms, "why": why, "probe_at_ms": probe_at}
     )
 
 

@@ -258,8 +258,8 @@ class MetricsRecorder:
 
     `app_id` is the job's Delta app id (the router's); rows are committed under
     "<app_id>:metrics". `forward` is called with each result afterwards (a caller's own
-    callback). A `breaker` is given each batch's main-topic outcomes first, and its state
-    goes into the row. Call `prepare(spark)` before the query starts: it creates the table if
+    callback). A `breaker`'s state (after the batch: the job feeds it first) goes into the
+    row. Call `prepare(spark)` before the query starts: it creates the table if
     configured, through that session.
     """
 
@@ -281,13 +281,6 @@ class MetricsRecorder:
             ensure_table(spark, self._table, metrics_struct(), what="metrics", evolve=True)
 
     def on_result(self, result: BatchResult) -> None:
-        if self.breaker is not None:
-            counters = result.counters
-            self.breaker.after_batch(
-                counters.get(Count.RECORDS_MAIN, 0),
-                counters.get(Count.MAIN_FAILED, 0),
-                int(time.time() * 1000),
-            )
         try:
             self.record(result)
         except Exception as e:  # metrics must never fail the batch
@@ -303,7 +296,7 @@ class MetricsRecorder:
             job=self.config.job.name,
             tiers=len(self.config.retry.tiers),
             finished_ms=now_ms,
-            breaker=None if self.breaker is None else self.breaker.state.state,
+            breaker=None if self.breaker is None else self.breaker.state.phase,
             **self._backlog(result.batch_id, now_ms),
         )
         log.info(json.dumps(row))

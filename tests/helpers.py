@@ -28,7 +28,10 @@ from retrylib.errors import ConfigError
 from retrylib.job import start_query, stop_gracefully
 from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA
 from retrylib.kafka.clients import make_consumer, make_producer, topic_partitions
+from retrylib.kafka.offsets import EARLIEST, LATEST, Offsets
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
+from retrylib.kafka.source_options import parse_source_options
+from retrylib.kafka.tier_source import KafkaStreamReader
 from retrylib.results import KINDS, result_schema
 from retrylib.router import BatchResult
 from retrylib.task import TaskPlan, run_task
@@ -397,3 +400,36 @@ def route(plan: TaskPlan, rows: list[dict]) -> tuple[dict, dict[str, list[dict]]
 def staged_headers(staged: dict) -> list[tuple[str, bytes | None]]:
     """A staged record's headers as (key, value) pairs."""
     return [(h["key"], h["value"]) for h in staged["headers"]]
+
+
+class FakeKafka:
+    """A `retrylib_kafka` stream reader's `_Metadata` (no broker): partitions, and offsets by
+    earliest / latest / time."""
+
+    def __init__(self, latest: Offsets, due: Offsets | None = None) -> None:
+        self.latest = dict(latest)
+        self.due = dict(due or {})
+
+    def partitions(self) -> list[tuple[str, int]]:
+        return sorted(self.latest)
+
+    def list_offsets(self, partitions, timestamp: int) -> Offsets:
+        if timestamp == LATEST:
+            return {key: self.latest[key] for key in partitions}
+        if timestamp == EARLIEST:
+            return dict.fromkeys(partitions, 0)
+        return {key: self.due.get(key, -1) for key in partitions}
+
+    def close(self) -> None:
+        pass
+
+
+def reader_for(kafka: FakeKafka, **options: str) -> KafkaStreamReader:
+    """A stream reader of topic "orders" with `options`, asking `kafka` instead of a broker."""
+    reader = KafkaStreamReader(
+        parse_source_options(
+            {"kafka.bootstrap.servers": "b:9092", "subscribe": "orders", **options}
+        )
+    )
+    reader._metadata = kafka
+    return reader

@@ -4,8 +4,7 @@ in while it is open; and the config that turns it on. No Spark, no broker."""
 from __future__ import annotations
 
 import pytest
-from helpers import problem_for, write_literal_config
-from test_stream_reader_engines import P0, FakeKafka, reader_for
+from helpers import FakeKafka, problem_for, reader_for, write_literal_config
 
 from retrylib.breaker import (
     CLOSED,
@@ -21,6 +20,7 @@ from retrylib.config.model import BreakerConfig
 from retrylib.kafka.offsets import offsets_from_json
 
 CONFIG = BreakerConfig(failure_share=0.5, window=100, probe_every_ms=30_000, probe_records=5)
+P0 = ("orders", 0)
 TIER = ("orders.retry", 0)
 
 
@@ -31,7 +31,7 @@ def breaker(tmp_path) -> Breaker:
 
 def test_it_trips_only_once_a_whole_window_has_failed_enough(breaker) -> None:
     breaker.after_batch(60, 60, now_ms=1_000)
-    assert breaker.state.state == CLOSED  # 60 records: less than a window
+    assert breaker.state.phase == CLOSED  # 60 records: less than a window
 
     breaker.after_batch(40, 0, now_ms=2_000)
 
@@ -41,12 +41,12 @@ def test_it_trips_only_once_a_whole_window_has_failed_enough(breaker) -> None:
 
 def test_old_batches_leave_the_window(breaker) -> None:
     breaker.after_batch(100, 90, now_ms=0)  # would trip alone ...
-    assert breaker.state.state == OPEN
+    assert breaker.state.phase == OPEN
 
     fresh = Breaker(CONFIG, breaker.state_file)
     fresh.after_batch(100, 10, now_ms=0)
     fresh.after_batch(100, 40, now_ms=0)  # ... the window is the last 100: 40% failed
-    assert fresh.state.state == CLOSED
+    assert fresh.state.phase == CLOSED
 
 
 def test_a_passing_probe_closes_it_and_a_failing_one_waits_for_the_next(breaker) -> None:
@@ -58,9 +58,9 @@ def test_a_passing_probe_closes_it_and_a_failing_one_waits_for_the_next(breaker)
     assert breaker.state == BreakerState(OPEN, 70_000, 5)
 
     breaker.after_batch(5, 2, now_ms=80_000)
-    assert breaker.state.state == CLOSED
+    assert breaker.state.phase == CLOSED
     breaker.after_batch(50, 50, now_ms=90_000)  # the window starts empty again
-    assert breaker.state.state == CLOSED
+    assert breaker.state.phase == CLOSED
 
 
 def test_the_source_holds_main_topics_until_the_probe_is_due() -> None:

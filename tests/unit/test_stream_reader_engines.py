@@ -10,45 +10,15 @@ import json
 
 import pyarrow as pa
 import pytest
+from helpers import FakeKafka, reader_for
 
 from retrylib.kafka import arrow_records
 from retrylib.kafka.arrow_records import KAFKA_SCHEMA
-from retrylib.kafka.offsets import EARLIEST, LATEST, Offsets, offsets_from_json, offsets_to_json
+from retrylib.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
 from retrylib.kafka.source_options import parse_source_options
 from retrylib.kafka.tier_source import KafkaStreamReader
 
 P0, P1 = ("orders", 0), ("orders", 1)
-
-
-class FakeKafka:
-    """The reader's `_Metadata`: partitions, and offsets by earliest / latest / time."""
-
-    def __init__(self, latest: Offsets, due: Offsets | None = None) -> None:
-        self.latest = dict(latest)
-        self.due = dict(due or {})
-
-    def partitions(self) -> list[tuple[str, int]]:
-        return sorted(self.latest)
-
-    def list_offsets(self, partitions, timestamp: int) -> Offsets:
-        if timestamp == LATEST:
-            return {key: self.latest[key] for key in partitions}
-        if timestamp == EARLIEST:
-            return dict.fromkeys(partitions, 0)
-        return {key: self.due.get(key, -1) for key in partitions}
-
-    def close(self) -> None:
-        pass
-
-
-def reader_for(kafka: FakeKafka, **options: str) -> KafkaStreamReader:
-    reader = KafkaStreamReader(
-        parse_source_options(
-            {"kafka.bootstrap.servers": "b:9092", "subscribe": "orders", **options}
-        )
-    )
-    reader._metadata = kafka
-    return reader
 
 
 def bare_engine_batches(reader: KafkaStreamReader, start: Offsets, triggers: int) -> list[int]:
