@@ -50,6 +50,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -129,47 +130,61 @@ METRICS_SCHEMA = pa.schema(
 """Columns of the metrics Delta table, one row per batch (see the module docstring)."""
 
 
-def input_lag(
-    config: Config, end: Mapping[PartitionKey, int], kafka: KafkaOffsets, now_ms: int
-) -> dict[str, dict[str, int]]:
-    """Per topic, records past `end` that are ready ("lag") and, on retry topics (or a
-    delay router's topics), those still inside their delay ("not_due"). Partitions missing
-    from `end` count from their earliest offset.
-    """
+@dataclass(frozen=True)
+class Positions:
+    """Where the job stands after a batch in every partition it reads: `start`, the batch's
+    end offsets (a partition it has not read yet from its earliest), and `latest`."""
+
+    start: dict[PartitionKey, int]
+    latest: dict[PartitionKey, int]
+
+
+def positions_after(
+    config: Config, end: Mapping[PartitionKey, int], kafka: KafkaOffsets
+) -> Positions:
+    """The job's `Positions` after a batch that ended at `end`, looked up once for
+    `input_lag` and `oldest_waiting_ms`."""
     delays = config.delayed_topics()
     found = kafka.partitions([*config.kafka.topics, *delays], config.kafka.topic_pattern)
     keys = [(topic, p) for topic, partitions in found.items() for p in partitions]
-    latest = kafka.latest(keys)
-    start = dict(end)
+    start = {key: end[key] for key in keys if key in end}
     start.update(kafka.earliest([key for key in keys if key not in end]))
-    tier_keys = [key for key in keys if key[0] in delays]
+    return Positions(start, kafka.latest(keys))
+
+
+def input_lag(
+    config: Config, positions: Positions, kafka: KafkaOffsets, now_ms: int
+) -> dict[str, dict[str, int]]:
+    """Per topic, records past the job's positions that are ready ("lag") and, on retry
+    topics (or a delay router's topics), those still inside their delay ("not_due")."""
+    delays = config.delayed_topics()
+    latest = positions.latest
+    tier_keys = [key for key in latest if key[0] in delays]
     frontier = delay_frontier(
         kafka.first_at({key: due_timestamp_ms(now_ms, delays[key[0]]) for key in tier_keys}),
         {key: latest[key] for key in tier_keys},
     )
     lag: dict[str, dict[str, int]] = {}
-    for key in keys:
-        position = start[key]
-        ready = frontier.get(key, latest[key])
+    for key, newest in latest.items():
+        position = positions.start[key]
+        ready = frontier.get(key, newest)
         figures = lag.setdefault(key[0], {"lag": 0, "not_due": 0})
         figures["lag"] += max(0, ready - position)
-        figures["not_due"] += max(0, latest[key] - max(ready, position))
+        figures["not_due"] += max(0, newest - max(ready, position))
     return lag
 
 
-def oldest_waiting_ms(
-    config: Config, end: Mapping[PartitionKey, int], kafka: KafkaOffsets, now_ms: int
-) -> list[int | None]:
+def oldest_waiting_ms(config: Config, positions: Positions, now_ms: int) -> list[int | None]:
     """Per retry tier, the age of the longest-waiting record at the head of the tier's
-    partitions past `end`, counted from its last failure; None where nothing waits."""
+    partitions past the job's positions, counted from its last failure; None where nothing
+    waits."""
     tiers = [set(tier.topics.values()) for tier in config.retry.tiers]
     if not tiers:
         return []
-    found = kafka.partitions(set().union(*tiers))
-    keys = [(topic, p) for topic, partitions in found.items() for p in partitions]
-    latest = kafka.latest(keys)
-    start = kafka.earliest([key for key in keys if key not in end])
-    start.update({key: end[key] for key in keys if key in end})
+    tier_topics = set().union(*tiers)
+    keys = [key for key in positions.latest if key[0] in tier_topics]
+    start = {key: positions.start[key] for key in keys}
+    latest = positions.latest
     # Two offsets reach a head record even behind a transaction marker.
     heads = {key: min(latest[key], start[key] + 2) for key in keys}
     since: dict[str, int] = {}
@@ -322,9 +337,10 @@ class MetricsRecorder:
             if self._kafka is None:
                 kafka = self.config.kafka
                 self._kafka = KafkaOffsets(kafka.bootstrap_servers, kafka.client_options())
+            positions = positions_after(self.config, end, self._kafka)
             return {
-                "lag": input_lag(self.config, end, self._kafka, now_ms),
-                "waiting": oldest_waiting_ms(self.config, end, self._kafka, now_ms),
+                "lag": input_lag(self.config, positions, self._kafka, now_ms),
+                "waiting": oldest_waiting_ms(self.config, positions, now_ms),
             }
         except Exception as e:
             log.warning("input lag after batch %d unknown: %s", batch_id, e)

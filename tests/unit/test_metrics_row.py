@@ -15,6 +15,7 @@ from retrylib.metrics import (
     METRICS_SCHEMA,
     input_lag,
     metrics_row,
+    positions_after,
     table_row,
 )
 from retrylib.router import BatchResult
@@ -96,12 +97,9 @@ class FakeKafka:
 
 
 def test_lag_splits_retry_topics_into_due_and_not_due(tmp_path):
-    lag = input_lag(
-        metrics_job_config(tmp_path),
-        {("orders", 0): 7, ("orders.m.retry.10s", 0): 2},
-        FakeKafka(),
-        10**12,
-    )
+    config = metrics_job_config(tmp_path)
+    end = {("orders", 0): 7, ("orders.m.retry.10s", 0): 2}
+    lag = input_lag(config, positions_after(config, end, FakeKafka()), FakeKafka(), 10**12)
 
     assert lag == {
         "orders": {"lag": 3, "not_due": 0},
