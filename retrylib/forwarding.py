@@ -6,7 +6,8 @@ A record on a delay topic (`[delay_router]`) names its destination in one header
 hands over the records whose Kafka timestamp is one delay old; each then is:
 
 - forwarded: staged as it is (key, value, every header) for its destination, which must be
-  a topic of the cluster other than Kafka's own "__" topics, partitioned by its key;
+  a topic of the cluster other than Kafka's own "__" topics and retrylib's control topics
+  ("_retrylib."), partitioned by its key;
 - held: its `msg_ts` + delay is still ahead (the sender stamped it later than Kafka did):
   staged for its delay topic again, stamped so that the topic releases it when it is due;
 - sent to the fallback topic when its destination is missing or not a topic, with the
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from retrylib.config.topics import CONTROL_TOPIC_PREFIX
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import TIER_CLIENT_OPTIONS, make_consumer
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
@@ -111,6 +113,12 @@ def destination(
     if target is None:
         return NoDestination(Reason.NO_FINAL_TOPIC, f"the record has no {target_header} header")
     name = target.decode("utf-8", errors="replace")
+    if name.startswith(CONTROL_TOPIC_PREFIX):
+        return NoDestination(
+            Reason.CONTROL_FINAL_TOPIC,
+            f"{target_header} {json.dumps(name)} is a retrylib control topic, which takes no "
+            "forwarded records",
+        )
     if name not in topics or name.startswith("__"):
         return NoDestination(
             Reason.UNKNOWN_FINAL_TOPIC,

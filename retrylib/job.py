@@ -424,12 +424,15 @@ def start_query(
         if config.metrics.table_ref() is not None:
             tables.append(("metrics", config.metrics.table_ref()))
         compactor = Compactor(checkpoint.compaction, config.output.optimize_every_ms, tables)
+    signing_key = checkpoint.signing_key(spark)
     router = BatchRouter(
-        task_plan(config, partitions, checkpoint.signing_key(spark)),
+        task_plan(config, partitions, signing_key),
         checkpoint=checkpoint,
         app_id=app_id,
         kafka_options=producer_options,
         bootstrap_servers=config.kafka.bootstrap_servers,
+        signing_key=signing_key,
+        secret_options=tuple(config.secret_options()),
         output_table=output,
         evolve_output=output is not None and config.output.schema_evolution,
         dead_letter_table=dead_letter,

@@ -12,7 +12,10 @@ Each row is one of:
 - `kind = "counters"`: one per task, its counters as a JSON object in `counters`.
 
 The driver writes these rows to the batch's staging folder through Spark before any effect,
-so a replayed batch reads its decisions back instead of calling the handler again.
+so a replayed batch reads its decisions back instead of calling the handler again. On their
+way there every row is `placed`: given the routing task's partition (`unit`) and its place in
+the task's output (`seq`), which fix the produce unit of a staged record
+(`produce_units`).
 """
 
 from __future__ import annotations
@@ -56,11 +59,29 @@ def result_schema(output: pa.Schema | None) -> pa.Schema:
     )
 
 
+PLACE_FIELDS = (
+    pa.field("unit", pa.int32(), nullable=False),
+    pa.field("seq", pa.int64(), nullable=False),
+)
+
+
 def result_struct(output: pa.Schema | None):
-    """`result_schema` as the Spark StructType that `mapInArrow` is given."""
+    """`result_schema` with the `PLACE_FIELDS`, as the Spark StructType that `mapInArrow` is
+    given."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    return from_arrow_schema(result_schema(output))
+    schema = result_schema(output)
+    for place in PLACE_FIELDS:
+        schema = schema.append(place)
+    return from_arrow_schema(schema)
+
+
+def placed(batch: pa.RecordBatch, unit: int, first_seq: int) -> pa.RecordBatch:
+    """Result rows `batch` with `unit` and their `seq` from `first_seq` on."""
+    rows = batch.num_rows
+    return batch.append_column(
+        PLACE_FIELDS[0], pa.array([unit] * rows, pa.int32())
+    ).append_column(PLACE_FIELDS[1], pa.array(range(first_seq, first_seq + rows), pa.int64()))
 
 
 class ResultRows:

@@ -10,8 +10,9 @@ A batch runs in steps, each safe to repeat after a crash:
    limits reach them as Spark local properties, set here before the batch's one job.
    The manifest is the commit point of the batch's decisions: a replay after it reads them
    back instead of calling the handler again.
-2. Staged retry and dead-letter records are produced in one Kafka transaction with a
-   per-batch marker, so they are produced once (`kafka.transactional_producer`).
+2. Staged retry and dead-letter records are produced by the executors, each routing task's
+   records (a produce unit) in one Kafka transaction with the unit's marker, so they are
+   produced once (`produce_units`). The driver sees only a count per unit.
 3. The output and dead-letter rows are appended to their Delta tables by Spark's Delta
    writer with the app transaction (`txnAppId` = the checkpoint's app id, `txnVersion` =
    batch id), so they are committed once (`delta.tables`).
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -50,7 +52,9 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import array, collect_list, count, lit, percentile_approx
 
+from retrylib import errors
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
+from retrylib.config.topics import produced_topic
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once, committed_version
@@ -59,11 +63,12 @@ from retrylib.faults import crash_point
 from retrylib.forwarding import ForwardPlan
 from retrylib.hooks import Hooks
 from retrylib.kafka.clients import RecordLimits
-from retrylib.kafka.transactional_producer import StagedProducer
+from retrylib.kafka.markers import ControlTopic
 from retrylib.key_order_store import KeyOrderStore
 from retrylib.metrics import OBSERVED_COUNTERS
 from retrylib.observed import OBSERVATION, PERCENTILES, observed_columns
-from retrylib.results import result_struct
+from retrylib.produce_units import ProducePlan, produce_units
+from retrylib.results import placed, result_struct
 from retrylib.task import TaskPlan, run_task
 
 log = logging.getLogger(__name__)
@@ -106,6 +111,8 @@ class BatchRouter:
         output_table: TableRef | None,
         dead_letter_table: TableRef | None,
         record_limits: RecordLimits,
+        signing_key: bytes,
+        secret_options: tuple[str, ...] = (),
         evolve_output: bool = False,
         on_result=None,
         compactor: Compactor | None = None,
@@ -127,13 +134,19 @@ class BatchRouter:
         self._dead_letter_table = dead_letter_table
         self._record_limits = record_limits
         self.app_id = app_id
-        self._producer = StagedProducer(
-            plan_template.job,
-            self.app_id,
+        self._signing_key = signing_key
+        self._bootstrap_servers = bootstrap_servers
+        self._kafka_options = dict(kafka_options)
+        self._secret_options = secret_options
+        self._control = ControlTopic(
             bootstrap_servers,
             kafka_options,
-            topic_max_bytes=lambda: record_limits.topic_max,
+            produced_topic(plan_template.job),
+            signing_key=signing_key,
+            app_id=app_id,
+            secret_options=secret_options,
         )
+        self._units = 1
         self._on_result = on_result
         self.failure: RetrylibError | None = None
         """The error that failed the last batch when retrylib detected it itself (a table it
@@ -152,6 +165,7 @@ class BatchRouter:
         # trickling in over many partitions) then costs a few task start-ups, not dozens.
         # (coalesce never adds partitions, so a batch with fewer ranges is left as it is.)
         slots = max(1, source.sparkSession.sparkContext.defaultParallelism)
+        self._units = slots  # the routing tasks' partitions, each a produce unit
         template = self._template
         tiers = len(template.tier_delays_ms) if isinstance(template, TaskPlan) else 0
         results = source.coalesce(slots).mapInArrow(
@@ -172,7 +186,7 @@ class BatchRouter:
         self._hooks.call("on_batch_start", batch_id)
         spark = df.sparkSession
         if not self._checked_tables:
-            self._check_tables_not_ahead(spark, batch_id)
+            self._check_not_ahead(spark, batch_id)
             self._checked_tables = True
         manifest_uri = self._checkpoint.manifest(batch_id)
         manifest = read_json(spark, manifest_uri)
@@ -233,9 +247,13 @@ class BatchRouter:
                 counters.update(json.loads(text))
             if row["kind"] == "lateness":
                 lateness[str(row["tier"])] = row["lateness"]
+        staged_rows = kinds["staged"]
         return {
             "now_ms": plan.now_ms,
             "staging": staging,
+            "units": self._units,
+            # Every marker of the batch comes after this offset: its produce starts later.
+            "control_from": self._control.end_offset() if staged_rows else None,
             "rows": {
                 kind: kinds[kind] for kind in ("output", "dead_letter", "staged", "key_state")
             },
@@ -259,10 +277,7 @@ class BatchRouter:
 
         produced = 0
         if rows["staged"]:
-            # Read before the Kafka transaction opens, so that Spark's time does not count
-            # against the transaction's timeout.
-            records = of_kind("staged").toArrow()
-            produced = self._producer.produce_once(batch_id, records.to_batches)
+            produced = self._produce(staged, manifest, batch_id)
         crash_point("after_produce", batch_id)
         output_committed = bool(rows["output"]) and self._append(
             of_kind("output"), "output.table", self._output_table, batch_id, self._evolve_output
@@ -283,6 +298,35 @@ class BatchRouter:
             {int(tier): values for tier, values in manifest.get("lateness_ms", {}).items()},
         )
 
+    def _produce(self, staged: DataFrame, manifest: dict[str, Any], batch_id: int) -> int:
+        """Produce the batch's staged records from the executors; returns their count."""
+        if "units" not in manifest:
+            raise RetrylibError(
+                f"batch {batch_id} was staged by an earlier version of retrylib, which "
+                "produced it from the driver: run that version until the batch is done, stop "
+                "it gracefully (SIGTERM), then start this one"
+            )
+        plan = ProducePlan(
+            job=self._template.job,
+            app_id=self.app_id,
+            batch_id=batch_id,
+            units=manifest["units"],
+            control_from=manifest["control_from"],
+            bootstrap_servers=self._bootstrap_servers,
+            options=self._kafka_options,
+            signing_key=self._signing_key,
+            secret_options=self._secret_options,
+            topic_max_bytes=dict(self._record_limits.topic_max),
+        )
+        try:
+            produced, _opened = produce_units(staged, plan)
+        except Exception as e:  # a task's error, as Spark wraps it
+            raised = task_error(e)
+            if raised is None:
+                raise
+            raise raised from e
+        return produced
+
     def _append(
         self, frame: DataFrame, key: str, table: TableRef, batch_id: int, evolve: bool = False
     ) -> bool:
@@ -297,13 +341,22 @@ class BatchRouter:
         except Exception as e:  # Spark's and the storage's errors: many classes, all fatal here
             raise table_write_error(batch_id, key, table, spark_error_reason(e)) from e
 
-    def _check_tables_not_ahead(self, spark: SparkSession, batch_id: int) -> None:
-        """Raise `RetrylibError` when a table already holds a later batch of this checkpoint.
+    def _check_not_ahead(self, spark: SparkSession, batch_id: int) -> None:
+        """Raise `RetrylibError` when a table or the control topic already holds a later batch
+        of this checkpoint.
 
-        Spark replays at most the last unfinished batch, so a table's app transaction is
-        never above the batch that runs first after a start, unless the checkpoint is not
-        the one the tables were written with.
+        Spark replays at most the last unfinished batch, so a table's app transaction or a
+        produce marker is never above the batch that runs first after a start, unless the
+        checkpoint is not the one the tables and topics were written with.
         """
+        produced = self._control.last_produced_batch()
+        if produced is not None and produced > batch_id:
+            raise RetrylibError(
+                f"control topic {self._control.topic} holds the marker of batch {produced} of "
+                f"{self.app_id}, but the query is running batch {batch_id}: the checkpoint is "
+                "older than what it already produced. Restore the checkpoint, or start from a "
+                "new one"
+            )
         for what, table in (
             ("output", self._output_table),
             ("dead-letter", self._dead_letter_table),
@@ -320,7 +373,7 @@ class BatchRouter:
                 )
 
     def close(self) -> None:
-        self._producer.close()
+        self._control.close()
 
 
 def _run_tasks(df: DataFrame, plan: Plan, staging: str, *, isolate: bool = False) -> None:
@@ -382,7 +435,24 @@ def _batch_task(
         max_record_bytes=batch["max_record_bytes"],
     )
     isolated = plan.isolated() if batch["isolate"] else None
-    return task(isolated or plan, batches)
+    unit, seq = TaskContext.get().partitionId(), 0
+    for rows in task(isolated or plan, batches):
+        yield placed(rows, unit, seq)
+        seq += rows.num_rows
+
+
+_TASK_ERROR = re.compile(r"retrylib\.errors\.(\w+): ([^\n]*)")
+
+
+def task_error(error: BaseException) -> RetrylibError | None:
+    """The retrylib error that failed a Spark task, as Spark reports it to the driver (the
+    last one its Python traceback names), or None when no such error is named."""
+    found = _TASK_ERROR.findall(str(error))
+    for name, message in reversed(found):
+        kind = getattr(errors, name, None)
+        if isinstance(kind, type) and issubclass(kind, RetrylibError):
+            return kind(message)
+    return None
 
 
 def table_write_error(batch_id: int, key: str, table: TableRef, reason: str) -> TableWriteError:

@@ -15,14 +15,18 @@ from retrylib.kafka.offsets import subscribed
 _MAX_TOPIC_LENGTH = 249
 
 
+CONTROL_TOPIC_PREFIX = "_retrylib."
+"""Every job's control topics start with it; no record is ever forwarded to one."""
+
+
 def produced_topic(job_name: str) -> str:
-    """The one-partition topic holding the id of each batch whose records were produced."""
-    return f"_retrylib.{job_name}.produced"
+    """The one-partition topic holding the markers of the produced units of each batch."""
+    return f"{CONTROL_TOPIC_PREFIX}{job_name}.produced"
 
 
 def redriven_topic(job_name: str) -> str:
     """The one-partition topic holding the id of every committed redrive of the job."""
-    return f"_retrylib.{job_name}.redriven"
+    return f"{CONTROL_TOPIC_PREFIX}{job_name}.redriven"
 
 
 def explicit_tiers(

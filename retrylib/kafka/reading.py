@@ -2,9 +2,9 @@
 
 - `ReadToEnd` reads partitions read_committed from start offsets (or their earliest) to the
   end offsets captured when the read starts: what `status` counts in a tier, the markers
-  `redrive` and `StagedProducer` look for, what the tests read back. Records produced after
+  `redrive` looks for, what the tests read back. Records produced after
   the read started are not read, so a read of a busy topic ends.
-- `last_marker` finds the last committed marker of a producer in a control topic.
+- `last_marker` finds the last committed marker in a control topic.
 - `produce` queues one record, waiting while the producer's local queue is full.
 - `KafkaOffsets` looks up many partitions' offsets at once (latest, earliest, by time).
 
@@ -202,9 +202,11 @@ class ReadToEnd:
                 yield message
 
 
-def last_marker(consumer: Consumer, topic: str, key: bytes) -> int | None:
-    """The highest number among the committed markers with `key` in partition 0 of `topic`
-    (values that are not a number are passed over), or None when there is none.
+def last_marker(
+    consumer: Consumer, topic: str, number: Callable[[Message], int | None]
+) -> int | None:
+    """The highest `number(record)` among the committed records in partition 0 of `topic`
+    (records it gives None for are passed over), or None when there is none.
 
     Reads backwards from the end in windows of `MARKER_WINDOW` offsets, doubled each time, so
     that any number of aborted transactions (their records and markers take offsets) cannot
@@ -219,9 +221,9 @@ def last_marker(consumer: Consumer, topic: str, key: bytes) -> int | None:
         start = max(low, end - window)
         read = ReadToEnd(consumer, {partition: start}, {partition: end})
         numbers = [
-            number
+            found
             for message in read.messages(MARKER_READ_TIMEOUT_S)
-            if message.key() == key and (number := _number(message.value())) is not None
+            if (found := number(message)) is not None
         ]
         if read.unfinished:
             raise MarkerReadError(
@@ -232,13 +234,6 @@ def last_marker(consumer: Consumer, topic: str, key: bytes) -> int | None:
             return max(numbers)
         end, window = start, window * 2
     return None
-
-
-def _number(value: bytes | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 def produce(

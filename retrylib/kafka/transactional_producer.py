@@ -1,37 +1,37 @@
-"""The transactional producer: a batch's staged records (retry tiers, dead-letter topic),
-produced to Kafka exactly once.
+"""The transactional producer: one produce unit of a batch's staged records (retry tiers,
+dead-letter topic, a delay router's destinations), produced to Kafka exactly once.
 
-The driver produces a batch's records in one Kafka transaction that also writes a marker
-(key: the checkpoint's app id, value: the batch id) to the job's one-partition control topic.
-Readers use read_committed, so a crash mid-produce leaves no visible half, and a replayed
-batch that finds its marker produces nothing again. The records come from a callable that
-returns a fresh iterator of Arrow RecordBatches (`STAGED_SCHEMA`) each time, so every attempt
-reads them anew. The records' form and their produce are `staged_records`; reading the marker
-is `reading.last_marker`.
+A batch's staged records are split into produce units (`produce_units`), each produced by
+one Spark task in one Kafka transaction that also writes the unit's marker (`markers`) to the
+job's one-partition control topic. Readers use read_committed, so a crash mid-produce leaves
+no visible half, and an attempt that finds its unit's marker produces nothing again. The
+records come from a callable that returns a fresh iterator of Arrow RecordBatches
+(`STAGED_SCHEMA`) each time, so every attempt reads them anew. The records' form and their
+produce are `staged_records`.
 
-Each checkpoint has one transactional id, "retrylib-<app id>". Why the marker check can be
-trusted:
+Each unit of a checkpoint has its own transactional id, "retrylib-<app id>-<unit>", the same
+for every batch, attempt and restart. Why the marker check can be trusted:
 
 - It runs only on a producer that has completed `init_transactions` since the last failure.
   That settles the id's earlier transaction (a commit in progress is finished, an open one is
-  aborted) and bumps the producer epoch, which fences a zombie instance of the job and any
-  producer this one discarded, so no marker can turn up after the check says "not produced".
-- It reads the control topic with read_committed, from the end backwards in growing windows
-  until it finds a committed marker of this app id, so any number of aborted transactions
-  (their records and markers take offsets, as do commit markers) cannot hide the last
-  committed one. Reads stop at the partition's end (EOF, the last stable offset), never by
-  waiting out a timeout.
-- Batch ids of one checkpoint grow, so its last committed marker holds its highest produced
-  batch. Markers of other app ids (an earlier checkpoint of the same job) are passed over.
-- Once a producer has read the marker, it tracks the last batch itself: while it is not
-  fenced, nobody else can commit a marker of this app id.
+  aborted) and bumps the producer epoch, which fences every earlier producer of the unit (a
+  failed task attempt, a zombie on a lost executor, a run before a crash), so no marker of
+  the unit can turn up after the check says "not produced".
+- It reads the control topic read_committed from the offset the batch recorded in its
+  manifest before any of its units was produced, up to the high watermark, waiting for
+  transactions still open below it (`markers.unit_produced`).
+- Once a producer has checked, it tracks the unit's last batch itself: while it is not fenced,
+  nobody else can commit a marker of the unit. A Python worker keeps its producers across
+  tasks (`produce_units`); when another worker took the unit's id since, the kept producer is
+  fenced at its first transaction, and is replaced by a new one that checks again.
 
-Any failure (broker away, coordinator moved, delivery timed out) discards the producer and
-retries the whole step (new producer on the same id, marker check, transaction) for up to
-`retry_seconds`; the job so rides through a broker restart, and fails loudly after. Being
-fenced is not retried: another instance of the job took over the id, or the transaction
-stayed open longer than `transaction.timeout.ms` and the broker aborted it (librdkafka
-reports both as fenced); retrying would fence that other instance in turn.
+Any other failure (broker away, coordinator moved, delivery timed out) discards the producer
+and retries the whole step (new producer on the same id, marker check, transaction) for up to
+`retry_seconds`; a task so rides through a broker restart, and fails loudly after. A producer
+made in this call being fenced is not retried: another attempt of the unit took over the id
+(Spark ran the task again, or another instance of the job runs the same checkpoint), or the
+transaction stayed open longer than `transaction.timeout.ms` and the broker aborted it
+(librdkafka reports both as fenced); retrying would fence that other attempt in turn.
 """
 
 from __future__ import annotations
@@ -48,128 +48,149 @@ from retrylib.config.topics import produced_topic
 from retrylib.errors import MarkerReadError, ProduceError, RetrylibError
 from retrylib.faults import crash_point
 from retrylib.kafka.clients import make_producer
-from retrylib.kafka.reading import last_marker, produce, reading_consumer, serve
+from retrylib.kafka.markers import marker_value, unit_produced
+from retrylib.kafka.reading import produce, serve
 from retrylib.kafka.staged_records import Deliveries, StagedRecords, produce_staged
+from retrylib.kafka.worker_clients import note_opened
 
 log = logging.getLogger(__name__)
 
 PRODUCE_RETRY_SECONDS = 90.0
-"""How long `produce_once` keeps retrying a batch through Kafka errors before it fails."""
+"""How long `produce_once` keeps retrying a unit through Kafka errors before it fails."""
 _INIT_TIMEOUT_S = 30.0
 _COMMIT_TIMEOUT_S = 60.0
 _ABORT_TIMEOUT_S = 30.0
 
 
-class StagedProducer:
-    """Produces a batch's staged records exactly once (see the module docstring).
+def transactional_id(app_id: str, unit: int) -> str:
+    """The Kafka transactional id of produce unit `unit` of checkpoint `app_id`."""
+    return f"retrylib-{app_id}-{unit}"
 
-    Its transactional id is "retrylib-<app id>". Creating it initialises transactions on that
-    id, which fences off any earlier instance of this checkpoint's job and aborts its open
-    transaction. Raises `KafkaException` from the constructor when the broker cannot
-    initialise transactions.
-    """
+
+class StagedProducer:
+    """Produces one unit's staged records of each batch exactly once (see the module
+    docstring). It makes its Kafka producer when it first needs one, and keeps it between
+    batches."""
 
     def __init__(
         self,
         job_name: str,
         app_id: str,
+        unit: int,
         bootstrap: str,
         options: Mapping[str, str],
         *,
+        signing_key: bytes,
+        secret_options: tuple[str, ...] = (),
         retry_seconds: float = PRODUCE_RETRY_SECONDS,
         topic_max_bytes: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         """`topic_max_bytes` gives the topics' known `max.message.bytes`, for messages."""
         self._job = job_name
         self._app_id = app_id
+        self._unit = unit
         self._key = app_id.encode()
+        self._signing_key = signing_key
         self._bootstrap = bootstrap
         self._options = dict(options)
+        self._secret_options = secret_options
         self._topic = produced_topic(job_name)
-        self._transactional_id = f"retrylib-{app_id}"
+        self._transactional_id = transactional_id(app_id, unit)
         self._retry_seconds = retry_seconds
         self._topic_max_bytes = topic_max_bytes
         self._producer: Producer | None = None
-        # The last produced batch as known to the current producer: read once after it is
-        # created, then set by each commit. While that producer is not fenced, no one else
-        # can have committed a marker since it started.
+        # The unit's last produced batch as known to the current producer: checked once after
+        # it is created, then set by each commit. While that producer is not fenced, no one
+        # else can have committed a marker of the unit since it started.
         self._known_last: int | None = None
         self._known = False
-        self._producer = self._new_producer()  # fence zombies as soon as the job starts
 
     @property
     def transactional_id(self) -> str:
-        """The Kafka transactional id of this checkpoint: "retrylib-<app id>"."""
+        """The Kafka transactional id of this unit: "retrylib-<app id>-<unit>"."""
         return self._transactional_id
 
-    # -- the marker ---------------------------------------------------------------------
-
-    def last_produced_batch(self) -> int | None:
-        """The highest batch id with a committed marker of this app id, or None.
-
-        Raises `KafkaException` or `MarkerReadError` when the topic cannot be read; it never
-        answers None for a topic it could not read to the end.
-        """
-        consumer = reading_consumer(
-            self._bootstrap, self._options, group_id=f"retrylib-{self._job}-markers"
+    def produced(self, batch_id: int, since: int) -> bool:
+        """True when the control topic holds this unit's committed marker of `batch_id`,
+        looking from offset `since` (`markers.unit_produced`)."""
+        return unit_produced(
+            self._bootstrap,
+            self._options,
+            self._topic,
+            signing_key=self._signing_key,
+            app_id=self._app_id,
+            batch_id=batch_id,
+            unit=self._unit,
+            since=since,
+            secret_options=self._secret_options,
         )
-        try:
-            return last_marker(consumer, self._topic, self._key)
-        finally:
-            with contextlib.suppress(Exception):
-                consumer.close()
 
     # -- producing ----------------------------------------------------------------------
 
-    def produce_once(self, batch_id: int, records: StagedRecords) -> int:
+    def produce_once(self, batch_id: int, records: StagedRecords, since: int) -> int:
         """Produce the records that `records()` yields for `batch_id` unless already done.
 
+        `since`: the control topic's offset before the batch's first produce (its manifest's).
         `records` is called once per attempt, inside the attempt's open transaction, and must
         return a fresh iterator of RecordBatches with the `STAGED_SCHEMA` columns each time;
-        it is not called when the marker shows the batch was produced. The time it takes
+        it is not called when the marker shows the unit was produced. The time it takes
         counts against the transaction's `transaction.timeout.ms`.
 
         Returns the number of records produced (0 when the marker shows they were). Kafka
         errors are retried for `retry_seconds`, each time on a fresh producer; then
-        `ProduceError` is raised (the batch fails and is replayed on restart). Being fenced
-        raises `ProduceError` at once, a record refused as too large `RecordTooLargeError`
-        (naming topic, size, limit and the setting to change). Raises `RetrylibError` when
-        the marker of a later batch is found (the query's checkpoint is behind what this job
-        name already produced, see `BatchRouter`) or a RecordBatch lacks a column; an
+        `ProduceError` is raised. A producer kept from an earlier call that turns out fenced
+        is replaced at once; one made in this call being fenced raises `ProduceError`, a
+        record refused as too large `RecordTooLargeError` (naming topic, size, limit and the
+        setting to change). Raises `RetrylibError` when this producer committed a later batch
+        (the query runs from an older checkpoint) or a RecordBatch lacks a column; an
         exception from `records` itself is raised as it is. Nothing of an attempt that
         failed is visible to read_committed readers.
         """
         deadline = time.monotonic() + self._retry_seconds
         failures = 0
         while True:
+            made_here = self._producer is None
             try:
                 if self._producer is None:
                     self._producer = self._new_producer()
                 if not self._known:
-                    self._known_last, self._known = self.last_produced_batch(), True
+                    self._known_last = batch_id if self.produced(batch_id, since) else None
+                    self._known = True
                 done = self._known_last
                 if done is not None and done > batch_id:
                     raise RetrylibError(
-                        f"control topic {self._topic} holds the marker of batch {done} of "
-                        f"{self._app_id}, but the query is running batch {batch_id}: the "
-                        "checkpoint is older than what it already produced. Restore the "
-                        "checkpoint, or start from a new one"
+                        f"produce unit {self._unit} of {self._app_id} committed batch {done}, "
+                        f"but the query is running batch {batch_id}: the checkpoint is older "
+                        "than what it already produced. Restore the checkpoint, or start from "
+                        "a new one"
                     )
                 if done == batch_id:
-                    log.info("records of batch %d were produced before; skipped", batch_id)
+                    log.info(
+                        "records of batch %d unit %d were produced before; skipped",
+                        batch_id,
+                        self._unit,
+                    )
                     return 0
                 return self._produce_transaction(batch_id, records)
             except (KafkaException, MarkerReadError) as e:
-                failures += 1
                 self._discard_producer(e)
+                if _fenced(e) and not made_here:
+                    log.info(
+                        "%s was taken over since this worker last used it; producing batch %d "
+                        "with a new producer",
+                        self._transactional_id,
+                        batch_id,
+                    )
+                    continue
+                failures += 1
                 if _fenced(e):
                     raise ProduceError(
-                        f"producing the records of batch {batch_id} failed: its Kafka "
-                        f"transaction was fenced ({e}). Either another instance of job "
-                        f"{self._job!r} took over transactional id {self._transactional_id} "
-                        "(two instances must not run the same checkpoint: this one stops), "
-                        "or the transaction stayed open longer than transaction.timeout.ms "
-                        "and the broker aborted it"
+                        f"producing the records of batch {batch_id} failed: the Kafka "
+                        f"transaction of {self._transactional_id} was fenced ({e}). Either "
+                        "another attempt of the same work took over the id (Spark ran the task "
+                        f"again, or another instance of job {self._job!r} runs the same "
+                        "checkpoint: two instances must not), or the transaction stayed open "
+                        "longer than transaction.timeout.ms and the broker aborted it"
                     ) from e
                 if time.monotonic() >= deadline:
                     raise ProduceError(
@@ -192,7 +213,8 @@ class StagedProducer:
     def _produce_transaction(self, batch_id: int, records: StagedRecords) -> int:
         """One transaction: the records of `records()` and the marker; returns the count.
 
-        Every record is acknowledged before the commit.
+        The marker is produced once every record is acknowledged, so that the transaction
+        holds the control topic's stable offset back only for the moment of its commit.
         """
         producer = self._producer
         assert producer is not None
@@ -200,17 +222,16 @@ class StagedProducer:
         producer.begin_transaction()
         try:
             count = produce_staged(producer, batch_id, records, deliveries, self._options)
+            deliveries.check(serve(producer.flush, _COMMIT_TIMEOUT_S), self._topic_max_bytes())
             produce(
                 producer,
                 self._topic,
                 key=self._key,
-                value=str(batch_id).encode(),
+                value=marker_value(self._signing_key, self._app_id, batch_id, self._unit),
                 partition=0,
                 timestamp_ms=int(time.time() * 1000),
                 on_delivery=deliveries,
             )
-            left = serve(producer.flush, _COMMIT_TIMEOUT_S)
-            deliveries.check(left, self._topic_max_bytes())
             crash_point("in_produce", batch_id)
             producer.commit_transaction(_COMMIT_TIMEOUT_S)
         except BaseException as error:
@@ -224,15 +245,24 @@ class StagedProducer:
                     raise abort_error from error
             raise
         self._known_last = batch_id
-        log.info("produced %d record(s) of batch %d in one transaction", count, batch_id)
+        crash_point("after_unit_commit", batch_id)
+        log.info(
+            "produced %d record(s) of batch %d unit %d in one transaction",
+            count,
+            batch_id,
+            self._unit,
+        )
         return count
 
     def _new_producer(self) -> Producer:
-        """A producer on this checkpoint's transactional id, transactions initialised."""
+        """A producer on this unit's transactional id, transactions initialised."""
+        note_opened()
         producer = make_producer(
             self._bootstrap,
             {**self._options, "transactional.id": self._transactional_id, "linger.ms": "20"},
+            secret_options=self._secret_options,
         )
+        self._known = False
         producer.init_transactions(_INIT_TIMEOUT_S)
         log.info("producing with transactional.id %s", self._transactional_id)
         return producer
@@ -258,6 +288,7 @@ class StagedProducer:
     def close(self) -> None:
         """Release the producer; between batches it holds no open transaction."""
         producer, self._producer = self._producer, None
+        self._known = False
         if producer is not None:
             producer.flush(30)
 

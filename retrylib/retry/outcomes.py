@@ -33,6 +33,8 @@ class Reason(StrEnum):
     """A record on a delay router's topic names no destination (`forwarding`)."""
     UNKNOWN_FINAL_TOPIC = "unknown_final_topic"
     """A record on a delay router's topic names a destination that is not a topic."""
+    CONTROL_FINAL_TOPIC = "control_final_topic"
+    """A record on a delay router's topic names a retrylib control topic (`_retrylib.*`)."""
 
 
 class Count(StrEnum):
