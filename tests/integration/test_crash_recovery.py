@@ -23,10 +23,11 @@ from helpers import read_topic
 
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
 from retrylib.config.topics import produced_topic
-from retrylib.errors import ProduceError, RetrylibError
+from retrylib.errors import ProduceError
 from retrylib.faults import CRASH_POINTS
 from retrylib.kafka import transactional_producer
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
+from retrylib.kafka.markers import ControlTopic, read_marker
 from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.kafka.transactional_producer import StagedProducer
 
@@ -39,6 +40,7 @@ from harness import FaultHarness, plan_rounds  # noqa: E402
 pytestmark = pytest.mark.every_spark
 
 SEED = 20261123
+KEY = b"k" * 32  # a checkpoint's signing key
 
 
 # -- crash points -------------------------------------------------------------------------
@@ -171,9 +173,17 @@ def _read(bootstrap: str, topic: str, isolation: str = "read_committed") -> Seen
     return sorted((m.key(), m.value()) for m in read_topic(bootstrap, topic, isolation=isolation))
 
 
-def _markers(bootstrap: str, job: str) -> list[bytes]:
-    """The committed markers' values (batch ids) in the control topic of `job`."""
-    return [value for _, value in _read(bootstrap, produced_topic(job))]
+def _markers(bootstrap: str, job: str, app: str = "app-1") -> list[tuple[int, int]]:
+    """(batch, unit) of the committed markers of checkpoint `app` in the control topic."""
+    found = [
+        read_marker(KEY, app, m.key(), m.value())
+        for m in read_topic(bootstrap, produced_topic(job), isolation="read_committed")
+    ]
+    return sorted(marker for marker in found if marker is not None)
+
+
+def _unit(job: str, unit: int = 0, app: str = "app-1", bootstrap: str = "") -> StagedProducer:
+    return StagedProducer(job, app, unit, bootstrap, {}, signing_key=KEY)
 
 
 @pytest.fixture
@@ -186,35 +196,41 @@ def topics(bootstrap_servers, make_topic):
 
 def test_a_replay_after_the_commit_produces_nothing(bootstrap_servers, topics):
     job, tier = topics
-    producer = StagedProducer(job, "app-1", bootstrap_servers, {})
-    assert producer.transactional_id == "retrylib-app-1"
-    assert producer.last_produced_batch() is None
+    producer = _unit(job, bootstrap=bootstrap_servers)
+    assert producer.transactional_id == "retrylib-app-1-0"
     b0 = Staged("b0", tier, 4)
-    assert producer.produce_once(0, b0) == 4
-    # Many aborted transactions carrying our key, then markers of another checkpoint: the
-    # backward scan must find batch 0 behind all of them.
+    assert producer.produce_once(0, b0, 0) == 4
+    # Many aborted transactions carrying our key, then plain records that look like markers
+    # of this and another checkpoint (what a forwarded record could plant): the backward scan
+    # must find batch 0 behind all of them and believe none of them.
     other = make_producer(bootstrap_servers, {"transactional.id": f"{job}-other"})
     other.init_transactions(30)
     for batch in range(1, 120):
         other.begin_transaction()
-        other.produce(produced_topic(job), key=b"app-1", value=str(batch).encode(), partition=0)
+        other.produce(produced_topic(job), key=b"app-1", value=f"{batch}:0:x".encode(), partition=0)
         other.flush(10)
         other.abort_transaction(30)
     plain = make_producer(bootstrap_servers, {})
     for batch in range(300):
         plain.produce(produced_topic(job), key=b"app-0", value=str(batch).encode(), partition=0)
+    plain.produce(produced_topic(job), key=b"app-1", value=b"1000000", partition=0)
+    plain.produce(produced_topic(job), key=b"app-1", value=b"1:0:" + b"0" * 32, partition=0)
     plain.flush(10)
-    assert producer.last_produced_batch() == 0
+    control = ControlTopic(
+        bootstrap_servers, {}, produced_topic(job), signing_key=KEY, app_id="app-1"
+    )
+    assert control.last_produced_batch() == 0
 
+    since = control.end_offset()
     b1 = Staged("b1", tier, 3)
-    assert producer.produce_once(1, b1) == 3
-    assert producer.produce_once(1, b1) == 0  # replay in the same run
-    restarted = StagedProducer(job, "app-1", bootstrap_servers, {})  # a crash after the commit
-    assert restarted.produce_once(1, b1) == 0
+    assert producer.produce_once(1, b1, since) == 3
+    assert producer.produce_once(1, b1, since) == 0  # replay in the same worker
+    restarted = _unit(job, bootstrap=bootstrap_servers)  # a crash after the commit
+    assert restarted.produce_once(1, b1, since) == 0
     assert b1.calls == 1
-    with pytest.raises(RetrylibError, match="holds the marker of batch 1"):
-        restarted.produce_once(0, b0)  # an older checkpoint
+    assert control.last_produced_batch() == 1
     restarted.close()
+    control.close()
     assert _read(bootstrap_servers, tier) == _once(b0, b1)
 
 
@@ -225,54 +241,82 @@ def test_a_crash_before_the_commit_then_replay_produces_once(bootstrap_servers, 
         "from retrylib.kafka.staged_records import STAGED_SCHEMA\n"
         "from retrylib.kafka.transactional_producer import StagedProducer\n"
         f"rows = {_rows('b5', tier, 6)!r}\n"
-        f"p = StagedProducer({job!r}, 'app-1', {bootstrap_servers!r}, {{}})\n"
-        "p.produce_once(5, lambda: [pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)])\n",
+        f"p = StagedProducer({job!r}, 'app-1', 0, {bootstrap_servers!r}, {{}}, "
+        f"signing_key={KEY!r})\n"
+        "p.produce_once(5, lambda: [pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)], 0)\n",
         RETRYLIB_CRASH_AT="in_produce",
     )
     assert crashed.returncode == -9, crashed.stderr
     assert "crash at in_produce in batch 5" in crashed.stderr
-    replay = StagedProducer(job, "app-1", bootstrap_servers, {})  # aborts the open transaction
-    assert replay.last_produced_batch() is None
+    replay = _unit(job, bootstrap=bootstrap_servers)  # aborts the open transaction
     b5, b6 = Staged("b5", tier, 6), Staged("b6", tier, 2)
-    assert replay.produce_once(5, b5) == 6
-    assert replay.produce_once(6, b6) == 2
+    assert replay.produce_once(5, b5, 0) == 6
+    assert replay.produce_once(6, b6, 0) == 2
     replay.close()
     assert _read(bootstrap_servers, tier) == _once(b5, b6)
     # The crashed run's records did reach the log, in the transaction that was aborted.
     assert _read(bootstrap_servers, tier, "read_uncommitted") == _once(b5, b5, b6)
-    assert _markers(bootstrap_servers, job) == [b"5", b"6"]
+    assert _markers(bootstrap_servers, job) == [(5, 0), (6, 0)]
 
 
-def test_a_fenced_instance_stops_instead_of_fencing_back(bootstrap_servers, topics):
+def test_a_crash_after_the_commit_then_replay_produces_nothing(bootstrap_servers, topics):
     job, tier = topics
-    old = StagedProducer(job, "app-1", bootstrap_servers, {})
-    new = StagedProducer(job, "app-1", bootstrap_servers, {})
-    with pytest.raises(ProduceError, match="fenced .*another instance of job"):
-        old.produce_once(0, Staged("zombie", tier, 2))
-    live = Staged("live", tier, 2)
-    assert new.produce_once(0, live) == 2
-    new.close()
-    assert _read(bootstrap_servers, tier) == _once(live)
+    other_unit = _unit(job, unit=1, bootstrap=bootstrap_servers)
+    b3_of_1 = Staged("b3u1", tier, 2)
+    assert other_unit.produce_once(3, b3_of_1, 0) == 2
+    crashed = _python(
+        "import pyarrow as pa\n"
+        "from retrylib.kafka.staged_records import STAGED_SCHEMA\n"
+        "from retrylib.kafka.transactional_producer import StagedProducer\n"
+        f"rows = {_rows('b3', tier, 4)!r}\n"
+        f"p = StagedProducer({job!r}, 'app-1', 0, {bootstrap_servers!r}, {{}}, "
+        f"signing_key={KEY!r})\n"
+        "p.produce_once(3, lambda: [pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)], 0)\n",
+        RETRYLIB_CRASH_AT="after_unit_commit",
+    )
+    assert crashed.returncode == -9, crashed.stderr
+    replay = _unit(job, bootstrap=bootstrap_servers)  # a new attempt of unit 0
+    b3 = Staged("b3", tier, 4)
+    assert replay.produce_once(3, b3, 0) == 0
+    assert b3.calls == 0
+    replay.close()
+    other_unit.close()
+    assert _read(bootstrap_servers, tier) == _once(b3, b3_of_1)
+    assert _markers(bootstrap_servers, job) == [(3, 0), (3, 1)]
 
 
 def test_a_zombie_fenced_inside_its_transaction_commits_nothing(bootstrap_servers, topics):
     job, tier = topics
-    old = StagedProducer(job, "app-1", bootstrap_servers, {})
-    started: list[StagedProducer] = []
-
-    def start_new_instance(call: int) -> None:
-        started.append(StagedProducer(job, "app-1", bootstrap_servers, {}))
-
-    zombie = Staged("zombie", tier, 6, midway=start_new_instance)
-    with pytest.raises(ProduceError, match="fenced"):
-        old.produce_once(0, zombie)
-    assert zombie.calls == 1  # not retried
-    [new] = started
+    old = _unit(job, bootstrap=bootstrap_servers)
+    new = _unit(job, bootstrap=bootstrap_servers)
     live = Staged("live", tier, 4)
-    assert new.produce_once(0, live) == 4
+    done: list[int] = []
+
+    def new_attempt_runs(call: int) -> None:  # Spark ran the task again meanwhile
+        done.append(new.produce_once(0, live, 0))
+
+    zombie = Staged("zombie", tier, 6, midway=new_attempt_runs)
+    with pytest.raises(ProduceError, match="fenced"):
+        old.produce_once(0, zombie, 0)
+    assert zombie.calls == 1  # not retried
+    assert done == [4]
     new.close()
     assert _read(bootstrap_servers, tier) == _once(live)
-    assert _markers(bootstrap_servers, job) == [b"0"]
+    assert _markers(bootstrap_servers, job) == [(0, 0)]
+
+
+def test_a_kept_producer_taken_over_by_another_worker_produces_once(bootstrap_servers, topics):
+    job, tier = topics
+    first, second = _unit(job, bootstrap=bootstrap_servers), _unit(job, bootstrap=bootstrap_servers)
+    b0, b1, b2 = Staged("b0", tier, 2), Staged("b1", tier, 2), Staged("b2", tier, 2)
+    assert first.produce_once(0, b0, 0) == 2
+    assert second.produce_once(1, b1, 0) == 2  # the unit moved: fences the first's producer
+    assert first.produce_once(2, b2, 0) == 2  # and back: the kept producer is replaced
+    assert b2.calls == 2
+    first.close()
+    second.close()
+    assert _read(bootstrap_servers, tier) == _once(b0, b1, b2)
+    assert _markers(bootstrap_servers, job) == [(0, 0), (1, 0), (2, 0)]
 
 
 @pytest.fixture
@@ -291,13 +335,13 @@ def own_broker(tmp_path):
 
 def test_broker_restarts_between_batches_and_inside_a_transaction(own_broker):
     bootstrap = own_broker.bootstrap_servers
-    producer = StagedProducer("j", "app", bootstrap, {})
+    producer = _unit("j", app="app", bootstrap=bootstrap)
     b0, b1 = Staged("b0", "tier", 2), Staged("b1", "tier", 4)
-    assert producer.produce_once(0, b0) == 2
+    assert producer.produce_once(0, b0, 0) == 2
     own_broker.stop()
     own_broker.start()
-    assert producer.produce_once(1, b1) == 4
-    assert producer.produce_once(1, b1) == 0
+    assert producer.produce_once(1, b1, 0) == 4
+    assert producer.produce_once(1, b1, 0) == 0
 
     def restart(call: int) -> None:
         if call == 1:
@@ -307,19 +351,19 @@ def test_broker_restarts_between_batches_and_inside_a_transaction(own_broker):
     # The broker keeps the open transaction across a clean restart: it commits, or fails
     # and is produced whole once more.
     b2 = Staged("b2", "tier", 6, midway=restart)
-    assert producer.produce_once(2, b2) == 6
+    assert producer.produce_once(2, b2, 0) == 6
     producer.close()
     assert _read(bootstrap, "tier") == _once(b0, b1, b2)
-    assert _markers(bootstrap, "j") == [b"0", b"1", b"2"]
+    assert _markers(bootstrap, "j", "app") == [(0, 0), (1, 0), (2, 0)]
 
 
 def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
     own_broker, monkeypatch, caplog
 ):
     bootstrap = own_broker.bootstrap_servers
-    producer = StagedProducer("j", "app", bootstrap, {})
+    producer = _unit("j", app="app", bootstrap=bootstrap)
     b0 = Staged("b0", "tier", 2)
-    assert producer.produce_once(0, b0) == 2
+    assert producer.produce_once(0, b0, 0) == 2
     # Each Kafka call gives up after 3 s, so the batch's transaction fails, and so do the
     # new producers' init_transactions, until the broker is back some 8 s later.
     for name in ("_INIT_TIMEOUT_S", "_COMMIT_TIMEOUT_S", "_ABORT_TIMEOUT_S"):
@@ -342,7 +386,7 @@ def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
 
     b1 = Staged("b1", "tier", 6, midway=crash_broker)
     with caplog.at_level(logging.WARNING, logger=transactional_producer.__name__):
-        assert producer.produce_once(1, b1) == 6
+        assert producer.produce_once(1, b1, 0) == 6
     outage[0].join()
     assert not restart_errors
     retries = [r for r in caplog.records if "retrying" in r.getMessage()]
@@ -350,7 +394,7 @@ def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
     assert b1.calls >= 2  # read again once the broker answered
     producer.close()
     assert _read(bootstrap, "tier") == _once(b0, b1)
-    assert _markers(bootstrap, "j") == [b"0", b"1"]
+    assert _markers(bootstrap, "j", "app") == [(0, 0), (1, 0)]
 
 
 # -- the real job, killed over and over ---------------------------------------------------

@@ -102,15 +102,17 @@ def test_a_record_kafka_refuses_as_too_large_fails_at_once_naming_sizes(
     producer = StagedProducer(
         job,
         f"{job}-app",
+        0,
         bootstrap_servers,
         {},
+        signing_key=b"k" * 32,
         topic_max_bytes=lambda: {topic: limit},
     )
     value = os.urandom(size)  # compression must not shrink it under the limit
     started = time.monotonic()
     try:
         with pytest.raises(RecordTooLargeError, match=message.replace("TOPIC", re.escape(topic))):
-            producer.produce_once(0, lambda: iter([staged(topic, value)]))
+            producer.produce_once(0, lambda: iter([staged(topic, value)]), 0)
     finally:
         producer.close()
     assert time.monotonic() - started < 30  # not retried for PRODUCE_RETRY_SECONDS (90 s)

@@ -16,10 +16,11 @@ from confluent_kafka import KafkaError, KafkaException
 from retrylib.config.topics import produced_topic
 from retrylib.errors import ProduceError, RetrylibError
 from retrylib.kafka import transactional_producer
+from retrylib.kafka.markers import read_marker
 from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.kafka.transactional_producer import StagedProducer
 
-JOB, APP = "orders", "orders-0123456789ab"
+JOB, APP, UNIT, KEY = "orders", "orders-0123456789ab", 2, b"k" * 32
 
 
 class FakeProducer:
@@ -32,6 +33,9 @@ class FakeProducer:
         self._pending: list = []
         self._fail_at = script.pop("fail_at", None)
         self._error = script.pop("error", None)
+
+    def fail_next(self, step: str, error: KafkaError) -> None:
+        self._fail_at, self._error = step, error
 
     def _step(self, name: str) -> None:
         self.calls.append(name)
@@ -77,24 +81,28 @@ class Kafka:
         self.producers: list[weakref.ref[FakeProducer]] = []
         self.live_at_init: list[int] = []
         self.marker_reads = 0
+        self.on_make = lambda producer: None
 
-    def make_producer(self, bootstrap: str, options: dict) -> FakeProducer:
+    def make_producer(self, bootstrap: str, options: dict, **_) -> FakeProducer:
         # Every producer made before must be gone by the time a new one starts.
         self.live_at_init.append(sum(ref() is not None for ref in self.producers))
         producer = FakeProducer(dict(options), self.scripts.pop(0) if self.scripts else {})
         self.producers.append(weakref.ref(producer))
+        self.on_make(producer)
         return producer
 
-    def last_produced_batch(self) -> int | None:
+    def produced(self, batch_id: int) -> bool:
         self.marker_reads += 1
-        return self.marker
+        return batch_id == self.marker
 
 
 @pytest.fixture
 def kafka(monkeypatch) -> Kafka:
     fake = Kafka()
     monkeypatch.setattr(transactional_producer, "make_producer", fake.make_producer)
-    monkeypatch.setattr(StagedProducer, "last_produced_batch", lambda _: fake.last_produced_batch())
+    monkeypatch.setattr(
+        StagedProducer, "produced", lambda _, batch_id, since: fake.produced(batch_id)
+    )
     monkeypatch.setattr(transactional_producer.time, "sleep", lambda seconds: None)
     return fake
 
@@ -136,14 +144,16 @@ def records(n: int, per_batch: int = 2) -> Records:
 
 
 def producer(**kwargs) -> StagedProducer:
-    return StagedProducer(JOB, APP, "broker:9092", {"client.id": "x"}, **kwargs)
+    return StagedProducer(
+        JOB, APP, UNIT, "broker:9092", {"client.id": "x"}, signing_key=KEY, **kwargs
+    )
 
 
 def test_one_transaction_holds_the_records_then_the_marker(kafka):
     staged = producer()
-    assert staged.produce_once(3, records(5)) == 5
+    assert staged.produce_once(3, records(5), 0) == 5
     real = kafka.producers[0]()
-    assert real.config["transactional.id"] == f"retrylib-{APP}"
+    assert real.config["transactional.id"] == f"retrylib-{APP}-{UNIT}"
     assert real.config["client.id"] == "x"
     assert real.calls == ["init", "begin", "flush", "commit"]
     *sent, marker = real.produced
@@ -152,7 +162,8 @@ def test_one_transaction_holds_the_records_then_the_marker(kafka):
     ]
     assert [h for *_, h in sent] == [[("retry.attempt", b"1")] if i % 2 else [] for i in range(5)]
     topic, partition, _, key, value, headers = marker
-    assert (topic, partition, key, value) == (produced_topic(JOB), 0, APP.encode(), b"3")
+    assert (topic, partition, key) == (produced_topic(JOB), 0, APP.encode())
+    assert read_marker(KEY, APP, key, value) == (3, UNIT)
     assert headers == []
 
 
@@ -161,7 +172,7 @@ def test_columns_are_taken_by_name(kafka):
     shuffled = pa.schema([STAGED_SCHEMA.field(n) for n in reversed(STAGED_SCHEMA.names)])
     batch = pa.RecordBatch.from_pylist(data, schema=shuffled)
     staged = producer()
-    assert staged.produce_once(0, Records(batch)) == 3
+    assert staged.produce_once(0, Records(batch), 0) == 3
     sent = kafka.producers[0]().produced[:-1]
     assert [(t, k) for t, _, _, k, _, _ in sent] == [(r["topic"], r["key"]) for r in data]
 
@@ -170,19 +181,19 @@ def test_a_batch_whose_marker_is_there_is_skipped_without_reading_its_records(ka
     kafka.marker = 7
     staged = producer()
     replayed = records(4)
-    assert staged.produce_once(7, replayed) == 0
+    assert staged.produce_once(7, replayed, 0) == 0
     assert replayed.calls == 0
-    assert staged.produce_once(8, records(2)) == 2
-    assert staged.produce_once(8, records(2)) == 0  # known since its own commit
+    assert staged.produce_once(8, records(2), 0) == 2
+    assert staged.produce_once(8, records(2), 0) == 0  # known since its own commit
     assert kafka.marker_reads == 1
 
 
-def test_a_checkpoint_behind_the_marker_is_refused(kafka):
-    kafka.marker = 7
+def test_a_unit_that_committed_a_later_batch_refuses_an_older_one(kafka):
     staged = producer()
+    assert staged.produce_once(7, records(1), 0) == 1
     behind = records(1)
-    with pytest.raises(RetrylibError, match="holds the marker of batch 7 .* running batch 6"):
-        staged.produce_once(6, behind)
+    with pytest.raises(RetrylibError, match="committed batch 7, but .* running batch 6"):
+        staged.produce_once(6, behind, 0)
     assert behind.calls == 0
 
 
@@ -191,7 +202,7 @@ def test_a_failure_is_retried_on_a_new_producer_with_the_records_read_again(kafk
     kafka.scripts = [{"fail_at": "commit", "error": error}, {"fail_at": "init", "error": error}]
     staged = producer()
     again = records(3)
-    assert staged.produce_once(0, again) == 3
+    assert staged.produce_once(0, again, 0) == 3
     assert again.calls == 2
     assert kafka.marker_reads == 2  # checked again once a new producer was initialised
     assert kafka.live_at_init == [0, 0, 0]  # each discarded producer was gone before the next
@@ -202,25 +213,36 @@ def test_a_failure_is_retried_on_a_new_producer_with_the_records_read_again(kafk
 
 def test_the_failed_transaction_is_aborted_and_its_producer_purged(kafka):
     kafka.scripts = [{"fail_at": "flush", "error": KafkaError(KafkaError._MSG_TIMED_OUT)}]
-    staged = producer()
-    first = kafka.producers[0]()
-    calls = first.calls  # the list outlives the producer
-    del first
-    assert staged.produce_once(0, records(1)) == 1
-    assert calls == ["init", "begin", "flush", "abort", "purge"]
+    calls = []
+    kafka.on_make = lambda made: calls.append(made.calls)  # the list outlives the producer
+    assert producer().produce_once(0, records(1), 0) == 1
+    assert calls[0] == ["init", "begin", "flush", "abort", "purge"]
 
 
 @pytest.mark.parametrize(
     "code", [KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH]
 )
-def test_being_fenced_is_not_retried(kafka, code):
+def test_a_producer_made_for_the_call_being_fenced_is_not_retried(kafka, code):
     kafka.scripts = [{"fail_at": "commit", "error": KafkaError(code)}]
     staged = producer()
     once = records(2)
-    with pytest.raises(ProduceError, match="fenced .*another instance of job 'orders'"):
-        staged.produce_once(0, once)
+    with pytest.raises(ProduceError, match="fenced .*another attempt of the same work"):
+        staged.produce_once(0, once, 0)
     assert once.calls == 1
     assert len(kafka.producers) == 1
+
+
+def test_a_kept_producer_found_fenced_is_replaced_at_once(kafka):
+    # Another worker took the unit's id since this producer's last batch: its next
+    # transaction is fenced, and a new producer checks the marker and produces.
+    staged = producer(retry_seconds=0)
+    assert staged.produce_once(0, records(1), 0) == 1
+    kafka.producers[0]().fail_next("commit", KafkaError(KafkaError.PRODUCER_FENCED))
+    again = records(2)
+    assert staged.produce_once(1, again, 0) == 2
+    assert again.calls == 2
+    assert len(kafka.producers) == 2
+    assert kafka.marker_reads == 2
 
 
 def test_retrying_stops_after_retry_seconds(kafka):
@@ -228,17 +250,17 @@ def test_retrying_stops_after_retry_seconds(kafka):
     kafka.scripts = [{"fail_at": "commit", "error": error}]
     staged = producer(retry_seconds=0)
     with pytest.raises(ProduceError, match=r"failed 1 time\(s\) over 0s; last error: .*down"):
-        staged.produce_once(0, records(2))
+        staged.produce_once(0, records(2), 0)
 
 
 def test_a_missing_column_fails_the_batch_without_retrying(kafka):
     batch = pa.RecordBatch.from_pylist(rows(1)).drop_columns(["timestamp_ms"])
     staged = producer()
     with pytest.raises(RetrylibError, match=r"batch 2 lack column\(s\) \['timestamp_ms'\]"):
-        staged.produce_once(2, Records(batch))
+        staged.produce_once(2, Records(batch), 0)
     assert len(kafka.producers) == 1  # not retried
     assert kafka.producers[0]() is None  # but discarded: the next batch starts afresh
-    assert staged.produce_once(2, records(1)) == 1
+    assert staged.produce_once(2, records(1), 0) == 1
 
 
 def test_an_error_from_records_is_raised_as_it_is_and_the_transaction_aborted(kafka):
@@ -246,11 +268,11 @@ def test_an_error_from_records_is_raised_as_it_is_and_the_transaction_aborted(ka
         yield pa.RecordBatch.from_pylist(rows(2), schema=STAGED_SCHEMA)
         raise OSError("the driver lost its executors")
 
-    staged = producer()
-    calls = kafka.producers[0]().calls
+    calls = []
+    kafka.on_make = lambda made: calls.append(made.calls)
     with pytest.raises(OSError, match="lost its executors"):
-        staged.produce_once(0, broken)
-    assert calls == ["init", "begin", "abort", "purge"]
+        producer().produce_once(0, broken, 0)
+    assert calls[0] == ["init", "begin", "abort", "purge"]
     assert kafka.producers[0]() is None
 
 
@@ -260,7 +282,7 @@ def test_a_discarded_producer_is_gone_even_while_its_error_is_kept(kafka):
     kafka.scripts = [{"fail_at": "commit", "error": KafkaError(KafkaError._TRANSPORT)}]
     staged = producer(retry_seconds=0)
     with pytest.raises(ProduceError) as kept:
-        staged.produce_once(0, records(1))
-    assert staged.produce_once(0, records(1)) == 1
+        staged.produce_once(0, records(1), 0)
+    assert staged.produce_once(0, records(1), 0) == 1
     assert isinstance(kept.value.__cause__, KafkaException)
     assert kafka.live_at_init == [0, 0]
