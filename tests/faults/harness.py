@@ -184,8 +184,10 @@ class FaultHarness:
         wave_size: int = 60,
         partitions: int = 2,
         round_timeout: float = 150.0,
+        master: str = "local[2]",
         say: Callable[[str], None] = print,
     ) -> None:
+        """`master`: Spark's master for the job; "local[N,F]" lets a task fail F times."""
         # fault_handlers, for the config and the checks; tests/ for helpers
         for path in (str(HERE.parent), str(HERE)):
             if path not in sys.path:
@@ -196,6 +198,7 @@ class FaultHarness:
         self.wave_size = wave_size
         self.partitions = partitions
         self.round_timeout = round_timeout
+        self.master = master
         self.say = say
         self.topic = f"orders-{seed}"
         self.inputs: list[InputRecord] = []
@@ -316,7 +319,7 @@ class FaultHarness:
             "run",
             str(self.config_path),
             "--master",
-            "local[2]",
+            self.master,
         ]
         with open(log, "wb") as out:
             self._process = subprocess.Popen(
@@ -433,13 +436,16 @@ class FaultHarness:
             return f"exited rc={process.returncode} after a {spec.outage_seconds:.1f}s outage"
         return f"no batch within 60s of a {spec.outage_seconds:.1f}s outage"
 
-    def drain(self, timeout: float = 180.0, settle: float = 6.0) -> Outcome:
-        """Run the job without faults until every input is in the output or dead-lettered
-        and nothing changes for `settle` seconds (longer than the longest retry delay)."""
+    def drain(
+        self, timeout: float = 180.0, settle: float = 6.0, env: dict[str, str] | None = None
+    ) -> Outcome:
+        """Run the job until every input is in the output or dead-lettered and nothing
+        changes for `settle` seconds (longer than the longest retry delay); `env` may ask for
+        faults the job rides through (a crash point with RETRYLIB_CRASH_ONCE)."""
         index = len(self.report.outcomes)
         log = self.workdir / f"round-{index:02d}-drain.log"
         started = time.monotonic()
-        process = self._start_job(log, {})
+        process = self._start_job(log, env or {})
         expected = len(self.inputs)
         deadline = started + timeout
         last, stable_since, note = -1, time.monotonic(), "timed out"

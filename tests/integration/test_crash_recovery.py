@@ -398,6 +398,22 @@ def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
 
 
 # -- the real job, killed over and over ---------------------------------------------------
+def test_a_python_worker_lost_after_its_units_commit_is_run_again_once(tmp_path, request):
+    """An executor's Python worker dies right after its unit's transaction committed, before
+    its task returns: Spark runs the task again (local[2,3] lets a task fail), the new
+    attempt finds the unit's marker, and every record lands once. (A worker lost inside the
+    transaction is the harness's in_produce point: the next attempt aborts it.)"""
+    point = "after_unit_commit"
+    with FaultHarness(tmp_path, SEED + 1, master="local[2,3]", say=print) as harness:
+        harness.produce_wave()
+        once = tmp_path / "crashed-once"
+        outcome = harness.drain(env={"RETRYLIB_CRASH_AT": point, "RETRYLIB_CRASH_ONCE": str(once)})
+        text = outcome.log.read_text(errors="replace")
+        assert once.exists() and f"crash at {point} in batch" in text, harness.log_tails()
+        assert outcome.returncode == 0, harness.log_tails()
+        harness.check(request.getfixturevalue("spark"))
+
+
 def test_exactly_once_across_crashes_and_a_broker_restart(tmp_path, request):
     plan = plan_rounds(SEED, random_kills=3, broker_restarts=1)
     with FaultHarness(tmp_path, SEED, say=lambda line: print(line, flush=True)) as harness:
