@@ -106,6 +106,7 @@ def kept_consumer(
     caller with the same settings. It comes with no assignment and is unassigned when the
     block ends; a block that raises closes it instead (its state is unknown)."""
     key = _consumer_key(bootstrap_servers, options, secret_options)
+
     def make() -> Consumer:
         note_opened()
         return make_consumer(bootstrap_servers, options, secret_options=secret_options)
