@@ -37,10 +37,10 @@ DRIVER_STEPS = {
     "staging_write": "Spark job: handler tasks + staging Parquet write (router._run_tasks)",
     "manifest": "claiming the manifest (router.claim_json)",
     "apply": "the batch's effects (BatchRouter._apply)",
-    "produce": "Kafka transaction of retry/dead-letter records (StagedProducer.produce_once)",
+    "produce": "Spark job: executors produce the retry/dead-letter records (BatchRouter._produce)",
     "delta_appends": "Delta appends with txnAppId/txnVersion (router.append_once)",
     "clean_up": "dropping old staging folders and manifests (BatchRouter._clean_up)",
-    "check_tables": "first batch: are the tables ahead of the checkpoint",
+    "check_tables": "first batch: are the tables or control topic ahead of the checkpoint",
     "metrics": "per-batch metrics line and input lag (MetricsRecorder.record)",
 }
 
@@ -138,7 +138,6 @@ class DriverTimers:
 def install_driver_timers() -> DriverTimers:
     """Route tasks through `timed_run_task` and time the router's driver-side steps."""
     from retrylib import metrics, router
-    from retrylib.kafka import transactional_producer
 
     if not hasattr(router, "run_task"):
         raise RuntimeError("retrylib.router.run_task is gone: update bench/instrument.py")
@@ -149,10 +148,10 @@ def install_driver_timers() -> DriverTimers:
         (router, "_run_tasks", "staging_write"),
         (router, "claim_json", "manifest"),
         (router.BatchRouter, "_apply", "apply"),
-        (transactional_producer.StagedProducer, "produce_once", "produce"),
+        (router.BatchRouter, "_produce", "produce"),
         (router, "append_once", "delta_appends"),
         (router.BatchRouter, "_clean_up", "clean_up"),
-        (router.BatchRouter, "_check_tables_not_ahead", "check_tables"),
+        (router.BatchRouter, "_check_not_ahead", "check_tables"),
         (metrics.MetricsRecorder, "record", "metrics"),
     ]
     missing = [
