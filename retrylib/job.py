@@ -432,6 +432,7 @@ def start_query(
         kafka_options=producer_options,
         bootstrap_servers=config.kafka.bootstrap_servers,
         signing_key=signing_key,
+        reader_options=config.kafka.client_options(),
         secret_options=tuple(config.secret_options()),
         output_table=output,
         evolve_output=output is not None and config.output.schema_evolution,

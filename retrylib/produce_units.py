@@ -58,7 +58,8 @@ class ProducePlan:
     units: int  # the routing tasks' partitions: unit ids are below it
     control_from: int  # the control topic's end before the batch's first produce
     bootstrap_servers: str
-    options: Mapping[str, str]
+    options: Mapping[str, str]  # the producers'
+    reader_options: Mapping[str, str]  # the consumer's that looks for markers
     signing_key: bytes
     secret_options: tuple[str, ...] = ()
     topic_max_bytes: Mapping[str, int] = field(default_factory=dict)
@@ -207,6 +208,7 @@ def _produce_unit(plan: ProducePlan, unit: int, path: str) -> int:
             plan.bootstrap_servers,
             plan.options,
             signing_key=plan.signing_key,
+            reader_options=plan.reader_options,
             secret_options=plan.secret_options,
             topic_max_bytes=lambda: plan.topic_max_bytes,
         ),

@@ -112,6 +112,7 @@ class BatchRouter:
         dead_letter_table: TableRef | None,
         record_limits: RecordLimits,
         signing_key: bytes,
+        reader_options: Mapping[str, str] | None = None,
         secret_options: tuple[str, ...] = (),
         evolve_output: bool = False,
         on_result=None,
@@ -121,7 +122,10 @@ class BatchRouter:
         task: Task = run_task,
         key_order: KeyOrderStore | None = None,
     ) -> None:
-        """`hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`);
+        """`kafka_options`: the Kafka options of the executors' producers; `reader_options`
+        those of the consumers that read the control topic (default: `kafka_options`);
+        `signing_key` signs the produce markers (the checkpoint's);
+        `hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`);
         `task` routes one Spark task's records with a plan like `plan_template`: a handler
         job's `run_task`, or a delay router's `run_forwarding_task` (whose plans have no
         output or dead-letter table: those are None then)."""
@@ -137,10 +141,11 @@ class BatchRouter:
         self._signing_key = signing_key
         self._bootstrap_servers = bootstrap_servers
         self._kafka_options = dict(kafka_options)
+        self._reader_options = dict(kafka_options if reader_options is None else reader_options)
         self._secret_options = secret_options
         self._control = ControlTopic(
             bootstrap_servers,
-            kafka_options,
+            self._reader_options,
             produced_topic(plan_template.job),
             signing_key=signing_key,
             app_id=app_id,
@@ -314,6 +319,7 @@ class BatchRouter:
             control_from=manifest["control_from"],
             bootstrap_servers=self._bootstrap_servers,
             options=self._kafka_options,
+            reader_options=self._reader_options,
             signing_key=self._signing_key,
             secret_options=self._secret_options,
             topic_max_bytes=dict(self._record_limits.topic_max),

@@ -81,14 +81,18 @@ class StagedProducer:
         options: Mapping[str, str],
         *,
         signing_key: bytes,
+        reader_options: Mapping[str, str] | None = None,
         secret_options: tuple[str, ...] = (),
         retry_seconds: float = PRODUCE_RETRY_SECONDS,
         topic_max_bytes: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
-        """`topic_max_bytes` gives the topics' known `max.message.bytes`, for messages."""
+        """`options` are the producer's Kafka options, `reader_options` those of the consumer
+        that looks for markers (default: `options`); `topic_max_bytes` gives the topics' known
+        `max.message.bytes`, for messages."""
         self._job = job_name
         self._app_id = app_id
         self._unit = unit
+        self._reader_options = dict(options if reader_options is None else reader_options)
         self._key = app_id.encode()
         self._signing_key = signing_key
         self._bootstrap = bootstrap
@@ -115,7 +119,7 @@ class StagedProducer:
         looking from offset `since` (`markers.unit_produced`)."""
         return unit_produced(
             self._bootstrap,
-            self._options,
+            self._reader_options,
             self._topic,
             signing_key=self._signing_key,
             app_id=self._app_id,
