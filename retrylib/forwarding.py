@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from retrylib.config.topics import CONTROL_TOPIC_PREFIX
+from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import TIER_CLIENT_OPTIONS, make_consumer
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
@@ -153,6 +154,7 @@ class ForwardingTask:
         self._topics: frozenset[str] | None = None
         self._fallback_example: str | None = None
         self._unstamped_example: str | None = None
+        self._clients_before = worker_clients.opened()
 
     def forward_range(self, topic: str, partition: int, start: int, end: int) -> None:
         """Read offsets `start` to `end` (exclusive) of delay topic `topic[partition]` and
@@ -219,6 +221,7 @@ class ForwardingTask:
         """The cluster's topics, looked up once per task."""
         if self._topics is None:
             plan = self.plan
+            worker_clients.note_opened()
             consumer = make_consumer(
                 plan.bootstrap_servers, plan.client_options, secret_options=plan.secret_options
             )
@@ -269,6 +272,9 @@ class ForwardingTask:
                 self.plan.timestamp_header,
                 self._unstamped_example,
             )
+        opened = worker_clients.opened() - self._clients_before
+        if opened:
+            self.counters[Count.KAFKA_CLIENTS_OPENED] = opened
         yield from self.results.drain()
         yield self.results.counters(json.dumps(dict(self.counters)))
 

@@ -10,7 +10,7 @@ one line on the `retrylib.metrics` logger whose message is a JSON object:
      "dead_lettered_too_large": 0, "dead_letter_truncated": 0, "duplicates_skipped": 0,
      "requeued_not_due": 0, "skipped_other_job": 0, "skipped_by_handler": 0,
      "held_behind_key": 0, "records_lost": 0, "reserved_headers_removed": 0, "hook_errors": 0,
-     "handler_ms": 40, "produced": 7,
+     "handler_ms": 40, "kafka_clients_opened": 0, "produced": 7,
      "lateness_p50_ms_by_tier": [212, null], "lateness_p99_ms_by_tier": [870, null],
      "oldest_waiting_ms_by_tier": [4100, 61000], "breaker": null,
      "input_lag": {"orders": {"lag": 0, "not_due": 0},
@@ -96,6 +96,7 @@ _COUNTERS = (
     Count.UNROUTABLE,
     Count.TIMESTAMP_HEADER_MISSING,
     Count.HANDLER_MS,
+    Count.KAFKA_CLIENTS_OPENED,
     "produced",  # records the batch produced to tiers and dead-letter topics
 )
 OBSERVED_COUNTERS = tuple(name for name in _COUNTERS if name != "produced")

@@ -32,6 +32,7 @@ from retrylib.handler import (
     result_rows,
 )
 from retrylib.hooks import Hooks
+from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
 from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
@@ -152,6 +153,7 @@ class TaskRouter:
         self.hooks = Hooks(plan.hooks, plan.handler_paths, self.counters)
         self.handler_ns = 0
         self.read_ns = 0
+        self.clients_before = worker_clients.opened()
         # Successful calls whose rows are not yet written: (record, its Delivery if it
         # has one, rows). Written together; a record whose rows do not fit fails alone.
         self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
@@ -250,6 +252,9 @@ class TaskRouter:
         self.counters[Count.HANDLER_MS] = self.handler_ns // 1_000_000
         if self.read_ns:
             self.counters[Count.KAFKA_READ_MS] = self.read_ns // 1_000_000
+        opened = worker_clients.opened() - self.clients_before
+        if opened:
+            self.counters[Count.KAFKA_CLIENTS_OPENED] = opened
         yield self.results.counters(json.dumps(dict(self.counters)))
 
     # -- reading a record ---------------------------------------------------------------

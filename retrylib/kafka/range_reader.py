@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from pyspark.sql.datasource import InputPartition
 
 from retrylib.errors import KafkaSourceError
+from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import to_batch
 from retrylib.kafka.clients import make_consumer
 from retrylib.kafka.reading import watermarks
@@ -94,6 +95,7 @@ def read_messages(
     `part.fail_on_data_loss` false, deleted records are skipped instead: a warning names
     them and `on_lost` is told how many.
     """
+    worker_clients.note_opened()
     consumer = make_consumer(
         part.bootstrap_servers,
         {**part.client_options, **_READ_CLIENT_OPTIONS},

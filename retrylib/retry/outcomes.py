@@ -88,6 +88,8 @@ class Count(StrEnum):
     """Time spent in the handler."""
     KAFKA_READ_MS = "kafka_read_ms"
     """Time a task spent reading Kafka itself (`kafka.source = "python"` and tiers)."""
+    KAFKA_CLIENTS_OPENED = "kafka_clients_opened"
+    """Kafka clients a routing task opened in its Python worker (`worker_clients.opened`)."""
 
 
 RETRIED_TIER_PREFIX = "retried_tier_"
