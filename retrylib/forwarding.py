@@ -33,7 +33,7 @@ import pyarrow as pa
 from retrylib.config.topics import CONTROL_TOPIC_PREFIX
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
-from retrylib.kafka.clients import TIER_CLIENT_OPTIONS, make_consumer
+from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
 from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.logs import configure_worker_logging
@@ -218,17 +218,14 @@ class ForwardingTask:
         self._stage(fallback, None, self.plan.now_ms, message, [*headers, *reasons])
 
     def _cluster(self) -> frozenset[str]:
-        """The cluster's topics, looked up once per task."""
+        """The cluster's topics, looked up once per task with a consumer the Python worker
+        keeps (`worker_clients`)."""
         if self._topics is None:
             plan = self.plan
-            worker_clients.note_opened()
-            consumer = make_consumer(
+            with worker_clients.kept_consumer(
                 plan.bootstrap_servers, plan.client_options, secret_options=plan.secret_options
-            )
-            try:
+            ) as consumer:
                 self._topics = frozenset(consumer.list_topics(timeout=METADATA_TIMEOUT_S).topics)
-            finally:
-                consumer.close()
         return self._topics
 
     def _count_lost(self, records: int) -> None:

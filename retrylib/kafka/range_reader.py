@@ -5,7 +5,8 @@ source emits ranges (`read_messages`).
 A range is read exactly: every record from its start offset up to its end offset, in order,
 or the read fails naming the range. Offsets without a record for this reader (transaction
 markers, aborted transactions under read_committed, compaction) are skipped without waiting
-for them.
+for them. The reads of one Python worker share its consumers (`worker_clients`): one per
+set of settings, assigned each range in turn, across tasks and batches.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from pyspark.sql.datasource import InputPartition
 from retrylib.errors import KafkaSourceError
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import to_batch
-from retrylib.kafka.clients import make_consumer
 from retrylib.kafka.reading import watermarks
 from retrylib.logs import redact
 
@@ -94,18 +94,17 @@ def read_messages(
     deleted from the broker (retention, delete-records) before they were read. With
     `part.fail_on_data_loss` false, deleted records are skipped instead: a warning names
     them and `on_lost` is told how many.
+
+    The consumer is this Python worker's, kept for its next reads with the same settings
+    (`worker_clients.kept_consumer`); a read that fails, or is not read to its end, closes it.
     """
-    worker_clients.note_opened()
-    consumer = make_consumer(
+    with worker_clients.kept_consumer(
         part.bootstrap_servers,
         {**part.client_options, **_READ_CLIENT_OPTIONS},
         secret_options=part.secret_options,
-    )
-    try:
+    ) as consumer:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         yield from _message_chunks(consumer, part, on_lost)
-    finally:
-        consumer.close()
 
 
 def _message_chunks(

@@ -323,7 +323,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         `retrylib.emit = ranges`, its ranges as rows of `RANGE_SCHEMA` without reading Kafka.
 
         Raises `KafkaSourceError` on a broker error or when no record arrives for
-        `STALL_TIMEOUT_S` before the range is complete.
+        `STALL_TIMEOUT_S` before the range is complete. The consumer is the Python worker's,
+        kept for its next reads (`range_reader.read_messages`).
         """
         if isinstance(partition, KafkaRangeGroup):
             return iter(partition.ranges)

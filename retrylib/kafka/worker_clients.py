@@ -8,15 +8,18 @@ look-up; a batch over many partitions would pay it once per range without this.
 
 Clients are keyed by their whole configuration (a consumer) or their transactional id (a
 producer, which serves one id for its life). Each kind is bounded: past `MAX_CONSUMERS` or
-`MAX_PRODUCERS` the least recently used one is closed. `opened()` counts the clients this
-process made, for the batch's counters. Spark ends a reused worker with `os._exit` or
-SIGKILL, so no Python hook runs then: the sockets close with the process, and no client is
-left holding anything on the broker (a producer's transaction is committed or aborted before
-its task returns; the consumers join no group).
+`MAX_PRODUCERS` the least recently used one is closed. A consumer is handed to one caller
+at a time and comes back clean (unassigned); one whose block raised is closed instead.
+`opened()` counts the clients this process made, for the batch's counters. Spark ends a
+reused worker with `os._exit` or SIGKILL, so no Python hook runs then: the sockets close
+with the process, and no client is left holding anything on the broker (a producer's
+transaction is committed or aborted before its task returns; the consumers join no group).
+A process that exits normally (a driver, a test run) closes its kept consumers at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 from collections import OrderedDict
@@ -103,25 +106,41 @@ def kept_consumer(
     secret_options: Collection[str] = (),
 ) -> Iterator[Consumer]:
     """A consumer for explicit `assign()` reads (`clients.make_consumer`), kept for the next
-    caller with the same settings. It comes with no assignment and is unassigned when the
-    block ends; a block that raises closes it instead (its state is unknown)."""
+    caller with the same settings (`options` whole: a read's own settings are part of it).
+
+    It comes with no assignment and is unassigned when the block ends. A block that raises,
+    or is left part-way (a reading generator closed before its end), closes it instead: its
+    state is unknown. So does an unassign that fails.
+    """
     key = _consumer_key(bootstrap_servers, options, secret_options)
 
     def make() -> Consumer:
+        consumer = make_consumer(bootstrap_servers, options, secret_options=secret_options)
         note_opened()
-        return make_consumer(bootstrap_servers, options, secret_options=secret_options)
+        return consumer
 
     consumer = _consumers.take(key, make)
     try:
         yield consumer
     except BaseException:
-        with contextlib.suppress(Exception):
-            consumer.close()
+        _close_quietly(consumer)
         raise
-    consumer.unassign()
+    try:
+        consumer.unassign()
+    except Exception:
+        _close_quietly(consumer)
+        return
     _consumers.give(key, consumer)
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    with contextlib.suppress(Exception):
+        consumer.close()
 
 
 def close_all() -> None:
     """Close every kept consumer (tests, and a worker that wants to let go)."""
     _consumers.clear()
+
+
+atexit.register(close_all)

@@ -89,7 +89,8 @@ class Count(StrEnum):
     KAFKA_READ_MS = "kafka_read_ms"
     """Time a task spent reading Kafka itself (`kafka.source = "python"` and tiers)."""
     KAFKA_CLIENTS_OPENED = "kafka_clients_opened"
-    """Kafka clients a routing task opened in its Python worker (`worker_clients.opened`)."""
+    """Kafka clients a routing task opened in its Python worker (`worker_clients.opened`);
+    the worker keeps them for its next tasks."""
 
 
 RETRIED_TIER_PREFIX = "retried_tier_"
