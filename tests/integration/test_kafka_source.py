@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -14,11 +17,14 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
+from helpers import produce as produce_pairs
+from helpers import running_job, write_job_toml
+from helpers import wait_for as wait_for_job
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from retrylib.config.schema import parse_schema
 from retrylib.errors import KafkaSourceError
-from retrylib.kafka import range_reader
+from retrylib.kafka import range_reader, worker_clients
 from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA, RANGE_SCHEMA
 from retrylib.kafka.clients import make_admin, make_consumer
 from retrylib.kafka.range_reader import KafkaInputPartition, read_range
@@ -397,6 +403,50 @@ def test_read_range_skips_offset_gaps_of_transaction_markers(bootstrap_servers, 
     assert time.monotonic() - started < 10
 
 
+def test_one_kept_consumer_reads_range_after_range_as_a_new_one_would(
+    bootstrap_servers, make_topic, monkeypatch
+) -> None:
+    """The worker's consumer, assigned each range in turn: a range read again (a batch run
+    again) ends at its commit marker as the first read did, a range of another partition gets
+    nothing the last read fetched ahead, and a partition read before is read from where the
+    next range starts, not from where the last read stopped."""
+    monkeypatch.setattr(range_reader, "STALL_TIMEOUT_S", 10.0)  # a missing EOF fails soon
+    topic = make_topic("kept", partitions=2)
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": topic})
+    producer.init_transactions(30)
+    for batch in range(3):  # per partition: 4 records and a commit marker, three times
+        producer.begin_transaction()
+        for i in range(4):
+            for partition in (0, 1):
+                producer.produce(
+                    topic, value=f"p{partition}-{batch}-{i}".encode(), partition=partition
+                )
+        producer.commit_transaction(30)
+
+    def read(partition: int, start: int, end: int) -> list[tuple[int, int, bytes]]:
+        part = KafkaInputPartition(topic, partition, start, end, bootstrap_servers, {})
+        return [
+            (m.partition(), m.offset(), m.value())
+            for chunk in range_reader.read_messages(part)
+            for m in chunk
+        ]
+
+    def records(partition: int, offsets: Iterable[int]) -> list[tuple[int, int, bytes]]:
+        return [
+            (partition, o, f"p{partition}-{o // 5}-{o % 5}".encode()) for o in offsets if o % 5 < 4
+        ]
+
+    worker_clients.close_all()
+    opened = worker_clients.opened()
+    assert read(0, 0, 15) == records(0, range(15))  # ends at the partition's end (EOF)
+    assert read(0, 0, 15) == records(0, range(15))  # EOF again for the same end
+    assert read(1, 5, 9) == records(1, range(5, 9))
+    assert read(0, 0, 2) == records(0, range(2))  # fetched ahead, up to the end
+    assert read(0, 6, 13) == records(0, range(6, 13))
+    assert read(1, 0, 15) == records(1, range(15))
+    assert worker_clients.opened() - opened == 1
+
+
 def test_read_range_fails_clearly_when_records_never_arrive(
     bootstrap_servers, make_topic, monkeypatch
 ) -> None:
@@ -596,3 +646,65 @@ def test_ranges_read_in_the_task_give_the_handler_what_records_mode_gives(
     ]
     key = itemgetter("partition", "offset")
     assert sorted(handled, key=key) == sorted(expected, key=key)
+
+
+def batch_counters(log: str) -> list[dict]:
+    """The counters of each batch a `retrylib run` logged (`retrylib.router: batch {...}`)."""
+    marker = "retrylib.router: batch "
+    return [json.loads(line.split(marker, 1)[1]) for line in log.splitlines() if marker in line]
+
+
+def test_python_workers_keep_their_kafka_clients_across_tasks_and_batches(
+    spark, bootstrap_servers, make_topic, tmp_path
+) -> None:
+    """`kafka.source = "python"` over 24 partitions in batches of 40 offsets: each batch's
+    tasks read dozens of ranges of the main topic or its tier (24 partitions too), yet after
+    the first batch the job's Python workers open no more than a few Kafka clients per
+    batch, whatever the partition count (they keep them), and every record is handled once.
+    """
+    partitions = 24
+    topic = make_topic("clients", partitions=partitions)
+    path = write_job_toml(
+        tmp_path / "job.toml",
+        topics=[topic],
+        name="clients",
+        bootstrap_servers=bootstrap_servers,
+        kafka={"source": "python", "max_offsets_per_trigger": 40},
+        handler={
+            "function": "job_handlers:by_key",
+            "output_schema": "key STRING, value STRING, topic STRING, partition INT, "
+            "offset BIGINT, attempt INT",
+            "paths": [Path(__file__).parent / "handlers"],
+        },
+        retry={"delays": ["1s"], "max_attempts": 2},
+    )
+    # Every 8th record fails once: its retry is read back from the tier in a later batch.
+    records = [(f"{'flaky1' if i % 8 == 0 else 'ok'}-{i}", "v") for i in range(5 * partitions)]
+    produce_pairs(bootstrap_servers, topic, records, partitions=partitions)
+    command = [sys.executable, "-m", "retrylib", "run", str(path), "--master", "local[2]"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    log_path = tmp_path / "job.log"
+
+    def handled() -> int:
+        return sum(batch.get("succeeded", 0) for batch in batch_counters(log_path.read_text()))
+
+    with running_job(command, env, log_path) as job:
+        wait_for_job(job, lambda: handled() >= len(records), 300)
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=120)
+    log = log_path.read_text()
+    assert job.returncode == 0, log[-3000:]
+
+    batches = batch_counters(log)
+    opened = [batch.get("kafka_clients_opened", 0) for batch in batches]
+    print(f"Kafka clients opened per batch: {opened}")
+    assert sum(batch.get("records_main", 0) for batch in batches) == len(records)
+    assert sum(batch.get("records_retry", 0) for batch in batches) == len(records) // 8
+    assert len(batches) >= 4, opened
+    # A worker opens a consumer for the main topic and one for the tier (read_committed)
+    # the first time it reads each; a batch may hand a task to a worker that has not yet.
+    concurrent_tasks = 2  # local[2]
+    assert max(opened[1:]) <= 2 * concurrent_tasks, opened
+    output = spark.read.format("delta").load(str(tmp_path / "out"))
+    keys = [row.key for row in output.select("key").collect()]
+    assert sorted(keys) == sorted(key for key, _ in records)
