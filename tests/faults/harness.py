@@ -173,6 +173,251 @@ def plan_rounds(
     return plan
 
 
+class FaultsJob:
+    """A job of `fault_handlers:handle` reading `topic` on `bootstrap_servers`, its tables
+    under `workdir`: its config, the inputs produced for it, and the checks of its effects
+    (see the module docstring). The harness runs one over and over; a test can run one its
+    own way (another master, another entry point) and check it the same way."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        workdir: str | Path,
+        *,
+        name: str = JOB,
+        partitions: int = 2,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.workdir = Path(workdir)
+        self.name = name
+        self.partitions = partitions
+        self.inputs: list[InputRecord] = []
+        self._waves = 0
+
+    @property
+    def output_table(self) -> str:
+        return str(self.workdir / "out")
+
+    @property
+    def dead_letter_table(self) -> str:
+        return str(self.workdir / "dlq")
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.topic}.dlt"
+
+    @property
+    def tier_topics(self) -> list[str]:
+        return [f"{self.topic}.{self.name}.retry.{delay}" for delay in DELAYS]
+
+    def write_config(self, **sections: dict) -> Path:
+        """Write workdir/job.toml: two retry tiers (DELAYS), MAX_ATTEMPTS, ValueError
+        non-retryable, a dead-letter topic and table. `sections` update its tables key by
+        key (`kafka={"max_offsets_per_trigger": 100}`)."""
+        from fault_handlers import OUTPUT_SCHEMA
+
+        tables: dict[str, dict] = {
+            "handler": {
+                "function": "fault_handlers:handle",
+                "output_schema": OUTPUT_SCHEMA,
+                "paths": [HERE],
+            },
+            "job": {"trigger": "500ms"},
+            "kafka": {"starting_offsets": "earliest"},
+            "output": {"table": self.output_table},
+            "retry": {
+                "delays": list(DELAYS),
+                "max_attempts": MAX_ATTEMPTS,
+                "non_retryable": ["ValueError"],
+            },
+            "dead_letter": {"topic": self.dead_letter_topic, "table": self.dead_letter_table},
+        }
+        for section, changes in sections.items():
+            tables.setdefault(section, {}).update(changes)
+        return write_job_toml(
+            self.workdir / "job.toml",
+            topics=[self.topic],
+            name=self.name,
+            bootstrap_servers=self.bootstrap_servers,
+            **tables,
+        )
+
+    def produce_wave(self, rng: random.Random, size: int) -> list[InputRecord]:
+        """Produce `size` new input records of mixed kinds (drawn with `rng`), round-robin
+        over the partitions; remember where each landed and return them."""
+        wave, self._waves = self._waves, self._waves + 1
+        kinds = [name for name, _ in KINDS]
+        weights = [weight for _, weight in KINDS]
+        producer = make_producer(self.bootstrap_servers, {})
+        landed: list[InputRecord] = []
+
+        def delivered(error, message) -> None:
+            if error is not None:
+                raise RuntimeError(f"producing input failed: {error}")
+            landed.append(
+                InputRecord(
+                    message.key().decode(),
+                    message.value().decode(),
+                    message.partition(),
+                    message.offset(),
+                )
+            )
+
+        for i in range(size):
+            kind = rng.choices(kinds, weights)[0]
+            producer.produce(
+                self.topic,
+                key=f"{kind}-w{wave}-{i}".encode(),
+                value=f"v{wave}-{i}".encode(),
+                partition=i % self.partitions,
+                on_delivery=delivered,
+            )
+        if producer.flush(30):
+            raise RuntimeError("input records not delivered in 30s")
+        self.inputs.extend(landed)
+        return landed
+
+    def settled_count(self) -> int:
+        """Rows in the output and dead-letter tables (fails until both exist)."""
+        return read_table(self.output_table).num_rows + read_table(self.dead_letter_table).num_rows
+
+    def wait_settled(
+        self, process: subprocess.Popen, log: Path, *, timeout: float, settle: float
+    ) -> str:
+        """Wait, at most `timeout` seconds and while `process` (the job, writing `log`)
+        runs, until the output and dead-letter tables hold a row per input and have not
+        changed for `settle` seconds (longer than the longest retry delay); returns what
+        happened ("settled at N of M", "timed out")."""
+        expected = len(self.inputs)
+        deadline = time.monotonic() + timeout
+        last, stable_since, note = -1, time.monotonic(), "timed out"
+        up = False
+        while time.monotonic() < deadline and process.poll() is None:
+            time.sleep(1.0)
+            if not up:  # settled only counts while the query runs (and could add more)
+                up = bool(_QUERY_UP.search(log.read_text(errors="replace")))
+                stable_since = time.monotonic()
+                continue
+            try:
+                count = self.settled_count()
+            except Exception:  # the tables may not exist before the first start
+                continue
+            if count != last:
+                last, stable_since = count, time.monotonic()
+            elif count >= expected and time.monotonic() - stable_since >= settle:
+                note = f"settled at {count} of {expected}"
+                break
+        return note
+
+    def expected_output(self) -> list[tuple]:
+        attempts = {"ok": 0, "flaky1": 1, "flaky2": 2}
+        return [
+            (r.key, r.value, self.topic, r.partition, r.offset, attempts[r.kind])
+            for r in self.inputs
+            if r.kind in attempts
+        ]
+
+    def expected_dead_letters(self) -> list[tuple]:
+        outcome = {"always": (MAX_ATTEMPTS, "attempts_exhausted"), "bad": (1, "non_retryable")}
+        return [
+            (self.topic, r.partition, r.offset, r.key, *outcome[r.kind])
+            for r in self.inputs
+            if r.kind in outcome
+        ]
+
+    def check(self, spark) -> None:
+        """Assert exactly-once effects for every input (see the module docstring); raises
+        AssertionError naming the first broken part."""
+        from chispa import assert_df_equality
+        from fault_handlers import OUTPUT_SCHEMA
+
+        output = read_table(self.output_table).to_pylist()
+        dead = read_table(self.dead_letter_table).to_pylist()
+        tiers = [h for topic in self.tier_topics for h in self._topic_records(topic)]
+        dlt = self._topic_records(self.dead_letter_topic)
+        self._check_accounting(output, dead, tiers)
+
+        actual = spark.createDataFrame(
+            [tuple(row[c] for c in _columns(OUTPUT_SCHEMA)) for row in output], OUTPUT_SCHEMA
+        )
+        expected = spark.createDataFrame(self.expected_output(), OUTPUT_SCHEMA)
+        assert_df_equality(actual, expected, ignore_row_order=True)
+
+        dead_schema = (
+            "origin_topic STRING, origin_partition INT, origin_offset BIGINT, key STRING, "
+            "attempts INT, reason STRING"
+        )
+        actual_dead = spark.createDataFrame(
+            [
+                (
+                    d["origin_topic"],
+                    d["origin_partition"],
+                    d["origin_offset"],
+                    d["key"].decode(),
+                    d["attempts"],
+                    d["reason"],
+                )
+                for d in dead
+            ],
+            dead_schema,
+        )
+        expected_dead = spark.createDataFrame(self.expected_dead_letters(), dead_schema)
+        assert_df_equality(actual_dead, expected_dead, ignore_row_order=True)
+
+        dlt_rows = [(h[ID].decode(), int(h[ATTEMPTS]), h[DEAD_LETTER_REASON].decode()) for h in dlt]
+        expected_dlt = [
+            (record_id(self.name, t, p, o), attempts, reason)
+            for t, p, o, _, attempts, reason in self.expected_dead_letters()
+        ]
+        assert sorted(dlt_rows) == sorted(expected_dlt), (
+            f"dead-letter topic: {len(dlt_rows)} records, expected {len(expected_dlt)}; "
+            f"twice: {_repeated(r[0] for r in dlt_rows)[:5]}"
+        )
+        needed = {"flaky1": 1, "flaky2": 2, "always": MAX_ATTEMPTS - 1}
+        by_id = {self._record_id(r): r for r in self.inputs}
+        pairs = [(h[ID].decode(), int(h[ATTEMPT])) for h in tiers]
+        twice = _repeated(pairs)
+        assert not twice, f"retry tiers hold {len(twice)} (id, attempt) twice: {twice[:5]}"
+        expected_pairs = sorted(
+            (rid, attempt)
+            for rid, r in by_id.items()
+            for attempt in range(1, needed.get(r.kind, 0) + 1)
+        )
+        assert sorted(pairs) == expected_pairs, (
+            f"retry tiers: {len(pairs)} records, expected {len(expected_pairs)}; extra "
+            f"{sorted(set(pairs) - set(expected_pairs))[:5]}, missing "
+            f"{sorted(set(expected_pairs) - set(pairs))[:5]}"
+        )
+
+    def _check_accounting(self, output: list[dict], dead: list[dict], tiers: list[dict]) -> None:
+        """Every input is in the output or dead-lettered (once), else waiting in a tier."""
+        in_output = Counter((r["partition"], r["offset"]) for r in output)
+        in_dead = Counter((d["origin_partition"], d["origin_offset"]) for d in dead)
+        twice = [k for k, n in (in_output + in_dead).items() if n > 1]
+        assert not twice, f"{len(twice)} input record(s) have more than one effect: {twice[:5]}"
+        waiting_ids = {h[ID].decode() for h in tiers}
+        missing, waiting = [], []
+        for r in self.inputs:
+            where = (r.partition, r.offset)
+            if where in in_output or where in in_dead:
+                continue
+            (waiting if self._record_id(r) in waiting_ids else missing).append(r.key)
+        assert not missing, f"{len(missing)} input record(s) unaccounted for: {missing[:10]}"
+        assert not waiting, f"{len(waiting)} record(s) still in a retry tier after the drain"
+        positions = {(r.partition, r.offset) for r in self.inputs}
+        extra = [r for r in output if (r["partition"], r["offset"]) not in positions]
+        assert not extra, f"{len(extra)} output row(s) match no input: {extra[:3]}"
+
+    def _record_id(self, record: InputRecord) -> str:
+        return record_id(self.name, self.topic, record.partition, record.offset)
+
+    def _topic_records(self, topic: str) -> list[dict]:
+        """The retrylib headers of every committed record of `topic`, read from the start."""
+        return [dict(m.headers() or ()) for m in read_topic(self.bootstrap_servers, topic)]
+
+
 class FaultHarness:
     """Owns a broker, a job config and a checkpoint under `workdir`; see the module docstring."""
 
@@ -201,12 +446,10 @@ class FaultHarness:
         self.master = master
         self.say = say
         self.topic = f"orders-{seed}"
-        self.inputs: list[InputRecord] = []
         self.report = Report()
         self.startup_seconds: list[float] = []
         self.calls_log = self.workdir / "calls.log"
         self.broker = EmbeddedBroker(data_dir=self.workdir / "broker")
-        self._waves = 0
         self._process: subprocess.Popen[bytes] | None = None
 
     # -- setting up -----------------------------------------------------------------------
@@ -218,7 +461,10 @@ class FaultHarness:
             {self.topic: self.partitions},
             create=True,
         )
-        self.config_path = self._write_config()
+        self.job = FaultsJob(
+            self.broker.bootstrap_servers, self.topic, self.workdir, partitions=self.partitions
+        )
+        self.config_path = self.job.write_config()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -226,73 +472,12 @@ class FaultHarness:
         self.broker.stop()
 
     @property
-    def output_table(self) -> str:
-        return str(self.workdir / "out")
-
-    @property
-    def dead_letter_table(self) -> str:
-        return str(self.workdir / "dlq")
-
-    @property
-    def dead_letter_topic(self) -> str:
-        return f"{self.topic}.dlt"
-
-    def _write_config(self) -> Path:
-        from fault_handlers import OUTPUT_SCHEMA
-
-        return write_job_toml(
-            self.workdir / "job.toml",
-            topics=[self.topic],
-            name=JOB,
-            bootstrap_servers=self.broker.bootstrap_servers,
-            handler={
-                "function": "fault_handlers:handle",
-                "output_schema": OUTPUT_SCHEMA,
-                "paths": [HERE],
-            },
-            job={"trigger": "500ms"},
-            kafka={"starting_offsets": "earliest"},
-            output={"table": self.output_table},
-            retry={
-                "delays": list(DELAYS),
-                "max_attempts": MAX_ATTEMPTS,
-                "non_retryable": ["ValueError"],
-            },
-            dead_letter={"topic": self.dead_letter_topic, "table": self.dead_letter_table},
-        )
+    def inputs(self) -> list[InputRecord]:
+        return self.job.inputs
 
     def produce_wave(self, size: int | None = None) -> None:
         """Produce `size` new input records of mixed kinds; remember where each landed."""
-        wave, self._waves = self._waves, self._waves + 1
-        kinds = [name for name, _ in KINDS]
-        weights = [weight for _, weight in KINDS]
-        producer = make_producer(self.broker.bootstrap_servers, {})
-        landed: list[InputRecord] = []
-
-        def delivered(error, message) -> None:
-            if error is not None:
-                raise RuntimeError(f"producing input failed: {error}")
-            landed.append(
-                InputRecord(
-                    message.key().decode(),
-                    message.value().decode(),
-                    message.partition(),
-                    message.offset(),
-                )
-            )
-
-        for i in range(size or self.wave_size):
-            kind = self.rng.choices(kinds, weights)[0]
-            producer.produce(
-                self.topic,
-                key=f"{kind}-w{wave}-{i}".encode(),
-                value=f"v{wave}-{i}".encode(),
-                partition=i % self.partitions,
-                on_delivery=delivered,
-            )
-        if producer.flush(30):
-            raise RuntimeError("input records not delivered in 30s")
-        self.inputs.extend(landed)
+        self.job.produce_wave(self.rng, size or self.wave_size)
         self.report.inputs = len(self.inputs)
 
     # -- running the job ------------------------------------------------------------------
@@ -402,8 +587,8 @@ class FaultHarness:
             time.monotonic() - started,
             crash.group(1) if crash else None,
             int(crash.group(2)) if crash else None,
-            len(_BATCH_LINE.findall(text)),
-            sum(1 for b in _BATCH_LINE.findall(text) if json.loads(b).get("replayed")),
+            len(logged_batches(text)),
+            sum(1 for b in logged_batches(text) if b.get("replayed")),
             note,
             log,
         )
@@ -446,28 +631,7 @@ class FaultHarness:
         log = self.workdir / f"round-{index:02d}-drain.log"
         started = time.monotonic()
         process = self._start_job(log, env or {})
-        expected = len(self.inputs)
-        deadline = started + timeout
-        last, stable_since, note = -1, time.monotonic(), "timed out"
-        up = False
-        while time.monotonic() < deadline and process.poll() is None:
-            time.sleep(1.0)
-            if not up:  # settled only counts while the query runs (and could add more)
-                up = bool(_QUERY_UP.search(log.read_text(errors="replace")))
-                stable_since = time.monotonic()
-                continue
-            try:
-                count = (
-                    read_table(self.output_table).num_rows
-                    + read_table(self.dead_letter_table).num_rows
-                )
-            except Exception:  # the tables may not exist before the first start
-                continue
-            if count != last:
-                last, stable_since = count, time.monotonic()
-            elif count >= expected and time.monotonic() - stable_since >= settle:
-                note = f"settled at {count} of {expected}"
-                break
+        note = self.job.wait_settled(process, log, timeout=timeout, settle=settle)
         returncode = self._stop_job()
         text = log.read_text(errors="replace")
         outcome = Outcome(
@@ -477,8 +641,8 @@ class FaultHarness:
             time.monotonic() - started,
             None,
             None,
-            len(_BATCH_LINE.findall(text)),
-            sum(1 for b in _BATCH_LINE.findall(text) if json.loads(b).get("replayed")),
+            len(logged_batches(text)),
+            sum(1 for b in logged_batches(text) if b.get("replayed")),
             note,
             log,
         )
@@ -506,123 +670,13 @@ class FaultHarness:
 
     # -- checking -------------------------------------------------------------------------
 
-    def expected_output(self) -> list[tuple]:
-        attempts = {"ok": 0, "flaky1": 1, "flaky2": 2}
-        return [
-            (r.key, r.value, self.topic, r.partition, r.offset, attempts[r.kind])
-            for r in self.inputs
-            if r.kind in attempts
-        ]
-
-    def expected_dead_letters(self) -> list[tuple]:
-        outcome = {"always": (MAX_ATTEMPTS, "attempts_exhausted"), "bad": (1, "non_retryable")}
-        return [
-            (self.topic, r.partition, r.offset, r.key, *outcome[r.kind])
-            for r in self.inputs
-            if r.kind in outcome
-        ]
-
     def check(self, spark) -> None:
         """Assert the promise (see the module docstring); raises AssertionError naming the
         first broken part, with the tails of the round logs."""
         try:
-            self._check(spark)
+            self.job.check(spark)
         except AssertionError as e:
             raise AssertionError(f"{e}\n\n{self.report.summary()}\n\n{self.log_tails()}") from e
-
-    def _check(self, spark) -> None:
-        from chispa import assert_df_equality
-        from fault_handlers import OUTPUT_SCHEMA
-
-        output = read_table(self.output_table).to_pylist()
-        dead = read_table(self.dead_letter_table).to_pylist()
-        tiers = self._tier_records()
-        dlt = self._topic_records(self.dead_letter_topic)
-        self._check_accounting(output, dead, tiers)
-
-        actual = spark.createDataFrame(
-            [tuple(row[c] for c in _columns(OUTPUT_SCHEMA)) for row in output], OUTPUT_SCHEMA
-        )
-        expected = spark.createDataFrame(self.expected_output(), OUTPUT_SCHEMA)
-        assert_df_equality(actual, expected, ignore_row_order=True)
-
-        dead_schema = (
-            "origin_topic STRING, origin_partition INT, origin_offset BIGINT, key STRING, "
-            "attempts INT, reason STRING"
-        )
-        actual_dead = spark.createDataFrame(
-            [
-                (
-                    d["origin_topic"],
-                    d["origin_partition"],
-                    d["origin_offset"],
-                    d["key"].decode(),
-                    d["attempts"],
-                    d["reason"],
-                )
-                for d in dead
-            ],
-            dead_schema,
-        )
-        expected_dead = spark.createDataFrame(self.expected_dead_letters(), dead_schema)
-        assert_df_equality(actual_dead, expected_dead, ignore_row_order=True)
-
-        dlt_rows = [(h[ID].decode(), int(h[ATTEMPTS]), h[DEAD_LETTER_REASON].decode()) for h in dlt]
-        expected_dlt = [
-            (record_id(JOB, t, p, o), attempts, reason)
-            for t, p, o, _, attempts, reason in self.expected_dead_letters()
-        ]
-        assert sorted(dlt_rows) == sorted(expected_dlt), (
-            f"dead-letter topic: {len(dlt_rows)} records, expected {len(expected_dlt)}; "
-            f"twice: {_repeated(r[0] for r in dlt_rows)[:5]}"
-        )
-        needed = {"flaky1": 1, "flaky2": 2, "always": MAX_ATTEMPTS - 1}
-        by_id = {record_id(JOB, self.topic, r.partition, r.offset): r for r in self.inputs}
-        pairs = [(h[ID].decode(), int(h[ATTEMPT])) for h in tiers]
-        twice = _repeated(pairs)
-        assert not twice, f"retry tiers hold {len(twice)} (id, attempt) twice: {twice[:5]}"
-        expected_pairs = sorted(
-            (rid, attempt)
-            for rid, r in by_id.items()
-            for attempt in range(1, needed.get(r.kind, 0) + 1)
-        )
-        assert sorted(pairs) == expected_pairs, (
-            f"retry tiers: {len(pairs)} records, expected {len(expected_pairs)}; extra "
-            f"{sorted(set(pairs) - set(expected_pairs))[:5]}, missing "
-            f"{sorted(set(expected_pairs) - set(pairs))[:5]}"
-        )
-
-    def _check_accounting(self, output: list[dict], dead: list[dict], tiers: list[dict]) -> None:
-        """Every input is in the output or dead-lettered (once), else waiting in a tier."""
-        in_output = Counter((r["partition"], r["offset"]) for r in output)
-        in_dead = Counter((d["origin_partition"], d["origin_offset"]) for d in dead)
-        twice = [k for k, n in (in_output + in_dead).items() if n > 1]
-        assert not twice, f"{len(twice)} input record(s) have more than one effect: {twice[:5]}"
-        waiting_ids = {h[ID].decode() for h in tiers}
-        missing, waiting = [], []
-        for r in self.inputs:
-            where = (r.partition, r.offset)
-            if where in in_output or where in in_dead:
-                continue
-            rid = record_id(JOB, self.topic, r.partition, r.offset)
-            (waiting if rid in waiting_ids else missing).append(r.key)
-        assert not missing, f"{len(missing)} input record(s) unaccounted for: {missing[:10]}"
-        assert not waiting, f"{len(waiting)} record(s) still in a retry tier after the drain"
-        extra = [r for r in output if (r["partition"], r["offset"]) not in self._positions()]
-        assert not extra, f"{len(extra)} output row(s) match no input: {extra[:3]}"
-
-    def _positions(self) -> set[tuple[int, int]]:
-        return {(r.partition, r.offset) for r in self.inputs}
-
-    def _tier_records(self) -> list[dict]:
-        records = []
-        for delay in DELAYS:
-            records += self._topic_records(f"{self.topic}.{JOB}.retry.{delay}")
-        return records
-
-    def _topic_records(self, topic: str) -> list[dict]:
-        """The retrylib headers of every committed record of `topic`, read from the start."""
-        return [dict(m.headers() or ()) for m in read_topic(self.broker.bootstrap_servers, topic)]
 
     def log_tails(self, lines: int = 25) -> str:
         parts = []
@@ -632,6 +686,12 @@ class FaultHarness:
             parts.append(f"--- {outcome.log.name} (last {lines} lines) ---")
             parts.extend(useful[-lines:])
         return "\n".join(parts)
+
+
+def logged_batches(log_text: str) -> list[dict]:
+    """The counters of each batch a job's log reports, in log order (`retrylib.router`'s
+    INFO lines: "batch {...}", with "batch_id")."""
+    return [json.loads(line) for line in _BATCH_LINE.findall(log_text)]
 
 
 def _columns(ddl: str) -> list[str]:
