@@ -141,9 +141,14 @@ class Worker:
         return started - finished
 
     def kill(self) -> list[int]:
-        """SIGKILL the worker's process group; returns the pids it had."""
+        """SIGKILL the worker's process group and wait until none of it runs; returns the
+        pids it had."""
         members = _group_members(self.pid)
         _kill_group(self.process)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in members):  # a JVM takes a moment to go
+            assert time.monotonic() < deadline, f"still running after SIGKILL: {members}"
+            time.sleep(0.05)
         return members
 
 
