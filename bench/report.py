@@ -186,3 +186,36 @@ def trend(values: Sequence[float | None]) -> str:
     if abs(last_mean - middle_mean) <= FLAT_TOLERANCE * abs(middle_mean):
         return "flat"
     return "growing" if min(last) > max(middle) else "bounded"
+
+
+OLD_GEN_MARKERS = ("Old", "Tenured")
+"""Words that name a JVM's old-generation heap pool: "G1 Old Gen", "PS Old Gen", "Tenured
+Gen", "ZGC Old Generation"."""
+
+
+def heap_figures(pools: Iterable[tuple[str, bool, int]], max_bytes: int) -> dict[str, float | None]:
+    """The JVM's heap limit and the peak of its old generation, in MiB, from (pool name,
+    is a heap pool, peak bytes used) of each memory pool (`MemoryPoolMXBean.getPeakUsage`)
+    and the heap's max (-1: undefined).
+
+    The old generation is where a batch's data ends up when the driver holds on to it (G1
+    allocates large arrays there directly), so its peak is the closest the JVM's own counters
+    come to "the most the driver held at once"; garbage not yet collected counts too.
+    """
+    old = [peak for name, heap, peak in pools if heap and any(m in name for m in OLD_GEN_MARKERS)]
+    return {
+        "heap_max_mb": round(max_bytes / 2**20, 1) if max_bytes > 0 else None,
+        "old_gen_peak_mb": round(sum(old) / 2**20, 1) if old else None,
+    }
+
+
+def failure_cause(exit_code: int | None, log_text: str) -> str:
+    """Why a contender's process failed, in a few words for a table cell: the exit code, and
+    the first `java.lang.OutOfMemoryError` the log names (with its kind, e.g. "Java heap
+    space") if any."""
+    cause = f"exit {exit_code}"
+    for line in log_text.splitlines():
+        at = line.find("java.lang.OutOfMemoryError")
+        if at >= 0:
+            return f"{cause}, {line[at:].strip()}"
+    return cause

@@ -35,6 +35,26 @@ def progress_of(query) -> list[dict]:
     ]
 
 
+def jvm_heap(spark) -> dict:
+    """The driver JVM's heap limit and its old generation's peak (`bench.report.heap_figures`),
+    read from its memory pools over py4j; empty when the JVM does not answer."""
+    from bench.report import heap_figures
+
+    try:
+        factory = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+        pools = [
+            (
+                str(pool.getName()),
+                str(pool.getType().name()) == "HEAP",
+                int(pool.getPeakUsage().getUsed()),
+            )
+            for pool in factory.getMemoryPoolMXBeans()
+        ]
+        return heap_figures(pools, int(factory.getMemoryMXBean().getHeapMemoryUsage().getMax()))
+    except Exception:  # a JVM that is going away (after an OutOfMemoryError, say)
+        return {}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("config")
@@ -121,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "progress": progress_of(query),
         "succeeded": succeeded[0],
         "query_cpu_s": query_cpu,
+        "jvm_heap": jvm_heap(spark),
         "error": error,
     }
     with open(args.result, "w") as f:

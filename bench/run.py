@@ -29,6 +29,7 @@ from bench.procmem import TreeSampler, machine_busy_seconds, tree_cpu_seconds
 from bench.report import (
     batch_ends,
     epoch_ms,
+    failure_cause,
     fmt,
     full_batch_rate,
     percentile,
@@ -52,14 +53,18 @@ PARTS = (
     "lateness",
     "lanes",
     "key_order",
+    "storm",
 )
-THROUGHPUT_PARTS = set(PARTS) - {"lateness", "lanes"}
+THROUGHPUT_PARTS = set(PARTS) - {"lateness", "lanes", "storm"}
+STORM_RUNS = (("storm-succeed", "trivial"), ("storm-fail", "flaky"))
+"""The storm part's side-by-side runs on the same records: all succeed, all fail once."""
 # Goals of the issue, for retrylib with the per-record handler, in steady state.
 GOAL_VS_BARE = 0.8
 GOAL_VS_BASELINE = 1.5
 MAIN_TOPIC = "bench-main"
 LATE_TOPIC = "bench-late"
 LANES_TOPIC = "bench-lanes"
+STORM_TOPIC = "bench-storm"
 LANES_FACTORS = (1, 4)  # calls at once per run, times the partitions
 
 
@@ -104,6 +109,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="records of the lanes runs, each handled with a 5 ms wait (40000)",
     )
     p.add_argument(
+        "--storm-records",
+        type=int,
+        default=1_000_000,
+        help="records of the storm runs, all failing once in the storm (1000000)",
+    )
+    p.add_argument(
+        "--storm-record-bytes", type=int, default=1000, help="bytes per storm record value (1000)"
+    )
+    p.add_argument(
+        "--storm-max-offsets-per-trigger",
+        type=int,
+        default=100_000,
+        help="maxOffsetsPerTrigger of the storm and all-succeed runs (100000)",
+    )
+    p.add_argument(
+        "--storm-caps",
+        default="100000,1000000",
+        help="maxOffsetsPerTrigger values for the storm's driver-memory check (0: no cap; a "
+        "value equal to --storm-max-offsets-per-trigger reuses the storm run)",
+    )
+    p.add_argument("--storm-delay", default="1s", help="retry tier delay of the storm runs (1s)")
+    p.add_argument(
         "--only",
         default=",".join(PARTS),
         help=f"comma-separated subset of {','.join(PARTS)} (default: all)",
@@ -120,6 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"--only: unknown part(s) {sorted(unknown)}; choose from {PARTS}")
     args.memory_caps = [int(c) for c in args.memory_caps.split(",") if c.strip()]
+    args.storm_caps = [int(c) for c in args.storm_caps.split(",") if c.strip()]
     return args
 
 
@@ -144,10 +172,16 @@ class Bench:
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
         self.results: dict[str, dict] = {}
         self.input: dict = {}
+        self.storm_input: dict = {}
 
     # -- running one contender ----------------------------------------------------------
 
-    def run_process(self, label: str, command: list[str], result_path: Path) -> dict:
+    def run_process(
+        self, label: str, command: list[str], result_path: Path, *, may_fail: bool = False
+    ) -> dict:
+        """Run one contender and sample it; its entry in `results`. A contender that fails
+        raises, unless `may_fail`: then its entry says why (`failed`: exit code and any
+        OutOfMemoryError of its log) beside what was measured until it ended."""
         log_path = self.workdir / "logs" / f"{label}.log"
         say(f"{label}: running ({log_path})")
         broker_cpu = tree_cpu_seconds(self.broker_pid) if self.broker_pid else None
@@ -173,9 +207,13 @@ class Bench:
         # shows here, and the run's numbers should be read with it in mind.
         others = machine_cpu - sum(stats.cpu_seconds.values()) - (broker_cpu or 0)
         result = json.loads(result_path.read_text()) if result_path.exists() else None
+        failed = None
         if code != 0 or result is None or result.get("error"):
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"{label} failed (exit {code}); log tail:\n{tail}")
+            text = log_path.read_text(errors="replace")
+            if not may_fail:
+                raise RuntimeError(f"{label} failed (exit {code}); log tail:\n{text[-3000:]}")
+            failed = failure_cause(code, text)
+            say(f"{label}: FAILED ({failed}); log {log_path}")
         entry = {
             "label": label,
             "launched": launched,
@@ -185,9 +223,11 @@ class Bench:
             "others_cpu_s": round(max(others, 0.0), 1),
             "load_avg": os.getloadavg()[0],
             "result": result,
+            "failed": failed,
         }
         self.results[label] = entry
-        say(f"{label}: done in {exited - launched:.1f}s")
+        if failed is None:
+            say(f"{label}: done in {exited - launched:.1f}s")
         return entry
 
     def contender(self, kind: str, label: str, **extra) -> dict:
@@ -221,6 +261,7 @@ class Bench:
         source: str = "builtin",
         parallelism: int = 1,
         key_ordered: bool = False,
+        may_fail: bool = False,
     ) -> dict:
         config = self.write_config(
             label,
@@ -252,7 +293,7 @@ class Bench:
         if continuous:
             command += ["--continuous", "--expect-succeeded", str(expect_succeeded)]
             command += ["--events", str(events)]
-        return self.run_process(label, command, result_path)
+        return self.run_process(label, command, result_path, may_fail=may_fail)
 
     def bare(self, label: str, cap: int | None) -> dict:
         """The bare Spark pipeline (bench/bare_driver.py) on the main topic."""
@@ -390,6 +431,43 @@ class Bench:
         core."""
         return max(1, factor * self.args.partitions // self.cores())
 
+    def run_storm(self) -> None:
+        """A failure storm: every record of its own topic fails once (`flaky` on input all
+        marked to fail: a retry record to produce per record), against the same records all
+        succeeding (`trivial`); then the storm again at each `--storm-caps` batch size, for
+        the driver's memory. A run that fails (an OutOfMemoryError) is reported, not fatal."""
+        from retrylib.kafka.clients import ensure_topics, make_admin
+
+        a = self.args
+        ensure_topics(make_admin(self.bootstrap, {}), {STORM_TOPIC: a.partitions}, create=True)
+        say(
+            f"storm: producing {a.storm_records:,} records of {a.storm_record_bytes} bytes to "
+            f"{STORM_TOPIC}, all marked to fail once"
+        )
+        self.storm_input = produce_input(
+            self.bootstrap, STORM_TOPIC, a.storm_records, a.partitions, a.storm_record_bytes, 1.0
+        )
+        say(f"storm: produced in {self.storm_input['seconds']:.1f}s")
+        cap = a.storm_max_offsets_per_trigger
+        for label, handler in STORM_RUNS:
+            self.retrylib(
+                label, handler, cap=cap, topic=STORM_TOPIC, delay=a.storm_delay, may_fail=True
+            )
+        for memory_cap in a.storm_caps:
+            if memory_cap != cap:
+                self.retrylib(
+                    f"storm-cap{memory_cap}",
+                    "flaky",
+                    cap=memory_cap,
+                    topic=STORM_TOPIC,
+                    delay=a.storm_delay,
+                    may_fail=True,
+                )
+
+    def storm_label(self, cap: int) -> str:
+        """The run of the storm at batch size `cap` (the storm run itself at its own cap)."""
+        return "storm-fail" if cap == self.args.storm_max_offsets_per_trigger else f"storm-cap{cap}"
+
     def run_lateness(self) -> None:
         from retrylib.kafka.clients import ensure_topics, make_admin
 
@@ -490,6 +568,7 @@ class Bench:
         out.append(self.lateness_table())
         out.append(self.lanes_table())
         out.append(self.key_order_table())
+        out.append(self.storm_table())
         return "\n\n".join(part for part in out if part)
 
     def header(self) -> str:
@@ -512,7 +591,7 @@ class Bench:
     def summary(self, label: str) -> dict | None:
         """rec/s, times and memory of one run, the same fields for every kind."""
         entry = self.results.get(label)
-        if entry is None:
+        if entry is None or entry.get("failed"):
             return None
         r, m = entry["result"], entry["memory"]
         wall = entry["exited"] - entry["launched"]
@@ -693,7 +772,12 @@ class Bench:
     def split_table(self) -> str:
         """Where the steady-state time goes: driver steps, executor tasks, CPU per record."""
         rows, tasks, cpu_rows = [], [], []
-        labels = [k for k in self.results if k.startswith("retrylib") or k == "bare"]
+        labels = [
+            k
+            for k in self.results
+            if (k.startswith("retrylib") or k == "bare" or k in dict(STORM_RUNS))
+            and self.summary(k)
+        ]
         for label in labels:
             r = self.results[label]["result"]
             by_id = {p["batchId"]: p for p in r.get("progress", []) if p.get("batchId") is not None}
@@ -933,6 +1017,115 @@ class Bench:
         headers = ["run", "job", "steady rec/s", "run s", "cpu us/rec", "x unordered"]
         return table(headers, rows, title)
 
+    def storm_memory(self, label: str) -> list[object]:
+        """Peak memory columns of a storm table's row, also for a run that failed (its peaks
+        until it ended): driver Python PSS, JVM PSS, JVM old generation peak, JVM heap max,
+        Python workers PSS, total PSS, in MiB."""
+        entry = self.results[label]
+        m = entry["memory"]
+        heap = (entry["result"] or {}).get("jvm_heap") or {}
+        return [
+            m["peak_pss_mb"].get("driver"),
+            m["peak_pss_mb"].get("jvm"),
+            heap.get("old_gen_peak_mb"),
+            heap.get("heap_max_mb"),
+            m["peak_pss_mb"].get("workers"),
+            m["peak_total_pss_mb"],
+        ]
+
+    def storm_outcome(self, label: str) -> tuple[str, int | None, int | None]:
+        """("ok" or why it failed, batches run, records of the largest batch) of a storm
+        run; a run that failed counts the batches it finished."""
+        entry = self.results[label]
+        batches = (entry["result"] or {}).get("batches") or []
+        sizes = [
+            b["counters"].get("records_main", 0) + b["counters"].get("records_retry", 0)
+            for b in batches
+        ]
+        return entry.get("failed") or "ok", len(batches) or None, max(sizes, default=None)
+
+    def storm_table(self) -> str:
+        a = self.args
+        memory_headers = [
+            "driver py PSS",
+            "JVM PSS",
+            "JVM old gen peak",
+            "JVM heap max",
+            "workers PSS",
+            "total PSS",
+        ]
+        runs = [(label, handler) for label, handler in STORM_RUNS if label in self.results]
+        out = []
+        if runs:
+            rows = []
+            for label, handler in runs:
+                outcome, batches, _ = self.storm_outcome(label)
+                s = self.summary(label)
+                rows.append(
+                    [
+                        "all succeed" if handler == "trivial" else "storm: all fail once",
+                        handler,
+                        outcome,
+                        batches,
+                        fmt(s and s["steady"], 0),
+                        fmt(s and s["rate"], 0),
+                        fmt(s and s["run"]),
+                        fmt(s and s["retried"]),
+                        fmt(s and s["out"]),
+                        *self.storm_memory(label),
+                    ]
+                )
+            title = (
+                f"Failure storm: {a.storm_records:,} records x {a.storm_record_bytes} B, "
+                f"{a.partitions} partitions, maxOffsetsPerTrigger "
+                f"{a.storm_max_offsets_per_trigger:,}, tier delay {a.storm_delay}, input "
+                f"produced in {self.storm_input.get('seconds', 0):.1f}s (steady = after the "
+                "first batch; storm = every record fails once, so each is a retry record to "
+                "produce; peaks in MiB: PSS of the driver's Python process, of the JVM (the "
+                "driver and, in local mode, the executors), of Spark's Python workers (the "
+                "executors' Python side); JVM old gen peak and heap max from the JVM's memory "
+                "pools)"
+            )
+            headers = ["run", "handler", "outcome", "batches", "steady rec/s", "rec/s", "run s"]
+            out.append(table([*headers, "retried", "out rows", *memory_headers], rows, title))
+            succeed, storm = self.summary("storm-succeed"), self.summary("storm-fail")
+            if succeed and storm:
+                out[-1] += (
+                    "\nstorm / all succeed: steady "
+                    f"{fmt(ratio(storm['steady'], succeed['steady']), 2)}x, run "
+                    f"{fmt(ratio(storm['rate'], succeed['rate']), 2)}x, CPU per record "
+                    f"{fmt(storm['cpu_us'])} vs {fmt(succeed['cpu_us'])} us"
+                )
+        rows = []
+        for cap in a.storm_caps:
+            label = self.storm_label(cap)
+            if label not in self.results:
+                continue
+            outcome, batches, largest = self.storm_outcome(label)
+            rows.append(
+                [
+                    f"{cap:,}" if cap else "none",
+                    outcome,
+                    batches,
+                    largest,
+                    *self.storm_memory(label),
+                    self.results[label]["memory"]["peak_rss_mb"].get("jvm"),
+                ]
+            )
+        if rows:
+            out.append(
+                table(
+                    ["maxOffsetsPerTrigger", "outcome", "batches", "largest batch"]
+                    + memory_headers
+                    + ["JVM RSS"],
+                    rows,
+                    f"Failure storm: driver memory against batch size ({a.storm_records:,} "
+                    f"records x {a.storm_record_bytes} B, every one failing once; largest batch "
+                    "= records of the biggest batch that finished; peaks in MiB)",
+                )
+            )
+        return "\n\n".join(out)
+
     def lateness_table(self) -> str:
         entry = self.results.get("lateness")
         if not entry or "lateness" not in entry:
@@ -1066,11 +1259,20 @@ def main(argv: list[str] | None = None) -> int:
             bench.run_lateness()
         if "lanes" in args.only:
             bench.run_lanes()
+        if "storm" in args.only:
+            bench.run_storm()
         text = bench.report()
         print(text)
         if args.json:
             Path(args.json).write_text(
-                json.dumps({"args": vars(args), "input": bench.input, "runs": bench.results})
+                json.dumps(
+                    {
+                        "args": vars(args),
+                        "input": bench.input,
+                        "storm_input": bench.storm_input,
+                        "runs": bench.results,
+                    }
+                )
             )
         return 0
     finally:

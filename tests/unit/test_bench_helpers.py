@@ -23,7 +23,18 @@ from bench.procmem import (
     parse_kb,
     parse_stat,
 )
-from bench.report import fmt, lateness_ms, percentile, rate, ratio, sum_counters, table, trend
+from bench.report import (
+    failure_cause,
+    fmt,
+    heap_figures,
+    lateness_ms,
+    percentile,
+    rate,
+    ratio,
+    sum_counters,
+    table,
+    trend,
+)
 from bench.soak import JobLog, heap_used_mb, process_role
 from bench.spy_summary import charge, parse_line, role
 from retrylib.record import Record
@@ -251,3 +262,55 @@ def test_soak_reads_the_heap_in_use_from_jcmd():
     )
     assert heap_used_mb(text) == 100.0
     assert heap_used_mb("12345:\nAttachNotSupportedException") is None
+
+
+def test_heap_figures_take_the_old_generation_pools_peak():
+    mib = 2**20
+    pools = [
+        ("CodeHeap 'non-nmethods'", False, 3 * mib),
+        ("Metaspace", False, 90 * mib),
+        ("G1 Eden Space", True, 200 * mib),
+        ("G1 Old Gen", True, 301 * mib),
+        ("G1 Survivor Space", True, 10 * mib),
+    ]
+    assert heap_figures(pools, 512 * mib) == {"heap_max_mb": 512.0, "old_gen_peak_mb": 301.0}
+    serial = [("Tenured Gen", True, mib // 2), ("Eden Space", True, mib)]
+    assert heap_figures(serial, -1) == {"heap_max_mb": None, "old_gen_peak_mb": 0.5}
+    assert heap_figures([("ZHeap", True, mib)], mib) == {
+        "heap_max_mb": 1.0,
+        "old_gen_peak_mb": None,
+    }
+
+
+def test_failure_cause_names_the_exit_code_and_the_first_out_of_memory_error():
+    log = (
+        "26/11/25 16:49:49 ERROR Executor: Exception in task 1.0 in stage 18.0 (TID 16)\n"
+        "java.lang.OutOfMemoryError: Java heap space\n"
+        "\tat java.base/java.util.Arrays.copyOf(Arrays.java:3537)\n"
+        "Caused by: java.lang.OutOfMemoryError: GC overhead limit exceeded\n"
+    )
+    assert failure_cause(52, log) == "exit 52, java.lang.OutOfMemoryError: Java heap space"
+    assert failure_cause(1, "Traceback ...\nValueError: no\n") == "exit 1"
+    assert failure_cause(None, "") == "exit None"
+
+
+def test_a_storm_run_that_fails_is_a_row_saying_why(tmp_path):
+    from bench.run import Bench, parse_args
+
+    args = parse_args(["--only", "storm", "--storm-max-offsets-per-trigger", "50"])
+    args.storm_caps = [50, 100]
+    bench = Bench(args, tmp_path, "127.0.0.1:1", None)
+    oom = "print('java.lang.OutOfMemoryError: Java heap space'); raise SystemExit(52)"
+    command = [sys.executable, "-c", oom]
+
+    with pytest.raises(RuntimeError, match="exit 52"):
+        bench.run_process("storm-fail", command, tmp_path / "none.json")
+    entry = bench.run_process("storm-cap100", command, tmp_path / "none.json", may_fail=True)
+
+    assert entry["failed"] == "exit 52, java.lang.OutOfMemoryError: Java heap space"
+    assert bench.summary("storm-cap100") is None
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")] for line in bench.storm_table().split("\n")
+    ]
+    [row] = [cells for cells in rows if cells[0] == "100"]
+    assert row[:4] == ["100", "exit 52, java.lang.OutOfMemoryError: Java heap space", "-", "-"]
