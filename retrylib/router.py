@@ -69,6 +69,7 @@ from retrylib.metrics import OBSERVED_COUNTERS
 from retrylib.observed import OBSERVATION, PERCENTILES, observed_columns
 from retrylib.produce_units import ProducePlan, produce_units
 from retrylib.results import placed, result_struct
+from retrylib.retry.outcomes import Count
 from retrylib.task import TaskPlan, run_task
 
 log = logging.getLogger(__name__)
@@ -281,8 +282,11 @@ class BatchRouter:
             return staged.where(f"kind = '{kind}'").select(f"{kind}.*")
 
         produced = 0
+        counters = Counter(manifest["counters"])
         if rows["staged"]:
-            produced = self._produce(staged, manifest, batch_id)
+            produced, opened = self._produce(staged, manifest, batch_id)
+            if opened:
+                counters[Count.KAFKA_CLIENTS_OPENED] += opened
         crash_point("after_produce", batch_id)
         output_committed = bool(rows["output"]) and self._append(
             of_kind("output"), "output.table", self._output_table, batch_id, self._evolve_output
@@ -295,7 +299,7 @@ class BatchRouter:
         return BatchResult(
             batch_id,
             replayed,
-            manifest["counters"],
+            dict(counters),
             produced,
             output_committed,
             dead_committed,
@@ -303,8 +307,11 @@ class BatchRouter:
             {int(tier): values for tier, values in manifest.get("lateness_ms", {}).items()},
         )
 
-    def _produce(self, staged: DataFrame, manifest: dict[str, Any], batch_id: int) -> int:
-        """Produce the batch's staged records from the executors; returns their count."""
+    def _produce(
+        self, staged: DataFrame, manifest: dict[str, Any], batch_id: int
+    ) -> tuple[int, int]:
+        """Produce the batch's staged records from the executors; returns their count and
+        the Kafka clients the produce tasks opened."""
         if "units" not in manifest:
             raise RetrylibError(
                 f"batch {batch_id} was staged by an earlier version of retrylib, which "
@@ -325,13 +332,12 @@ class BatchRouter:
             topic_max_bytes=dict(self._record_limits.topic_max),
         )
         try:
-            produced, _opened = produce_units(staged, plan)
+            return produce_units(staged, plan)
         except Exception as e:  # a task's error, as Spark wraps it
             raised = task_error(e)
             if raised is None:
                 raise
             raise raised from e
-        return produced
 
     def _append(
         self, frame: DataFrame, key: str, table: TableRef, batch_id: int, evolve: bool = False
