@@ -86,13 +86,21 @@ def crash_point(name: str, batch_id: int) -> None:
             os.close(os.open(_once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return
-    message = f"retrylib fault injection: crash at {name} in batch {batch_id}\n"
-    os.write(2, message.encode())  # stderr, unbuffered
-    _kill_now()
+    message = f"retrylib fault injection: crash at {name} in batch {batch_id}\n".encode()
+    os.write(2, message)  # stderr, unbuffered
+    _kill_now(message)
 
 
-def _kill_now() -> None:
+def _kill_now(message: bytes) -> None:
     group = os.environ.get(_GROUP)
     if group is not None and _once is None:  # the whole job: driver, JVM and workers
+        if int(group) != os.getpid():
+            # A worker's stderr reaches the log through a thread of the JVM, which dies with
+            # the group before it copies the line: write it to the driver's stderr too.
+            try:
+                with open(f"/proc/{group}/fd/2", "wb", buffering=0) as driver_stderr:
+                    driver_stderr.write(message)
+            except OSError:
+                pass
         os.killpg(int(group), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
