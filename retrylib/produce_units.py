@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.kafka.transactional_producer import StagedProducer, transactional_id
@@ -50,18 +51,19 @@ UNIT_RESULT_SCHEMA = pa.schema(
 
 @dataclass(frozen=True)
 class ProducePlan:
-    """What the produce tasks of one batch need, built on the driver."""
+    """What the produce tasks of one batch need, built on the driver: the job's part once,
+    the batch's (from `batch_id` on) set for each batch from its manifest."""
 
     job: str
     app_id: str
-    batch_id: int
-    units: int  # the routing tasks' partitions: unit ids are below it
-    control_from: int  # the control topic's end before the batch's first produce
     bootstrap_servers: str
     options: Mapping[str, str]  # the producers'
     reader_options: Mapping[str, str]  # the consumer's that looks for markers
     signing_key: bytes
     secret_options: tuple[str, ...] = ()
+    batch_id: int = -1
+    units: int = 1  # the routing tasks' partitions: unit ids are below it
+    control_from: int = 0  # the control topic's end before the batch's first produce
     topic_max_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -80,15 +82,9 @@ def produce_units(staged: DataFrame, plan: ProducePlan) -> tuple[int, int]:
         .sortWithinPartitions("unit", "seq")
         .drop("spread")
     )
-    schema = _struct(UNIT_RESULT_SCHEMA)
+    schema = from_arrow_schema(UNIT_RESULT_SCHEMA)
     rows = records.mapInArrow(lambda batches: _produce_task(plan, batches), schema).collect()
     return sum(row["produced"] for row in rows), sum(row["clients_opened"] for row in rows)
-
-
-def _struct(schema: pa.Schema):
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(schema)
 
 
 # -- spreading the units over partitions ----------------------------------------------------

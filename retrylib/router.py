@@ -62,6 +62,7 @@ from retrylib.errors import RetrylibError, TableWriteError
 from retrylib.faults import crash_point
 from retrylib.forwarding import ForwardPlan
 from retrylib.hooks import Hooks
+from retrylib.kafka import worker_clients
 from retrylib.kafka.clients import RecordLimits
 from retrylib.kafka.markers import ControlTopic
 from retrylib.key_order_store import KeyOrderStore
@@ -113,7 +114,7 @@ class BatchRouter:
         dead_letter_table: TableRef | None,
         record_limits: RecordLimits,
         signing_key: bytes,
-        reader_options: Mapping[str, str] | None = None,
+        reader_options: Mapping[str, str],
         secret_options: tuple[str, ...] = (),
         evolve_output: bool = False,
         on_result=None,
@@ -124,7 +125,7 @@ class BatchRouter:
         key_order: KeyOrderStore | None = None,
     ) -> None:
         """`kafka_options`: the Kafka options of the executors' producers; `reader_options`
-        those of the consumers that read the control topic (default: `kafka_options`);
+        those of the consumers that read the control topic;
         `signing_key` signs the produce markers (the checkpoint's);
         `hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`);
         `task` routes one Spark task's records with a plan like `plan_template`: a handler
@@ -139,14 +140,18 @@ class BatchRouter:
         self._dead_letter_table = dead_letter_table
         self._record_limits = record_limits
         self.app_id = app_id
-        self._signing_key = signing_key
-        self._bootstrap_servers = bootstrap_servers
-        self._kafka_options = dict(kafka_options)
-        self._reader_options = dict(kafka_options if reader_options is None else reader_options)
-        self._secret_options = secret_options
+        self._produce_plan = ProducePlan(
+            job=plan_template.job,
+            app_id=app_id,
+            bootstrap_servers=bootstrap_servers,
+            options=dict(kafka_options),
+            reader_options=dict(reader_options),
+            signing_key=signing_key,
+            secret_options=secret_options,
+        )
         self._control = ControlTopic(
             bootstrap_servers,
-            self._reader_options,
+            reader_options,
             produced_topic(plan_template.job),
             signing_key=signing_key,
             app_id=app_id,
@@ -318,17 +323,11 @@ class BatchRouter:
                 "produced it from the driver: run that version until the batch is done, stop "
                 "it gracefully (SIGTERM), then start this one"
             )
-        plan = ProducePlan(
-            job=self._template.job,
-            app_id=self.app_id,
+        plan = replace(
+            self._produce_plan,
             batch_id=batch_id,
             units=manifest["units"],
             control_from=manifest["control_from"],
-            bootstrap_servers=self._bootstrap_servers,
-            options=self._kafka_options,
-            reader_options=self._reader_options,
-            signing_key=self._signing_key,
-            secret_options=self._secret_options,
             topic_max_bytes=dict(self._record_limits.topic_max),
         )
         try:
@@ -385,7 +384,8 @@ class BatchRouter:
                 )
 
     def close(self) -> None:
-        self._control.close()
+        """Let go of the Kafka clients this process keeps (the control topic's reader)."""
+        worker_clients.close_all()
 
 
 def _run_tasks(df: DataFrame, plan: Plan, staging: str, *, isolate: bool = False) -> None:

@@ -24,7 +24,7 @@ import hmac
 import time
 from collections.abc import Mapping
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from retrylib.errors import MarkerReadError
 from retrylib.kafka.clients import make_consumer
@@ -64,6 +64,19 @@ def read_marker(
     return (batch_id, unit) if hmac.compare_digest(expected, parts[2]) else None
 
 
+def _watermarks(
+    bootstrap_servers: str, options: Mapping[str, str], topic: str, secret_options: tuple[str, ...]
+) -> tuple[int, int]:
+    """Partition 0 of `topic`: its log start, and its high watermark now (past every record
+    appended, committed or not)."""
+    with kept_consumer(
+        bootstrap_servers, {**options, **_HIGH_WATERMARK_OPTIONS}, secret_options=secret_options
+    ) as consumer:
+        return consumer.get_watermark_offsets(
+            TopicPartition(topic, 0), timeout=WATERMARK_TIMEOUT_S, cached=False
+        )
+
+
 def unit_produced(
     bootstrap_servers: str,
     options: Mapping[str, str],
@@ -85,13 +98,7 @@ def unit_produced(
     missed. The caller has initialised the unit's transactional id first, which settles that
     id's own transaction. Raises `KafkaException`, or `MarkerReadError` past `timeout_s`.
     """
-    partition = TopicPartition(topic, 0)
-    with kept_consumer(
-        bootstrap_servers, {**options, **_HIGH_WATERMARK_OPTIONS}, secret_options=secret_options
-    ) as consumer:
-        low, high = consumer.get_watermark_offsets(
-            partition, timeout=WATERMARK_TIMEOUT_S, cached=False
-        )
+    low, high = _watermarks(bootstrap_servers, options, topic, secret_options)
     start = since if low <= since <= high else low
     if start >= high:
         return False
@@ -138,20 +145,10 @@ class ControlTopic:
         self._secret_options = secret_options
         self._signing_key = signing_key
         self._app_id = app_id
-        self._consumer: Consumer | None = None
 
     def end_offset(self) -> int:
         """The partition's high watermark now: every marker produced later is at or past it."""
-        if self._consumer is None:
-            self._consumer = make_consumer(
-                self._bootstrap,
-                {**self._options, **_HIGH_WATERMARK_OPTIONS},
-                secret_options=self._secret_options,
-            )
-        _, high = self._consumer.get_watermark_offsets(
-            TopicPartition(self.topic, 0), timeout=WATERMARK_TIMEOUT_S, cached=False
-        )
-        return high
+        return _watermarks(self._bootstrap, self._options, self.topic, self._secret_options)[1]
 
     def last_produced_batch(self) -> int | None:
         """The highest batch with a committed, signed marker of this checkpoint, or None.
@@ -172,9 +169,3 @@ class ControlTopic:
     def _batch_of(self, message: Message) -> int | None:
         marker = read_marker(self._signing_key, self._app_id, message.key(), message.value())
         return None if marker is None else marker[0]
-
-    def close(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            with contextlib.suppress(Exception):
-                consumer.close()

@@ -260,13 +260,12 @@ class StagedProducer:
 
     def _new_producer(self) -> Producer:
         """A producer on this unit's transactional id, transactions initialised."""
-        note_opened()
         producer = make_producer(
             self._bootstrap,
             {**self._options, "transactional.id": self._transactional_id, "linger.ms": "20"},
             secret_options=self._secret_options,
         )
-        self._known = False
+        note_opened()
         producer.init_transactions(_INIT_TIMEOUT_S)
         log.info("producing with transactional.id %s", self._transactional_id)
         return producer

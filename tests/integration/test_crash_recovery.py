@@ -230,22 +230,29 @@ def test_a_replay_after_the_commit_produces_nothing(bootstrap_servers, topics):
     assert b1.calls == 1
     assert control.last_produced_batch() == 1
     restarted.close()
-    control.close()
     assert _read(bootstrap_servers, tier) == _once(b0, b1)
+
+
+def _produce_and_crash(
+    bootstrap: str, job: str, staged: Staged, batch_id: int, point: str
+) -> subprocess.CompletedProcess[str]:
+    """Unit 0 of checkpoint "app-1" produces `staged`'s rows as batch `batch_id` in a process
+    of its own, which crash point `point` kills."""
+    return _python(
+        "import pyarrow as pa\n"
+        "from retrylib.kafka.staged_records import STAGED_SCHEMA\n"
+        "from retrylib.kafka.transactional_producer import StagedProducer\n"
+        f"rows = {staged.rows!r}\n"
+        f"p = StagedProducer({job!r}, 'app-1', 0, {bootstrap!r}, {{}}, signing_key={KEY!r})\n"
+        f"p.produce_once({batch_id}, "
+        "lambda: [pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)], 0)\n",
+        RETRYLIB_CRASH_AT=point,
+    )
 
 
 def test_a_crash_before_the_commit_then_replay_produces_once(bootstrap_servers, topics):
     job, tier = topics
-    crashed = _python(
-        "import pyarrow as pa\n"
-        "from retrylib.kafka.staged_records import STAGED_SCHEMA\n"
-        "from retrylib.kafka.transactional_producer import StagedProducer\n"
-        f"rows = {_rows('b5', tier, 6)!r}\n"
-        f"p = StagedProducer({job!r}, 'app-1', 0, {bootstrap_servers!r}, {{}}, "
-        f"signing_key={KEY!r})\n"
-        "p.produce_once(5, lambda: [pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)], 0)\n",
-        RETRYLIB_CRASH_AT="in_produce",
-    )
+    crashed = _produce_and_crash(bootstrap_servers, job, Staged("b5", tier, 6), 5, "in_produce")
     assert crashed.returncode == -9, crashed.stderr
     assert "crash at in_produce in batch 5" in crashed.stderr
     replay = _unit(job, bootstrap=bootstrap_servers)  # aborts the open transaction
@@ -264,15 +271,8 @@ def test_a_crash_after_the_commit_then_replay_produces_nothing(bootstrap_servers
     other_unit = _unit(job, unit=1, bootstrap=bootstrap_servers)
     b3_of_1 = Staged("b3u1", tier, 2)
     assert other_unit.produce_once(3, b3_of_1, 0) == 2
-    crashed = _python(
-        "import pyarrow as pa\n"
-        "from retrylib.kafka.staged_records import STAGED_SCHEMA\n"
-        "from retrylib.kafka.transactional_producer import StagedProducer\n"
-        f"rows = {_rows('b3', tier, 4)!r}\n"
-        f"p = StagedProducer({job!r}, 'app-1', 0, {bootstrap_servers!r}, {{}}, "
-        f"signing_key={KEY!r})\n"
-        "p.produce_once(3, lambda: [pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)], 0)\n",
-        RETRYLIB_CRASH_AT="after_unit_commit",
+    crashed = _produce_and_crash(
+        bootstrap_servers, job, Staged("b3", tier, 4), 3, "after_unit_commit"
     )
     assert crashed.returncode == -9, crashed.stderr
     replay = _unit(job, bootstrap=bootstrap_servers)  # a new attempt of unit 0
