@@ -6,7 +6,7 @@ Every test here is marked `slow` (`pytest -m slow` runs them all).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from helpers import write_job_toml
 
 from retrylib.config.loader import load_config
 from retrylib.config.model import Config
+from retrylib.kafka import worker_clients
 
 HANDLERS_DIR = Path(__file__).parent / "handlers"
 
@@ -24,6 +25,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def close_kept_consumers() -> Iterator[None]:
+    """Close the consumers a test's own reads left in this process's pool (`worker_clients`
+    keeps them for a Python worker's next task): kept past the test, they would outlive its
+    broker and log its going away."""
+    yield
+    worker_clients.close_all()
 
 
 @pytest.fixture
