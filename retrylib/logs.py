@@ -108,10 +108,27 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+class _FencingReportedElsewhere(logging.Filter):
+    """Moves librdkafka's lines about a transactional producer fenced by a newer one (it
+    logs them as ERROR and CRITICAL) to DEBUG. Fencing is how an earlier attempt of a produce
+    unit ends when a task is retried or a worker lost, and whoever holds the producer says
+    what it means in its own line: the unit producer logs that it took over again, and a
+    fencing nobody expected ends in a `ProduceError` naming the transactional id."""
+
+    _MARKS = ("fenced by a newer instance", "with an old epoch", "PRODUCER_FENCED")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and any(m in record.getMessage() for m in self._MARKS):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
 _REDACTOR = RedactingFilter()
 # A process that has not called `configure_logging` (a worker before its first task, a
 # user's own) masks librdkafka's lines, and any other line that falls through to Python's
 # last-resort handler (stderr), too.
+logging.getLogger(KAFKA_CLIENT_LOGGER).addFilter(_FencingReportedElsewhere())
 logging.getLogger(KAFKA_CLIENT_LOGGER).addFilter(_REDACTOR)
 if logging.lastResort is not None:
     logging.lastResort.addFilter(_REDACTOR)

@@ -79,9 +79,9 @@ def result_struct(output: pa.Schema | None):
 def placed(batch: pa.RecordBatch, unit: int, first_seq: int) -> pa.RecordBatch:
     """Result rows `batch` with `unit` and their `seq` from `first_seq` on."""
     rows = batch.num_rows
-    return batch.append_column(
-        PLACE_FIELDS[0], pa.array([unit] * rows, pa.int32())
-    ).append_column(PLACE_FIELDS[1], pa.array(range(first_seq, first_seq + rows), pa.int64()))
+    return batch.append_column(PLACE_FIELDS[0], pa.array([unit] * rows, pa.int32())).append_column(
+        PLACE_FIELDS[1], pa.array(range(first_seq, first_seq + rows), pa.int64())
+    )
 
 
 class ResultRows:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from retrylib.logs import configure_logging
+from retrylib.logs import KAFKA_CLIENT_LOGGER, configure_logging
 
 
 def test_logging_after_a_swapped_stderr_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -24,3 +24,30 @@ def test_logging_after_a_swapped_stderr_is_closed(monkeypatch: pytest.MonkeyPatc
     logging.getLogger("retrylib.test").info("second")  # no "I/O operation on closed file"
 
     assert "retrylib.test: second" in later.getvalue()
+
+
+def test_librdkafka_fencing_lines_are_debug_and_its_other_warnings_stay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    capture = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", capture)
+    configure_logging("INFO", "text")
+    kafka = logging.getLogger(KAFKA_CLIENT_LOGGER)
+    kafka.setLevel(logging.WARNING)  # as in a Python worker
+    kafka.critical(
+        "FATAL [rdkafka#producer-1] [thrd:main]: Fatal error: Local: This instance has been "
+        "fenced by a newer instance: Failed to add partitions to transaction"
+    )
+    kafka.error(
+        'ADDPARTS [rdkafka#producer-1]: Failed to add partition "t" [0] to transaction: '
+        "Broker: Producer attempted an operation with an old epoch"
+    )
+    kafka.warning("FAIL [rdkafka#consumer-2]: Connect to ipv4#127.0.0.1:9 failed")
+
+    assert capture.getvalue().count("\n") == 1
+    assert "WARNING retrylib.kafka.librdkafka: FAIL" in capture.getvalue()
+
+    configure_logging("DEBUG", "text")
+    kafka.critical("TXNERR [rdkafka#producer-1]: This instance has been fenced by a newer instance")
+
+    assert "DEBUG retrylib.kafka.librdkafka: TXNERR" in capture.getvalue()
