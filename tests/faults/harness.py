@@ -289,25 +289,33 @@ class FaultsJob:
         """Wait, at most `timeout` seconds and while `process` (the job, writing `log`)
         runs, until the output and dead-letter tables hold a row per input and have not
         changed for `settle` seconds (longer than the longest retry delay); returns what
-        happened ("settled at N of M", "timed out")."""
+        happened ("settled at N of M", "timed out").
+
+        The tables are read again only once the job has logged another batch (they change
+        in batches only): reading them every second would take a core of a small machine
+        from the job."""
         expected = len(self.inputs)
         deadline = time.monotonic() + timeout
         last, stable_since, note = -1, time.monotonic(), "timed out"
-        up = False
+        up, counted_at = False, -1  # batches logged when the tables were last read
         while time.monotonic() < deadline and process.poll() is None:
             time.sleep(1.0)
+            text = log.read_text(errors="replace")
             if not up:  # settled only counts while the query runs (and could add more)
-                up = bool(_QUERY_UP.search(log.read_text(errors="replace")))
+                up = bool(_QUERY_UP.search(text))
                 stable_since = time.monotonic()
                 continue
-            try:
-                count = self.settled_count()
-            except Exception:  # the tables may not exist before the first start
-                continue
-            if count != last:
-                last, stable_since = count, time.monotonic()
-            elif count >= expected and time.monotonic() - stable_since >= settle:
-                note = f"settled at {count} of {expected}"
+            batches = len(_BATCH_LINE.findall(text))
+            if batches != counted_at:
+                try:
+                    count = self.settled_count()
+                except Exception:  # the tables may not exist before the first start
+                    continue
+                counted_at = batches
+                if count != last:
+                    last, stable_since = count, time.monotonic()
+            if last >= expected and time.monotonic() - stable_since >= settle:
+                note = f"settled at {last} of {expected}"
                 break
         return note
 
