@@ -8,11 +8,9 @@ import json
 import signal
 import sys
 
-import pytest
 from helpers import produce, read_table, run_retrylib, running_job, wait_for
 from test_entrypoints import child_env, read_table_rows
 
-pytestmark = pytest.mark.every_spark
 RECORDS = 60
 
 

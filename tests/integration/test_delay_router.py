@@ -16,8 +16,6 @@ from helpers import read_topic, run_job_available_now, run_retrylib
 
 from retrylib.kafka.clients import make_producer
 
-pytestmark = pytest.mark.every_spark
-
 DELAY_MS = 2_000
 Headers = list[tuple[str, bytes | None]]
 
@@ -96,6 +94,7 @@ def java_partition(key: bytes, partitions: int) -> int:
     return (h & 0x7FFFFFFF) % partitions
 
 
+@pytest.mark.every_spark
 def test_java_partition_matches_kafkas_murmur2() -> None:
     # Kafka's UtilsTest vectors, as signed ints, reduced the way the Java producer does.
     vectors = {b"21": -973932308, b"foobar": -790332482, b"abc": 479470107}
@@ -103,6 +102,7 @@ def test_java_partition_matches_kafkas_murmur2() -> None:
         assert java_partition(key, 1 << 31) == hashed & 0x7FFFFFFF
 
 
+@pytest.mark.every_spark
 def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
     bootstrap_servers, make_topic, tmp_path
 ):

@@ -18,7 +18,6 @@ from retrylib.config.loader import load_config
 from retrylib.errors import TopicError
 from retrylib.job import start_query
 
-pytestmark = pytest.mark.every_spark
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -26,6 +25,7 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
+@pytest.mark.every_spark
 def test_spark_submit_available_now_exits_zero(
     bootstrap_servers, make_topic, write_config, tmp_path
 ):
@@ -74,6 +74,7 @@ def names(observed: dict) -> list[str]:
     return [field["name"] for field in observed["schema"]["fields"]]
 
 
+@pytest.mark.every_spark
 def test_sigterm_stops_after_the_batch_and_exits_zero(bootstrap_servers, make_topic, write_config):
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
@@ -140,6 +141,7 @@ def read_table_rows(path: str) -> int:
         return 0
 
 
+@pytest.mark.every_spark
 def test_missing_topics_fail_at_start_when_creation_is_off(
     spark, bootstrap_servers, make_topic, write_config
 ):

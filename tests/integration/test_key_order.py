@@ -43,7 +43,6 @@ def successes(call_log: Path) -> dict[str, list[dict]]:
     return by_key
 
 
-@pytest.mark.every_spark
 def ordered_job(bootstrap_servers, make_topic, write_config, tmp_path, **sections):
     """A key-ordered job over a topic holding `RECORDS`, and the environment to run it with;
     `sections` add to its config's tables."""
@@ -102,7 +101,7 @@ def assert_handled_in_key_order(
 @pytest.mark.parametrize(
     "sections",
     [
-        pytest.param({}, marks=pytest.mark.every_spark, id="one-batch"),
+        pytest.param({}, id="one-batch"),
         # A few records a batch, so a blocked key's new records come in later batches than
         # its retry, and lanes: a task calls the handler for four keys at once.
         pytest.param(

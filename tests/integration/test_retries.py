@@ -14,7 +14,6 @@ from retrylib.kafka.clients import make_producer
 from retrylib.retry.headers import split_headers
 from retrylib.router import BatchResult
 
-pytestmark = pytest.mark.every_spark
 log = logging.getLogger(__name__)
 
 
@@ -22,7 +21,9 @@ def table_rows(path: str) -> list[dict]:
     return read_table(path).to_pylist()
 
 
-@pytest.mark.parametrize("source", ["builtin", "python"])
+@pytest.mark.parametrize(
+    "source", [pytest.param("builtin", marks=pytest.mark.every_spark), "python"]
+)
 def test_outcomes_by_kind(spark, bootstrap_servers, make_topic, write_config, source):
     """Both main-topic readers: Spark's connector, and retrylib's ranges read in the tasks."""
     topic = make_topic("orders", partitions=3)
@@ -71,6 +72,7 @@ def test_outcomes_by_kind(spark, bootstrap_servers, make_topic, write_config, so
     assert {"retrylib.id", "retrylib.attempts", "retrylib.error.stack_trace"} <= own.keys()
 
 
+@pytest.mark.every_spark
 def test_delays_are_honoured_and_lateness_is_bounded(
     spark, bootstrap_servers, make_topic, write_config, tmp_path
 ):
