@@ -21,9 +21,7 @@ def read_per_batch(results: list[BatchResult], counter: str) -> list[int]:
     return [r.counters.get(counter, 0) for r in results if r.counters.get(counter, 0)]
 
 
-@pytest.mark.parametrize(
-    "source", [pytest.param("builtin", marks=pytest.mark.every_spark), "python"]
-)
+@pytest.mark.parametrize("source", ["builtin", "python"])
 def test_backlogs_of_main_topic_and_each_tier_run_in_bounded_batches(
     spark, bootstrap_servers, make_topic, write_config, source
 ):

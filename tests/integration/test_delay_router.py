@@ -102,7 +102,6 @@ def test_java_partition_matches_kafkas_murmur2() -> None:
         assert java_partition(key, 1 << 31) == hashed & 0x7FFFFFFF
 
 
-@pytest.mark.every_spark
 def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
     bootstrap_servers, make_topic, tmp_path
 ):

@@ -74,7 +74,6 @@ def names(observed: dict) -> list[str]:
     return [field["name"] for field in observed["schema"]["fields"]]
 
 
-@pytest.mark.every_spark
 def test_sigterm_stops_after_the_batch_and_exits_zero(bootstrap_servers, make_topic, write_config):
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])

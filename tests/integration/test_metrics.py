@@ -8,7 +8,6 @@ import json
 import logging
 import time
 
-import pytest
 from helpers import produce, read_table
 
 from retrylib.delta.table_ref import TableRef
@@ -16,8 +15,6 @@ from retrylib.delta.tables import append_once
 from retrylib.job import start_query, stop_gracefully
 from retrylib.metrics import METRICS_SCHEMA, metrics_struct, table_row
 from retrylib.router import BatchResult
-
-pytestmark = pytest.mark.every_spark
 
 
 def test_metrics_lines_and_table_match_the_run(
