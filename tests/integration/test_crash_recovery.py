@@ -424,8 +424,10 @@ def test_a_python_worker_lost_after_its_units_commit_is_run_again_once(tmp_path,
         harness.check(request.getfixturevalue("spark"))
 
 
-def test_exactly_once_across_crashes_and_a_broker_restart(tmp_path, request):
-    plan = plan_rounds(SEED, random_kills=1, broker_restarts=0)
+def test_exactly_once_across_a_crash_at_every_point(tmp_path, request):
+    plan = plan_rounds(SEED, random_kills=0, broker_restarts=0)
+    # Random kills and broker restarts are the by-hand soak's (`harness.py --rounds 40`); the
+    # broker restarts have tests of their own above.
     with FaultHarness(tmp_path, SEED, say=lambda line: print(line, flush=True)) as harness:
         report = harness.run(plan)
         summary = f"{report.summary()}\n\n{harness.log_tails()}"
