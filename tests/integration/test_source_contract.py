@@ -17,8 +17,6 @@ from helpers import produce, run_job_available_now, run_retrylib, write_job_toml
 
 from retrylib.kafka.clients import ensure_topics, make_admin
 
-pytestmark = pytest.mark.every_spark
-
 HANDLERS_DIR = Path(__file__).parent / "handlers"
 SOURCES = ["builtin", "python"]
 OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"
@@ -57,6 +55,7 @@ def metrics_total(stderr: str, counter: str) -> int:
     )
 
 
+@pytest.mark.every_spark
 @pytest.mark.parametrize("source", SOURCES)
 def test_a_new_job_starts_at_a_time(spark, bootstrap_servers, make_topic, tmp_path, source):
     """Each partition starts at its first record at or after the time; partition 1, whose
@@ -82,6 +81,7 @@ def produce_and_delete_the_first(bootstrap: str, topic: str, count: int, deleted
         future.result(30)
 
 
+@pytest.mark.every_spark
 @pytest.mark.parametrize("source", SOURCES)
 def test_records_deleted_before_the_read_are_skipped_with_a_warning_when_asked(
     spark, bootstrap_servers, make_topic, tmp_path, source
@@ -107,6 +107,7 @@ def test_records_deleted_before_the_read_are_skipped_with_a_warning_when_asked(
         assert f"records {topic}[0]@0..3 were deleted from Kafka" in done.stderr
 
 
+@pytest.mark.every_spark
 def test_records_deleted_before_the_read_fail_the_job_by_default(
     spark, bootstrap_servers, make_topic, tmp_path
 ):
@@ -123,7 +124,9 @@ def test_records_deleted_before_the_read_fail_the_job_by_default(
     assert_output_keys(spark, tmp_path, [])  # created at start, nothing appended
 
 
-@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize(
+    "source", [pytest.param("builtin", marks=pytest.mark.every_spark), "python"]
+)
 def test_a_pattern_job_reads_every_matching_topic_and_those_created_later(
     spark, bootstrap_servers, tmp_path, source
 ):
