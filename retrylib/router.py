@@ -148,6 +148,7 @@ class BatchRouter:
             reader_options=dict(reader_options),
             signing_key=signing_key,
             secret_options=secret_options,
+            topic_max_bytes=dict(record_limits.topic_max),
         )
         self._control = ControlTopic(
             bootstrap_servers,
@@ -328,7 +329,6 @@ class BatchRouter:
             batch_id=batch_id,
             units=manifest["units"],
             control_from=manifest["control_from"],
-            topic_max_bytes=dict(self._record_limits.topic_max),
         )
         try:
             return produce_units(staged, plan)
