@@ -1,4 +1,5 @@
-"""Session fixtures: one SparkSession and one Kafka broker for the whole run.
+"""Session fixtures: one SparkSession and one Kafka broker for the whole run, and the Java
+options of every Spark JVM the tests start.
 
 The broker is, in order: an external cluster named by RETRYLIB_TEST_BOOTSTRAP_SERVERS;
 testcontainers' Kafka where a Docker engine answers; else an embedded Apache Kafka broker
@@ -14,8 +15,13 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from helpers import JVM_OPTIONS
 
 from retrylib.kafka.clients import ensure_topics, make_admin
+
+# Every Spark JVM of the run (this session's, and those of the `retrylib` and spark-submit
+# processes the tests start, which inherit the environment) runs with the tests' options.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", JVM_OPTIONS)
 
 
 def _docker_answers() -> bool:

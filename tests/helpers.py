@@ -38,6 +38,12 @@ from retrylib.task import TaskPlan, run_task
 
 REPO = Path(__file__).resolve().parents[1]
 
+JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+"""The Java options of the Spark JVMs the tests start (`tests/conftest.py` sets them for all).
+
+A test's JVM lives for a minute or less on two cores: the client compiler alone and one GC
+thread leave the cores to the job instead of to the optimizing compiler's threads."""
+
 
 def job_toml(
     workdir: str | Path,

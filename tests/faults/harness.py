@@ -55,7 +55,7 @@ from retrylib.retry.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, re
 
 # tests/, for the helpers shared by the tests, when this file runs as a script
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import read_topic, write_job_toml
+from helpers import JVM_OPTIONS, read_topic, write_job_toml
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -63,7 +63,6 @@ JOB = "faults"
 MAX_ATTEMPTS = 3
 DELAYS = ("1s", "2s")
 KINDS = (("ok", 0.55), ("flaky1", 0.15), ("flaky2", 0.12), ("always", 0.09), ("bad", 0.09))
-JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xss4m"
 _CRASH_LINE = re.compile(r"retrylib fault injection: crash at (\w+) in batch (\d+)")
 _BATCH_LINE = re.compile(r"retrylib\.router: batch (\{.*\})")
 _QUERY_UP = re.compile(r"retrylib\.router: batch |retrylib\.job: main topics read with")
@@ -496,7 +495,7 @@ class FaultHarness:
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             "PYSPARK_SUBMIT_ARGS": (
-                f'--driver-java-options "{JVM_OPTIONS}" --driver-memory 768m pyspark-shell'
+                f'--driver-java-options "{JVM_OPTIONS} -Xss4m" --driver-memory 768m pyspark-shell'
             ),
             "RETRYLIB_LOG_LEVEL": "INFO",
             "RETRYLIB_FAULTS_CALL_LOG": str(self.calls_log),

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pyspark
 import pytest
+from helpers import JVM_OPTIONS
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "faults"))
@@ -55,7 +56,6 @@ TIMEOUT = 400.0  # from the start to the drain: a guard against hangs on a busy 
 
 _TASK_LINE = re.compile(r"Executor: (Running|Finished) task \S+ in stage \S+ \(TID (\d+)\)")
 # Short-lived JVMs on two shared cores: no C2 compiler, no parallel GC threads.
-_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 
 
 def _free_port() -> int:
@@ -177,7 +177,7 @@ def _spark_env(**extra: str) -> dict[str, str]:
         "PYSPARK_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_DAEMON_MEMORY": "256m",
-        "SPARK_DAEMON_JAVA_OPTS": _JVM_OPTIONS,
+        "SPARK_DAEMON_JAVA_OPTS": JVM_OPTIONS,
         **extra,
     }
 
@@ -288,8 +288,8 @@ def test_exactly_once_when_a_worker_dies_mid_batch(
     events.mkdir()
     properties = tmp_path / "spark.properties"
     properties.write_text(
-        f"spark.driver.extraJavaOptions={_JVM_OPTIONS}\n"
-        f"spark.executor.extraJavaOptions={_JVM_OPTIONS}\n"
+        f"spark.driver.extraJavaOptions={JVM_OPTIONS}\n"
+        f"spark.executor.extraJavaOptions={JVM_OPTIONS}\n"
         "spark.ui.enabled=false\n"
         "spark.eventLog.enabled=true\n"
         f"spark.eventLog.dir=file://{events}\n"
