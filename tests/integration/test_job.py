@@ -15,14 +15,13 @@ from helpers import produce, read_table, run_available_now, table_frame
 from retrylib.checkpoint import Checkpoint
 from retrylib.job import start_query
 
-pytestmark = pytest.mark.every_spark
-
 
 def expected_frame(spark, rows: list[tuple]):
     schema = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"
     return spark.createDataFrame(rows, schema)
 
 
+@pytest.mark.every_spark
 def test_thousands_of_records_land_once(spark, bootstrap_servers, make_topic, write_config):
     topic = make_topic("orders", partitions=4)
     records = [(f"ok-{i}", f"v{i}") for i in range(4000)]
@@ -39,7 +38,7 @@ def test_thousands_of_records_land_once(spark, bootstrap_servers, make_topic, wr
     assert sum(r.counters.get("succeeded", 0) for r in results) == 4000
 
 
-@pytest.mark.parametrize("scheme", ["", "file:"])
+@pytest.mark.parametrize("scheme", [pytest.param("", marks=pytest.mark.every_spark), "file:"])
 def test_restart_processes_only_new_records(
     spark, bootstrap_servers, make_topic, write_config, tmp_path, scheme
 ):
@@ -58,6 +57,7 @@ def test_restart_processes_only_new_records(
     assert (values.count("first"), values.count("second")) == (500, 300)
 
 
+@pytest.mark.every_spark
 def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topic, write_config):
     from retrylib.kafka.arrow_records import KAFKA_SCHEMA
 
@@ -82,6 +82,7 @@ def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topi
     assert pa.compute.count_distinct(table.column("offset")).as_py() == 50
 
 
+@pytest.mark.every_spark
 def test_each_batch_commits_with_its_own_transaction(
     spark, bootstrap_servers, make_topic, write_config
 ):

@@ -19,6 +19,8 @@ from retrylib.kafka.clients import ensure_topics, make_admin
 
 HANDLERS_DIR = Path(__file__).parent / "handlers"
 SOURCES = ["builtin", "python"]
+ON_EVERY_SPARK = ["builtin", pytest.param("python", marks=pytest.mark.every_spark)]
+"""The sources, the python one (the Python data source API) also on the oldest Spark line."""
 OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"
 
 
@@ -55,8 +57,7 @@ def metrics_total(stderr: str, counter: str) -> int:
     )
 
 
-@pytest.mark.every_spark
-@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("source", ON_EVERY_SPARK)
 def test_a_new_job_starts_at_a_time(spark, bootstrap_servers, make_topic, tmp_path, source):
     """Each partition starts at its first record at or after the time; partition 1, whose
     records are all older, starts at its end instead of failing the query."""
@@ -81,8 +82,7 @@ def produce_and_delete_the_first(bootstrap: str, topic: str, count: int, deleted
         future.result(30)
 
 
-@pytest.mark.every_spark
-@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("source", ON_EVERY_SPARK)
 def test_records_deleted_before_the_read_are_skipped_with_a_warning_when_asked(
     spark, bootstrap_servers, make_topic, tmp_path, source
 ):
@@ -124,9 +124,7 @@ def test_records_deleted_before_the_read_fail_the_job_by_default(
     assert_output_keys(spark, tmp_path, [])  # created at start, nothing appended
 
 
-@pytest.mark.parametrize(
-    "source", [pytest.param("builtin", marks=pytest.mark.every_spark), "python"]
-)
+@pytest.mark.parametrize("source", SOURCES)
 def test_a_pattern_job_reads_every_matching_topic_and_those_created_later(
     spark, bootstrap_servers, tmp_path, source
 ):
