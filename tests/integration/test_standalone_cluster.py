@@ -55,7 +55,6 @@ TIMEOUT = 400.0  # from the start to the drain: a guard against hangs on a busy 
 
 
 _TASK_LINE = re.compile(r"Executor: (Running|Finished) task \S+ in stage \S+ \(TID (\d+)\)")
-# Short-lived JVMs on two shared cores: no C2 compiler, no parallel GC threads.
 
 
 def _free_port() -> int:
