@@ -48,7 +48,7 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
-from pyspark import TaskContext
+from pyspark import InheritableThread, TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import array, collect_list, count, lit, percentile_approx
 
@@ -287,21 +287,38 @@ class BatchRouter:
         def of_kind(kind: str) -> DataFrame:
             return staged.where(f"kind = '{kind}'").select(f"{kind}.*")
 
-        produced = 0
+        def produce() -> tuple[int, int]:
+            sent = self._produce(staged, manifest, batch_id) if rows["staged"] else (0, 0)
+            crash_point("after_produce", batch_id)
+            return sent
+
+        def append_output() -> bool:
+            committed = bool(rows["output"]) and self._append(
+                of_kind("output"),
+                "output.table",
+                self._output_table,
+                batch_id,
+                self._evolve_output,
+            )
+            crash_point("after_output_commit", batch_id)
+            return committed
+
+        def append_dead_letters() -> bool:
+            committed = bool(rows["dead_letter"]) and self._append(
+                of_kind("dead_letter"), "dead_letter.table", self._dead_letter_table, batch_id
+            )
+            crash_point("after_dead_letter_commit", batch_id)
+            return committed
+
+        # The three effects are each idempotent and need nothing of each other, so they run
+        # at once: a batch then waits for the slowest (a Delta append, whose idempotent-write
+        # check rebuilds the table's state) instead of for their sum.
+        (produced, opened), output_committed, dead_committed = _all_at_once(
+            produce, append_output, append_dead_letters
+        )
         counters = Counter(manifest["counters"])
-        if rows["staged"]:
-            produced, opened = self._produce(staged, manifest, batch_id)
-            if opened:
-                counters[Count.KAFKA_CLIENTS_OPENED] += opened
-        crash_point("after_produce", batch_id)
-        output_committed = bool(rows["output"]) and self._append(
-            of_kind("output"), "output.table", self._output_table, batch_id, self._evolve_output
-        )
-        crash_point("after_output_commit", batch_id)
-        dead_committed = bool(rows["dead_letter"]) and self._append(
-            of_kind("dead_letter"), "dead_letter.table", self._dead_letter_table, batch_id
-        )
-        crash_point("after_dead_letter_commit", batch_id)
+        if opened:
+            counters[Count.KAFKA_CLIENTS_OPENED] += opened
         return BatchResult(
             batch_id,
             replayed,
@@ -415,6 +432,33 @@ def _run_tasks(df: DataFrame, plan: Plan, staging: str, *, isolate: bool = False
         plan.batch_id,
     )
     _run_tasks(df, plan, staging, isolate=True)
+
+
+def _all_at_once(*calls: Callable[[], Any]) -> list[Any]:
+    """Run `calls` in threads of their own and wait for all; returns their results in order.
+
+    Each thread carries this thread's Spark local properties (the streaming query's job
+    group among them), so stopping the query cancels their jobs too. When calls fail, the
+    first one's error (in the order given) is raised, after every call has ended.
+    """
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException | None] = [None] * len(calls)
+
+    def run(index: int) -> None:
+        try:
+            results[index] = calls[index]()
+        except BaseException as error:  # handed to the caller's thread below
+            errors[index] = error
+
+    threads = [InheritableThread(run, args=(index,)) for index in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for error in errors:
+        if error is not None:
+            raise error
+    return results
 
 
 def _batch_property(plan: Plan, isolate: bool) -> str:

@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import re
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -303,18 +304,23 @@ def _signature(
     value: bytes | None,
     headers: Sequence[tuple[str, bytes | None]],
 ) -> str:
-    mac = hmac.new(signing_key, digestmod=hashlib.sha256)
     fields: list[bytes | None] = [topic.encode("utf-8"), key, value]
     for name, header_value in headers:
         fields += (name.encode("utf-8"), header_value)
+    # Tagged and length-prefixed, so no two different records feed the MAC the same bytes.
+    # One MAC over the joined bytes: a storm signs every record, and a call per field cost
+    # most of a failed record's time.
+    parts: list[bytes] = []
     for field in fields:
-        # Tagged and length-prefixed, so no two different records feed the MAC the same bytes.
         if field is None:
-            mac.update(b"\x00")
+            parts.append(_ABSENT)
         else:
-            mac.update(b"\x01" + len(field).to_bytes(8, "big"))
-            mac.update(field)
-    return mac.hexdigest()
+            parts += (_PRESENT.pack(1, len(field)), field)
+    return hmac.digest(signing_key, b"".join(parts), "sha256").hex()
+
+
+_ABSENT = b"\x00"
+_PRESENT = struct.Struct(">BQ")  # the tag 1, then the length in 8 bytes
 
 
 class _HeaderReader:

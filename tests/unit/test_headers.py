@@ -324,6 +324,18 @@ def _signed() -> list[tuple[str, bytes | None]]:
     return h.sign(encode_retry_headers(USER, STATE), **SIGNED)
 
 
+def test_signatures_stay_what_earlier_versions_wrote() -> None:
+    """Records signed by an earlier version of the job still wait in the retry topics."""
+    headers = [("retrylib.attempt", b"2"), ("trace", None), ("x", b"")]
+    signed = h.sign(
+        headers, signing_key=b"k" * 32, topic="orders.retry.2s", key=b"key-1", value=b'{"v": 1}'
+    )
+    bare = h.sign([], signing_key=b"k" * 32, topic="t", key=None, value=None)
+
+    assert signed[-1][1] == b"b81b0e85e503923f1574f625b9b0abb768b0dfe19a4308a664a0ee2d5c6b22f3"
+    assert bare[-1][1] == b"3674e5ff5a62a1bcd08871b6732a950741c102b678f226f776718645536b1fdf"
+
+
 def test_a_signed_record_verifies_and_keeps_its_headers_ahead_of_the_signature() -> None:
     signed = _signed()
     assert signed[:-1] == encode_retry_headers(USER, STATE)
