@@ -197,19 +197,21 @@ class BatchRouter:
         self._hook_errors.clear()
         self._hooks.call("on_batch_start", batch_id)
         spark = df.sparkSession
-        if not self._checked_tables:
-            self._check_not_ahead(spark, batch_id)
-            self._checked_tables = True
         manifest_uri = self._checkpoint.manifest(batch_id)
         manifest = read_json(spark, manifest_uri)
         replayed = manifest is not None
         if manifest is None:
-            routed = self._route(df, batch_id)
+            # The tables are read while the handler runs; the decisions are claimed after.
+            routed, _ = _all_at_once(
+                partial(self._route, df, batch_id), partial(self._read_tables, spark, batch_id)
+            )
             manifest = claim_json(spark, manifest_uri, routed)
             replayed = manifest is not routed
             if replayed:
                 log.warning("batch %d was routed concurrently; using the other run's", batch_id)
             crash_point("after_manifest", batch_id)
+        elif not self._checked_tables:
+            self._read_tables(spark, batch_id)
         result = self._apply(spark, manifest, batch_id, replayed, started)
         if self._key_order is not None:
             self._key_order.after_batch(spark, manifest, batch_id)
@@ -227,6 +229,19 @@ class BatchRouter:
         if self._compactor is not None:  # after every commit of the batch, metrics included
             self._compactor.after_batch(spark)
         self.batch_finished.set()
+
+    def _read_tables(self, spark: SparkSession, batch_id: int) -> None:
+        """Read the state of the tables the batch appends to: their app transactions, which
+        every idempotent append asks for (a Spark job of a second or more per new table
+        version), so that the appends find it ready. The first batch of a run also checks
+        that neither they nor the control topic are ahead of the checkpoint."""
+        if not self._checked_tables:
+            self._check_not_ahead(spark, batch_id)
+            self._checked_tables = True
+            return
+        for table in (self._output_table, self._dead_letter_table):
+            if table is not None:
+                committed_version(spark, table, self.app_id)
 
     def _route(self, df: DataFrame, batch_id: int) -> dict[str, Any]:
         """Route the batch and stage its decisions; returns the manifest to claim."""
@@ -435,11 +450,12 @@ def _run_tasks(df: DataFrame, plan: Plan, staging: str, *, isolate: bool = False
 
 
 def _all_at_once(*calls: Callable[[], Any]) -> list[Any]:
-    """Run `calls` in threads of their own and wait for all; returns their results in order.
+    """Run `calls` at once, the first in this thread and each other in a thread of its own;
+    returns their results in order once all have ended.
 
-    Each thread carries this thread's Spark local properties (the streaming query's job
-    group among them), so stopping the query cancels their jobs too. When calls fail, the
-    first one's error (in the order given) is raised, after every call has ended.
+    The threads carry this thread's Spark local properties (the streaming query's job group
+    among them), so stopping the query cancels their jobs too. When calls fail, the first
+    one's error (in the order given) is raised, after every call has ended.
     """
     results: list[Any] = [None] * len(calls)
     errors: list[BaseException | None] = [None] * len(calls)
@@ -447,12 +463,13 @@ def _all_at_once(*calls: Callable[[], Any]) -> list[Any]:
     def run(index: int) -> None:
         try:
             results[index] = calls[index]()
-        except BaseException as error:  # handed to the caller's thread below
+        except BaseException as error:  # raised in the caller's thread below
             errors[index] = error
 
-    threads = [InheritableThread(run, args=(index,)) for index in range(len(calls))]
+    threads = [InheritableThread(run, args=(index,)) for index in range(1, len(calls))]
     for thread in threads:
         thread.start()
+    run(0)
     for thread in threads:
         thread.join()
     for error in errors:

@@ -26,7 +26,6 @@ command exposes them.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -289,10 +288,8 @@ def append_once(
             done,
         )
         return False
-    # Listing the log only; no state reconstruction for this newer version here.
-    after = _latest_snapshot(spark, target)
-    _rebuild_state_in_background(after, target)
-    return after.version() > before.version()
+    # Listing the log only; no state reconstruction for this newer version.
+    return _latest_snapshot(spark, target).version() > before.version()
 
 
 def committed_version(spark: SparkSession, ref: TableRef, app_id: str) -> int | None:
@@ -327,25 +324,6 @@ def _latest_snapshot(spark: SparkSession, target: TableRef) -> Any:
         )
     none = spark._jvm.scala.Option.empty()  # type: ignore[union-attr]
     return jdt.deltaLog().update(False, none, none)
-
-
-def _rebuild_state_in_background(snapshot: Any, target: TableRef) -> None:
-    """Start rebuilding `snapshot`'s state (the transactions the next append asks for) in a
-    thread of its own, so that it overlaps the time until the next batch's append.
-
-    Every idempotent append needs the state of the version it starts from, a Spark job of a
-    second or more; done here, the next append finds it ready when no one else has
-    committed meanwhile (Delta hands out the same snapshot while the log is unchanged, and
-    computes its state once: a caller that comes early waits for this one).
-    """
-
-    def rebuild() -> None:
-        try:
-            snapshot.transactions()
-        except Exception as error:  # a session stopping: the next append rebuilds it itself
-            log.debug("rebuilding the state of %s in the background failed: %s", target, error)
-
-    threading.Thread(target=rebuild, name=f"retrylib-delta-state-{target}", daemon=True).start()
 
 
 def _txn_version(snapshot: Any, app_id: str) -> int | None:
