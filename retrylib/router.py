@@ -21,6 +21,10 @@ A batch runs in steps, each safe to repeat after a crash:
 5. With `[output] optimize_every`, the tables are compacted when that period has passed
    (`compaction`).
 
+Steps 2 and 3 need nothing of each other and are each idempotent, so they run at once. The
+tables' state that the appends ask for (their app transactions, a Spark job per new table
+version) is read during step 1, while the handler runs.
+
 A batch's staging folder is removed once the next batch has run: Spark replays at most the
 last batch, and a replay of it may still need its staged rows.
 
