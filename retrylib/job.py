@@ -448,6 +448,7 @@ def start_query(
         hook_paths=config.handler.paths if config.handler is not None else (),
         task=run_task if config.delay_router is None else run_forwarding_task,
         key_order=key_order,
+        later_tables=tuple(filter(None, [config.metrics.table_ref()])),
     )
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
     # back-to-back triggers instead, the tier source held to the target, until it is reached.

@@ -127,6 +127,7 @@ class BatchRouter:
         hook_paths: tuple[str, ...] = (),
         task: Task = run_task,
         key_order: KeyOrderStore | None = None,
+        later_tables: tuple[TableRef, ...] = (),
     ) -> None:
         """`kafka_options`: the Kafka options of the executors' producers; `reader_options`
         those of the consumers that read the control topic;
@@ -134,9 +135,12 @@ class BatchRouter:
         `hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`);
         `task` routes one Spark task's records with a plan like `plan_template`: a handler
         job's `run_task`, or a delay router's `run_forwarding_task` (whose plans have no
-        output or dead-letter table: those are None then)."""
+        output or dead-letter table: those are None then);
+        `later_tables`: tables appended to once the batch is done (the metrics table), whose
+        state is read along with the batch's own tables (`_read_tables`)."""
         self._task = task
         self._key_order = key_order
+        self._later_tables = later_tables
         self._template = plan_template
         self._checkpoint = checkpoint
         self._output_table = output_table
@@ -242,10 +246,15 @@ class BatchRouter:
         if not self._checked_tables:
             self._check_not_ahead(spark, batch_id)
             self._checked_tables = True
-            return
-        for table in (self._output_table, self._dead_letter_table):
-            if table is not None:
+        else:
+            for table in (self._output_table, self._dead_letter_table):
+                if table is not None:
+                    committed_version(spark, table, self.app_id)
+        for table in self._later_tables:
+            try:
                 committed_version(spark, table, self.app_id)
+            except Exception as error:  # its own append reads it again, and says what failed
+                log.debug("reading %s ahead of its append failed: %s", table, error)
 
     def _route(self, df: DataFrame, batch_id: int) -> dict[str, Any]:
         """Route the batch and stage its decisions; returns the manifest to claim."""
