@@ -61,11 +61,35 @@ def observed_columns(counters: tuple[str, ...], tiers: int) -> list[Column]:
     if "retried" in counters:
         columns["retried"] = sum(by_tier.values(), F.lit(0))
     columns.update(by_tier)
+    columns.update(_lateness_columns(tiers))
+    return [columns[name].alias(name) for name in metric_names(counters, tiers)]
+
+
+def decision_columns(kinds: tuple[str, ...], tiers: int) -> list[Column]:
+    """The aggregate columns a batch's manifest is made of, over its result rows: `rows_<kind>`
+    for each of `kinds`, `counters` (the tasks' counters objects, as one JSON list of them)
+    and each tier's lateness percentiles (`lateness_metric`).
+
+    Every value is a number or a string: Spark 4.0's `Observation.get` leaves an array as a
+    py4j object."""
+    from pyspark.sql import functions as F
+
+    columns = {f"rows_{kind}": F.count_if(F.col("kind") == kind) for kind in kinds}
+    columns["counters"] = F.to_json(F.collect_list(F.col("counters")))
+    columns.update(_lateness_columns(tiers))
+    return [column.alias(name) for name, column in columns.items()]
+
+
+def _lateness_columns(tiers: int) -> dict[str, Column]:
+    """Each tier's lateness percentiles, by `lateness_metric` name."""
+    from pyspark.sql import functions as F
+
     lateness = F.col("lateness")
     fractions = F.array(*(F.lit(fraction) for _, fraction in PERCENTILES))
+    columns = {}
     for tier in range(tiers):
         late = F.when((F.col("kind") == "lateness") & (lateness.tier == tier), lateness.lateness_ms)
         values = F.percentile_approx(late, fractions)
         for index, (name, _) in enumerate(PERCENTILES):
             columns[lateness_metric(name, tier)] = values.getItem(index)
-    return [columns[name].alias(name) for name in metric_names(counters, tiers)]
+    return columns

@@ -4,7 +4,8 @@ A batch runs in steps, each safe to repeat after a crash:
 
 1. Unless this batch already has a manifest: executors route every record (see
    `task`), and Spark writes their decisions (`results`) to the batch's staging folder
-   in the checkpoint; the driver then records the batch's clock and counters in a manifest.
+   in the checkpoint, counting them in the same Spark job (an `Observation`); the driver
+   then records the batch's clock and counters in a manifest.
    The routing tasks are part of the streaming query's plan (`routed`), so that Spark
    reports their counters in its progress (`observed`); the batch's id, clock and record
    limits reach them as Spark local properties, set here before the batch's one job.
@@ -53,8 +54,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark import InheritableThread, TaskContext
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.functions import array, collect_list, count, lit, percentile_approx
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
 from retrylib import errors
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
@@ -71,7 +71,13 @@ from retrylib.kafka.clients import RecordLimits
 from retrylib.kafka.markers import ControlTopic
 from retrylib.key_order_store import KeyOrderStore
 from retrylib.metrics import OBSERVED_COUNTERS
-from retrylib.observed import OBSERVATION, PERCENTILES, observed_columns
+from retrylib.observed import (
+    OBSERVATION,
+    PERCENTILES,
+    decision_columns,
+    lateness_metric,
+    observed_columns,
+)
 from retrylib.produce_units import ProducePlan, produce_units
 from retrylib.results import placed, result_struct
 from retrylib.retry.outcomes import Count
@@ -84,7 +90,11 @@ Task = Callable[[Any, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 """A `mapInArrow` body given its batch's plan: `run_task` or `run_forwarding_task`."""
 
 _WORKER_DIED = "Python worker exited unexpectedly"
+_COUNTED_KINDS = ("output", "dead_letter", "staged", "key_state")
+"""The kinds of result rows (`results`) a manifest counts: what the batch's effects write."""
 _BATCH_PROPERTY = "retrylib.batch"
+_DECISIONS = "retrylib_decisions"
+"""The name of the `Observation` of a batch's decisions (`_run_tasks`)."""
 """The Spark local property that carries a batch's id, clock and record limits to its tasks."""
 
 
@@ -142,6 +152,9 @@ class BatchRouter:
         self._key_order = key_order
         self._later_tables = later_tables
         self._template = plan_template
+        self._tiers = (
+            len(plan_template.tier_delays_ms) if isinstance(plan_template, TaskPlan) else 0
+        )
         self._checkpoint = checkpoint
         self._output_table = output_table
         self._evolve_output = evolve_output
@@ -187,11 +200,10 @@ class BatchRouter:
         slots = max(1, source.sparkSession.sparkContext.defaultParallelism)
         self._units = slots  # the routing tasks' partitions, each a produce unit
         template = self._template
-        tiers = len(template.tier_delays_ms) if isinstance(template, TaskPlan) else 0
         results = source.coalesce(slots).mapInArrow(
             partial(_batch_task, self._task, template), result_struct(template.output_schema)
         )
-        return results.observe(OBSERVATION, *observed_columns(OBSERVED_COUNTERS, tiers))
+        return results.observe(OBSERVATION, *observed_columns(OBSERVED_COUNTERS, self._tiers))
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         try:
@@ -265,38 +277,24 @@ class BatchRouter:
             max_record_bytes=self._record_limits.current(),
         )
         staging = self._checkpoint.staged(batch_id)
-        _run_tasks(df, plan, staging)
+        decided = _run_tasks(df, plan, staging, decision_columns(_COUNTED_KINDS, self._tiers))
         crash_point("after_handler", batch_id)
         counters: Counter[str] = Counter()
-        kinds: Counter[str] = Counter()
-        lateness: dict[str, list[int]] = {}
-        fractions = array(*(lit(fraction) for _, fraction in PERCENTILES))
-        by_kind = (
-            df.sparkSession.read.parquet(staging)
-            .groupBy("kind", "lateness.tier")
-            .agg(
-                count("*").alias("rows"),
-                collect_list("counters").alias("counters"),
-                percentile_approx("lateness.lateness_ms", fractions).alias("lateness"),
-            )
-        )
-        # One row per kind, and per tier for "lateness"; only "counters" has counters.
-        for row in by_kind.collect():
-            kinds[row["kind"]] += row["rows"]
-            for text in row["counters"]:
-                counters.update(json.loads(text))
-            if row["kind"] == "lateness":
-                lateness[str(row["tier"])] = row["lateness"]
-        staged_rows = kinds["staged"]
+        for text in json.loads(decided["counters"]):
+            counters.update(json.loads(text))
+        lateness = {
+            str(tier): [decided[lateness_metric(name, tier)] for name, _ in PERCENTILES]
+            for tier in range(self._tiers)
+            if decided[lateness_metric("p50", tier)] is not None
+        }
+        rows = {kind: decided[f"rows_{kind}"] for kind in _COUNTED_KINDS}
         return {
             "now_ms": plan.now_ms,
             "staging": staging,
             "units": self._units,
             # Every marker of the batch comes after this offset: its produce starts later.
-            "control_from": self._control.end_offset() if staged_rows else None,
-            "rows": {
-                kind: kinds[kind] for kind in ("output", "dead_letter", "staged", "key_state")
-            },
+            "control_from": self._control.end_offset() if rows["staged"] else None,
+            "rows": rows,
             "counters": dict(counters),
             "lateness_ms": lateness,
         }
@@ -433,11 +431,16 @@ class BatchRouter:
         worker_clients.close_all()
 
 
-def _run_tasks(df: DataFrame, plan: Plan, staging: str, *, isolate: bool = False) -> None:
-    """Route the batch on the executors and write their result rows to `staging` (Parquet).
+def _run_tasks(
+    df: DataFrame, plan: Plan, staging: str, decisions: list[Column], *, isolate: bool = False
+) -> dict[str, Any]:
+    """Route the batch on the executors and write their result rows to `staging` (Parquet);
+    returns the values of the aggregate columns `decisions` over those rows.
 
     `df` is the query's frame (`BatchRouter.routed`): writing it runs the routing tasks,
-    given `plan`'s batch id, clock and record limits.
+    given `plan`'s batch id, clock and record limits. The aggregates are observed in the
+    same Spark job as the write (`Observation`), so counting the decisions reads nothing
+    back.
 
     If a Python worker dies (a handler called os._exit or crashed in native code), the
     batch runs again with every handler call in a process of its own, so that the record
@@ -446,9 +449,10 @@ def _run_tasks(df: DataFrame, plan: Plan, staging: str, *, isolate: bool = False
     """
     context = df.sparkSession.sparkContext
     context.setLocalProperty(_BATCH_PROPERTY, _batch_property(plan, isolate))
+    observed = Observation(_DECISIONS)  # one per write: an Observation is filled once
     try:
-        df.write.mode("overwrite").parquet(staging)
-        return
+        df.observe(observed, *decisions).write.mode("overwrite").parquet(staging)
+        return observed.get
     except Exception as error:
         if isolate or plan.isolated() is None or _WORKER_DIED not in str(error):
             raise
@@ -459,7 +463,7 @@ def _run_tasks(df: DataFrame, plan: Plan, staging: str, *, isolate: bool = False
         "with each handler call in its own process",
         plan.batch_id,
     )
-    _run_tasks(df, plan, staging, isolate=True)
+    return _run_tasks(df, plan, staging, decisions, isolate=True)
 
 
 def _all_at_once(*calls: Callable[[], Any]) -> list[Any]:
