@@ -307,8 +307,11 @@ class BatchRouter:
         replayed: bool,
         started: float,
     ) -> BatchResult:
-        staged = spark.read.parquet(manifest["staging"])
         rows = manifest["rows"]
+        # Listing the staging folder costs a round trip to the storage: a batch with nothing
+        # to produce or append (one that read only transaction markers) skips it.
+        effects = rows["staged"] or rows["output"] or rows["dead_letter"]
+        staged = spark.read.parquet(manifest["staging"]) if effects else None
 
         def of_kind(kind: str) -> DataFrame:
             return staged.where(f"kind = '{kind}'").select(f"{kind}.*")
