@@ -21,6 +21,27 @@ import sys
 import time
 
 
+def run_until_stopped(query, stop_file: str, events: str, timeout: float) -> None:
+    """Let a processing-time query run until `stop_file` exists (or `timeout`), writing a line
+    to `events` for each batch that ran as its progress appears; then stop it."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    with open(events, "a") as out:
+        while query.isActive and time.monotonic() < deadline:
+            stop = os.path.exists(stop_file)
+            for p in query.recentProgress:
+                if p.batchId in seen or p.numInputRows == 0:
+                    continue  # an idle trigger's progress repeats the next batch's id
+                seen.add(p.batchId)
+                line = {"batch_id": p.batchId, "end": time.time()}
+                out.write(json.dumps({**line, "counters": {"succeeded": p.numInputRows}}) + "\n")
+                out.flush()
+            if stop:
+                break
+            time.sleep(0.2)
+    query.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("args_json")
@@ -49,19 +70,25 @@ def main(argv: list[str] | None = None) -> int:
         reader = reader.option("maxOffsetsPerTrigger", str(options["max_offsets_per_trigger"]))
     frame = reader.load().select("partition", "offset", F.length("value").cast("int").alias("size"))
     cpu_before = tree_cpu_by_group(os.getpid())
-    query = (
+    writer = (
         frame.writeStream.format("delta")
         .queryName("bench-bare")
         .option("checkpointLocation", options["checkpoint"])
-        .trigger(availableNow=True)
-        .start(options["table"])
     )
+    trigger = options.get("trigger")
+    writer = (
+        writer.trigger(processingTime=trigger) if trigger else writer.trigger(availableNow=True)
+    )
+    query = writer.start(options["table"])
     query_started = time.time()
     error = None
-    query.awaitTermination(args.timeout)
-    if query.isActive:
-        error = f"timed out after {args.timeout}s"
-        query.stop()
+    if trigger:
+        run_until_stopped(query, options["stop_file"], options["events"], args.timeout)
+    else:
+        query.awaitTermination(args.timeout)
+        if query.isActive:
+            error = f"timed out after {args.timeout}s"
+            query.stop()
     exception = query.exception()
     if exception is not None:
         error = str(exception)

@@ -4,11 +4,15 @@
 
     python -m bench.retrylib_driver CONFIG RESULT_JSON --master local[2]
         [--continuous --expect-succeeded N --events EVENTS_JSONL --timeout S] [--no-timers]
+        [--stop-file PATH] [--idle-progress-ms MS]
 
 Without --continuous the query runs with Trigger.AvailableNow and the process exits when it
 ends. With --continuous it runs on the config's processing-time trigger until the batches
 have counted N succeeded records (or the timeout), appending one JSON line per batch to
-EVENTS_JSONL as batches end (bench/run.py watches it to know the job is warm).
+EVENTS_JSONL as batches end (bench/run.py watches it to know the job is warm). With
+--stop-file it also stops once that file exists (bench/run.py creates it when it has measured
+what it wanted). --idle-progress-ms sets how often Spark reports the progress of a trigger that
+ran no batch (`spark.sql.streaming.noDataProgressEventInterval`, 10 s by default).
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--no-timers", action="store_true")
+    parser.add_argument("--stop-file")
+    parser.add_argument("--idle-progress-ms", type=int)
     args = parser.parse_args(argv)
     started = time.time()
 
@@ -82,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         timers = install_driver_timers()
     spark = build_spark_session(f"retrylib-{config.job.name}", master=args.master)
     session_ready = time.time()
+    if args.idle_progress_ms is not None:
+        spark.conf.set(
+            "spark.sql.streaming.noDataProgressEventInterval", str(args.idle_progress_ms)
+        )
 
     batches: list[dict] = []
     succeeded = [0]
@@ -118,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.continuous:
             deadline = time.monotonic() + args.timeout
             while query.isActive and not settled.is_set() and time.monotonic() < deadline:
+                if args.stop_file and os.path.exists(args.stop_file):
+                    break
                 settled.wait(0.2)
             stop_gracefully(query, router)
         else:
