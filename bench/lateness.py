@@ -19,21 +19,26 @@ from retrylib.kafka.reading import ReadToEnd, reading_consumer
 from retrylib.retry.headers import NOT_BEFORE, ORIGIN_OFFSET, ORIGIN_PARTITION
 
 
-def not_before_by_origin(bootstrap: str, topic: str, timeout: float = 30.0) -> dict:
-    """{(origin partition, origin offset): not_before ms} over the committed records of
-    every partition of `topic`."""
+def committed_messages(bootstrap: str, topic: str, timeout: float = 30.0) -> list:
+    """Every committed record of every partition of `topic` (read_committed, to its end)."""
     consumer = reading_consumer(bootstrap, {}, "bench-lateness")
     try:
         partitions = topic_partitions(consumer, [topic], timeout=10)[topic]
         read = ReadToEnd.from_earliest(consumer, [(topic, p) for p in partitions])
-        found: dict[tuple[int, int], int] = {}
-        for message in read.messages(timeout):
-            headers = dict(message.headers() or ())
-            key = (int(headers[ORIGIN_PARTITION]), int(headers[ORIGIN_OFFSET]))
-            found[key] = int(headers[NOT_BEFORE])
-        return found
+        return list(read.messages(timeout))
     finally:
         consumer.close()
+
+
+def not_before_by_origin(bootstrap: str, topic: str, timeout: float = 30.0) -> dict:
+    """{(origin partition, origin offset): not_before ms} over the committed records of
+    every partition of `topic`."""
+    found: dict[tuple[int, int], int] = {}
+    for message in committed_messages(bootstrap, topic, timeout):
+        headers = dict(message.headers() or ())
+        key = (int(headers[ORIGIN_PARTITION]), int(headers[ORIGIN_OFFSET]))
+        found[key] = int(headers[NOT_BEFORE])
+    return found
 
 
 def handled_by_origin(table_uri: str) -> dict:

@@ -219,3 +219,36 @@ def failure_cause(exit_code: int | None, log_text: str) -> str:
         if at >= 0:
             return f"{cause}, {line[at:].strip()}"
     return cause
+
+
+def trigger_ms(progress: Iterable[Mapping[str, object]], rows: int | None = None) -> list[int]:
+    """durationMs.triggerExecution of the batches that ran, in batch order, from a query's
+    progress entries (an idle trigger's entry, with no input rows, repeats the id of the
+    batch still to run and is left out); with `rows`, of those that read exactly that many
+    input rows."""
+    took = {}
+    for p in progress:
+        n = p.get("numInputRows")
+        if p.get("batchId") is None or not n or (rows is not None and n != rows):
+            continue
+        took[int(p["batchId"])] = int(dict(p.get("durationMs") or {}).get("triggerExecution", 0))
+    return [took[b] for b in sorted(took)]
+
+
+def idle_triggers_ms(
+    progress: Iterable[Mapping[str, object]], start_ms: int, end_ms: int
+) -> list[int]:
+    """triggerExecution of each progress entry with no input rows whose trigger started in
+    [start_ms, end_ms]: the triggers of a quiet query."""
+    return [
+        int(dict(p.get("durationMs") or {}).get("triggerExecution", 0))
+        for p in progress
+        if p.get("timestamp")
+        and not p.get("numInputRows")
+        and start_ms <= epoch_ms(str(p["timestamp"])) <= end_ms
+    ]
+
+
+def changed(before: Mapping[str, object], after: Mapping[str, object]) -> list[str]:
+    """The keys whose value differs between two snapshots (a key in only one counts)."""
+    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))

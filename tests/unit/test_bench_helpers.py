@@ -314,3 +314,23 @@ def test_a_storm_run_that_fails_is_a_row_saying_why(tmp_path):
     ]
     [row] = [cells for cells in rows if cells[0] == "100"]
     assert row[:4] == ["100", "exit 52, java.lang.OutOfMemoryError: Java heap space", "-", "-"]
+
+
+def test_fixed_cost_helpers_pick_batches_and_quiet_triggers():
+    from bench.report import changed, epoch_ms, idle_triggers_ms, trigger_ms
+
+    progress = [
+        {"batchId": 3, "timestamp": "2026-01-01T00:00:00.000Z", "numInputRows": 500,
+         "durationMs": {"triggerExecution": 900}},
+        {"batchId": 4, "timestamp": "2026-01-01T00:00:01.000Z", "numInputRows": 0,
+         "durationMs": {"triggerExecution": 7}},
+        {"batchId": 4, "timestamp": "2026-01-01T00:00:05.000Z", "numInputRows": 0,
+         "durationMs": {"triggerExecution": 3}},
+    ]  # fmt: skip
+    assert trigger_ms(progress) == [900]
+    assert trigger_ms(progress, rows=500) == [900]
+    assert trigger_ms(progress, rows=50) == []
+    start = epoch_ms("2026-01-01T00:00:00.500Z")
+    assert idle_triggers_ms(progress, start, start + 4500) == [7, 3]
+    assert idle_triggers_ms(progress, start, start + 1000) == [7]
+    assert changed({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 0}) == ["b", "c"]
