@@ -12,7 +12,8 @@ have counted N succeeded records (or the timeout), appending one JSON line per b
 EVENTS_JSONL as batches end (bench/run.py watches it to know the job is warm). With
 --stop-file it also stops once that file exists (bench/run.py creates it when it has measured
 what it wanted). --idle-progress-ms sets how often Spark reports the progress of a trigger that
-ran no batch (`spark.sql.streaming.noDataProgressEventInterval`, 10 s by default).
+ran no batch (`spark.sql.streaming.noDataProgressEventInterval`, 10 s by default), and keeps
+up to 2000 progress entries instead of 100.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         spark.conf.set(
             "spark.sql.streaming.noDataProgressEventInterval", str(args.idle_progress_ms)
         )
+        # ...and keeps them all: the report reads the whole run's progress.
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2000")
 
     batches: list[dict] = []
     succeeded = [0]
