@@ -28,16 +28,19 @@ from bench.handlers import LATENESS_DDL, OUTPUT_DDL
 from bench.procmem import TreeSampler, machine_busy_seconds, tree_cpu_seconds
 from bench.report import (
     batch_ends,
+    changed,
     epoch_ms,
     failure_cause,
     fmt,
     full_batch_rate,
+    idle_triggers_ms,
     percentile,
     rate,
     ratio,
     steady_rate,
     sum_counters,
     table,
+    trigger_ms,
 )
 from tests.helpers import write_job_toml
 
@@ -54,8 +57,9 @@ PARTS = (
     "lanes",
     "key_order",
     "storm",
+    "fixed_cost",
 )
-THROUGHPUT_PARTS = set(PARTS) - {"lateness", "lanes", "storm"}
+THROUGHPUT_PARTS = set(PARTS) - {"lateness", "lanes", "storm", "fixed_cost"}
 STORM_RUNS = (("storm-succeed", "trivial"), ("storm-fail", "flaky"))
 """The storm part's side-by-side runs on the same records: all succeed, all fail once."""
 # Goals of the issue, for retrylib with the per-record handler, in steady state.
@@ -66,6 +70,18 @@ LATE_TOPIC = "bench-late"
 LANES_TOPIC = "bench-lanes"
 STORM_TOPIC = "bench-storm"
 LANES_FACTORS = (1, 4)  # calls at once per run, times the partitions
+FIXED_TOPIC = "bench-fixed"  # one per contender: bench-fixed-retrylib, bench-fixed-bare
+SUBMIT_TOPIC = "bench-submit"
+ROUTER_TOPIC = "bench-delay"
+ROUTER_FINAL_TOPIC = "bench-forwarded"
+FIXED_FAILURE_RATE = 0.1
+RECORD_KEYS = ("records_main", "records_retry")  # a retrylib batch's records, by counter
+# Goals of issue 26 (the fixed_cost part): each an upper bound.
+GOAL_LATENESS_P99_S = 1.2
+GOAL_BATCH_VS_BARE = 2.0
+GOAL_QUIET_TRIGGER_S = 0.3
+GOAL_SUBMIT_S = 15.0
+GOAL_ROUTER_P99_S = 1.5
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -131,6 +147,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--storm-delay", default="1s", help="retry tier delay of the storm runs (1s)")
     p.add_argument(
+        "--fixed-records", type=int, default=500, help="records per batch in fixed_cost (500)"
+    )
+    p.add_argument(
+        "--fixed-batches", type=int, default=8, help="timed batches in fixed_cost, each (8)"
+    )
+    p.add_argument(
+        "--fixed-quiet", type=float, default=15.0, help="seconds of the quiet job watched (15)"
+    )
+    p.add_argument(
+        "--submit-records", type=int, default=200, help="input of the spark-submit run (200)"
+    )
+    p.add_argument(
+        "--router-records", type=int, default=60, help="records the delay router forwards (60)"
+    )
+    p.add_argument("--router-delay", default="5s", help="the delay router's delay topic (5s)")
+    p.add_argument(
         "--only",
         default=",".join(PARTS),
         help=f"comma-separated subset of {','.join(PARTS)} (default: all)",
@@ -173,6 +205,7 @@ class Bench:
         self.results: dict[str, dict] = {}
         self.input: dict = {}
         self.storm_input: dict = {}
+        self.fixed: dict[str, dict] = {}  # the fixed_cost part's figures, by run
 
     # -- running one contender ----------------------------------------------------------
 
@@ -262,6 +295,8 @@ class Bench:
         parallelism: int = 1,
         key_ordered: bool = False,
         may_fail: bool = False,
+        stop_file: Path | None = None,
+        idle_progress_ms: int | None = None,
     ) -> dict:
         config = self.write_config(
             label,
@@ -276,6 +311,31 @@ class Bench:
             parallelism,
             key_ordered,
         )
+        return self.drive(
+            label,
+            config,
+            continuous=continuous,
+            expect_succeeded=expect_succeeded,
+            events=events,
+            may_fail=may_fail,
+            stop_file=stop_file,
+            idle_progress_ms=idle_progress_ms,
+        )
+
+    def drive(
+        self,
+        label: str,
+        config: Path,
+        *,
+        continuous: bool = False,
+        expect_succeeded: int = 0,
+        events: Path | None = None,
+        may_fail: bool = False,
+        stop_file: Path | None = None,
+        idle_progress_ms: int | None = None,
+        timers: bool = True,
+    ) -> dict:
+        """Run the job of `config` with bench/retrylib_driver.py; see `retrylib`."""
         result_path = self.workdir / f"{label}.json"
         command = [
             sys.executable,
@@ -288,22 +348,28 @@ class Bench:
             "--timeout",
             str(self.args.timeout),
         ]
-        if self.args.no_timers:
+        if self.args.no_timers or not timers:
             command.append("--no-timers")
         if continuous:
             command += ["--continuous", "--expect-succeeded", str(expect_succeeded)]
             command += ["--events", str(events)]
+        if stop_file is not None:
+            command += ["--stop-file", str(stop_file)]
+        if idle_progress_ms is not None:
+            command += ["--idle-progress-ms", str(idle_progress_ms)]
         return self.run_process(label, command, result_path, may_fail=may_fail)
 
-    def bare(self, label: str, cap: int | None) -> dict:
-        """The bare Spark pipeline (bench/bare_driver.py) on the main topic."""
+    def bare(self, label: str, cap: int | None, topic: str = MAIN_TOPIC, **continuous) -> dict:
+        """The bare Spark pipeline (bench/bare_driver.py) on `topic`; `continuous` (trigger,
+        stop_file, events) runs it on a processing-time trigger until stop_file exists."""
         root = self.workdir / label
         args = {
             "bootstrap": self.bootstrap,
-            "topic": MAIN_TOPIC,
+            "topic": topic,
             "table": str(root / "out"),
             "checkpoint": str(root / "checkpoint"),
             "max_offsets_per_trigger": cap,
+            **{k: str(v) for k, v in continuous.items()},
         }
         result_path = self.workdir / f"{label}.json"
         command = [
@@ -479,38 +545,21 @@ class Bench:
         events.touch()
         label = "lateness"
         # Start the job in the background; produce the timed records once it is warm.
-        import threading
-
-        holder: dict = {}
-
-        def run() -> None:
-            try:
-                holder["entry"] = self.retrylib(
-                    label,
-                    "late_stamp",
-                    cap=None,
-                    topic=LATE_TOPIC,
-                    ddl=LATENESS_DDL,
-                    delay=a.lateness_delay,
-                    trigger=a.lateness_trigger,
-                    continuous=True,
-                    expect_succeeded=warm + a.lateness_records,
-                    events=events,
-                )
-            except Exception as e:  # reported below
-                holder["error"] = e
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and thread.is_alive():
-            done = sum(
-                json.loads(line)["counters"].get("succeeded", 0)
-                for line in events.read_text().splitlines()
+        job = Background(
+            lambda: self.retrylib(
+                label,
+                "late_stamp",
+                cap=None,
+                topic=LATE_TOPIC,
+                ddl=LATENESS_DDL,
+                delay=a.lateness_delay,
+                trigger=a.lateness_trigger,
+                continuous=True,
+                expect_succeeded=warm + a.lateness_records,
+                events=events,
             )
-            if done >= warm:
-                break
-            time.sleep(0.2)
+        )
+        wait_events(events, warm, job, timeout=300)
         time.sleep(2.0)  # idle: a few empty triggers
         say(
             f"lateness: job warm; producing {a.lateness_records} records over "
@@ -533,9 +582,7 @@ class Bench:
                 )
                 produced += n
             time.sleep(a.lateness_spread / chunks)
-        thread.join()
-        if "error" in holder:
-            raise holder["error"]
+        entry = job.join()
         from bench.lateness import handled_by_origin, not_before_by_origin
         from bench.report import lateness_ms, split_lateness
 
@@ -544,12 +591,10 @@ class Bench:
         handled = handled_by_origin(str(self.workdir / label / "out"))
         values, missing = lateness_ms(handled, due)
         starts = [
-            epoch_ms(p["timestamp"])
-            for p in holder["entry"]["result"]["progress"]
-            if p.get("timestamp")
+            epoch_ms(p["timestamp"]) for p in entry["result"]["progress"] if p.get("timestamp")
         ]
         waits, inside = split_lateness(handled, due, starts)
-        holder["entry"]["lateness"] = {
+        entry["lateness"] = {
             "produced": produced,
             "retried": len(due),
             "missing": missing,
@@ -557,6 +602,177 @@ class Bench:
             "wait_for_trigger_ms": waits,
             "in_batch_ms": inside,
         }
+
+    def run_fixed_cost(self) -> None:
+        """The goals of issue 26, each measured on its own (see bench/README.md): retry
+        lateness (the lateness part), a 500-record batch against the bare pipeline's, what a
+        quiet job does, spark-submit to the first batch, the delay router's lateness."""
+        from retrylib.kafka.clients import ensure_topics, make_admin
+
+        a = self.args
+        if "lateness" not in self.results:
+            self.run_lateness()
+        topics = {f"{FIXED_TOPIC}-{name}": a.partitions for name in ("retrylib", "bare")}
+        ensure_topics(make_admin(self.bootstrap, {}), topics, create=True)
+        self.fixed["retrylib"] = self.run_paced("retrylib")
+        self.fixed["bare"] = self.run_paced("bare")
+        self.fixed["submit"] = self.run_submit()
+        self.fixed["router"] = self.run_router()
+
+    def run_paced(self, name: str) -> dict:
+        """retrylib (flaky handler, trigger 1 s, output and dead-letter tables) or the bare
+        pipeline on a topic of its own, fed `--fixed-records` records at a time: one batch to
+        warm up, then `--fixed-batches`, each once the job has handled the one before
+        (retries included). retrylib is then watched while nothing comes in."""
+        a = self.args
+        label, topic = f"fixed-{name}", f"{FIXED_TOPIC}-{name}"
+        events, stop = self.workdir / f"{label}-events.jsonl", self.workdir / f"{label}.stop"
+        events.touch()
+        if name == "retrylib":
+            job = Background(
+                lambda: self.retrylib(
+                    label,
+                    "flaky",
+                    cap=None,
+                    topic=topic,
+                    delay="1s",
+                    trigger="1s",
+                    continuous=True,
+                    events=events,
+                    stop_file=stop,
+                    idle_progress_ms=1000,
+                )
+            )
+        else:
+            job = Background(
+                lambda: self.bare(
+                    label, None, topic, trigger="1 second", stop_file=stop, events=events
+                )
+            )
+        n = a.fixed_records
+        say(f"{label}: {a.fixed_batches} batches of {n} records ({FIXED_FAILURE_RATE:.0%} fail)")
+        for k in range(a.fixed_batches + 1):  # the first one warms the job up
+            produce_input(
+                self.bootstrap, topic, n, a.partitions, a.record_bytes, FIXED_FAILURE_RATE,
+                start_index=k * n,
+            )  # fmt: skip
+            if not wait_events(events, (k + 1) * n, job, timeout=240 if k == 0 else 60):
+                break
+            if k < a.fixed_batches:
+                time.sleep(1.0)
+        quiet = self.watch_quiet(label, events) if name == "retrylib" else {}
+        stop.touch()
+        progress = job.join()["result"]["progress"]
+        # The warm-up is the first batch that read anything (if its records came in two
+        # batches, the second reads fewer than n and is not timed either).
+        warm = min((p["batchId"] for p in progress if p.get("numInputRows")), default=None)
+        timed = trigger_ms([p for p in progress if p.get("batchId") != warm], rows=n)
+        return {"timed_ms": timed, **quiet}
+
+    def watch_quiet(self, label: str, events: Path) -> dict:
+        """What the job does while no record comes in, from the end of its last batch that
+        read records (its retries are handled) for `--fixed-quiet` seconds: the end offsets
+        of every topic and the versions of its Delta tables before and after, and its
+        checkpoint's files."""
+        from bench.fixed_cost import delta_versions, topic_ends
+
+        root = self.workdir / label
+        tables = {"output": root / "out", "dead-letter": root / "dead_letter"}
+
+        def snapshot() -> dict:
+            files = sum(1 for f in (root / "checkpoint").rglob("*") if f.is_file())
+            versions = {f"{k} table version": v for k, v in delta_versions(tables).items()}
+            ends = {f"topic {k} end": v for k, v in topic_ends(self.bootstrap).items()}
+            return {**versions, **ends, "checkpoint files": files}
+
+        before, now = snapshot(), time.time()
+        lines = [json.loads(line) for line in events.read_text().splitlines()]
+        started = max((b["end"] for b in lines if b["counters"].get("succeeded")), default=now)
+        say(f"{label}: watching the quiet job for {self.args.fixed_quiet:.0f}s")
+        time.sleep(self.args.fixed_quiet)
+        ended, after = time.time(), snapshot()
+        files = "checkpoint files"
+        return {
+            "quiet_start": min(started, now),
+            "quiet_end": ended,
+            "written": [
+                f"{k} {before.get(k)} -> {after.get(k)}"
+                for k in changed(before, after)
+                if k != files
+            ],
+            "checkpoint_files": [before[files], after[files]],
+        }
+
+    def run_submit(self) -> dict:
+        """`./spark-submit.sh CONFIG`, the user's entry point, with `--submit-records`
+        records (10% failing once) already in its topic: launch -> first metrics line."""
+        from bench.fixed_cost import time_to_first_batch
+        from retrylib.kafka.clients import ensure_topics, make_admin
+
+        a = self.args
+        ensure_topics(make_admin(self.bootstrap, {}), {SUBMIT_TOPIC: a.partitions}, create=True)
+        produce_input(
+            self.bootstrap, SUBMIT_TOPIC, a.submit_records, a.partitions, a.record_bytes,
+            FIXED_FAILURE_RATE,
+        )  # fmt: skip
+        config = self.write_config(
+            "submit", "flaky", None, SUBMIT_TOPIC, OUTPUT_DDL, "5s", "1s", "record", "builtin",
+            1, False,
+        )  # fmt: skip
+        env = {**self.env, "SPARK_SUBMIT_OPTS_EXTRA": f"--master {a.master}"}
+        log_path = self.workdir / "logs" / "submit.log"
+        say(f"submit: ./spark-submit.sh {config.name} ({log_path})")
+        result = time_to_first_batch(
+            [str(REPO / "spark-submit.sh"), str(config)], REPO, env, log_path, timeout=180
+        )
+        say(f"submit: first batch after {fmt(result['seconds'])}s; exit {result['exit']}")
+        return result
+
+    def run_router(self) -> dict:
+        """The delay router on a `--router-delay` delay topic, trigger 1 s: records sent over
+        10 s once it is warm; lateness = the forwarded record's LogAppendTime on its final
+        topic - (msg_ts + delay)."""
+        from bench.fixed_cost import forwarded_lateness_ms, produce_delayed
+        from retrylib.kafka.clients import ensure_topics, make_admin
+
+        a = self.args
+        delay_topic = f"{ROUTER_TOPIC}-{a.router_delay}"
+        ensure_topics(make_admin(self.bootstrap, {}), {delay_topic: 2}, create=True)
+        ensure_topics(
+            make_admin(self.bootstrap, {}),
+            {ROUTER_FINAL_TOPIC: 2},
+            create=True,
+            configs={ROUTER_FINAL_TOPIC: {"message.timestamp.type": "LogAppendTime"}},
+        )
+        label = "router"
+        config = self.workdir / "router.toml"
+        config.write_text(
+            f'[job]\nname = "bench-router"\ncheckpoint = "{self.workdir / label}/checkpoint"\n'
+            f'trigger = "1s"\n\n[kafka]\nbootstrap_servers = "{self.bootstrap}"\n\n'
+            f'[delay_router]\ntopics = {{ "{delay_topic}" = "{a.router_delay}" }}\n'
+        )
+        events, stop = self.workdir / f"{label}-events.jsonl", self.workdir / f"{label}.stop"
+        events.touch()
+        warm = 4
+        produce_delayed(self.bootstrap, delay_topic, ROUTER_FINAL_TOPIC, warm, 0, "warm")
+        job = Background(
+            lambda: self.drive(
+                label, config, continuous=True, events=events, stop_file=stop, timers=False
+            )
+        )
+        wait_events(events, warm, job, key="forwarded", timeout=240)
+        say(f"router: warm; sending {a.router_records} records over 10s")
+        produce_delayed(
+            self.bootstrap, delay_topic, ROUTER_FINAL_TOPIC, a.router_records, 10.0, "timed"
+        )
+        wait_events(events, warm + a.router_records, job, key="forwarded", timeout=60)
+        stop.touch()
+        job.join()
+        from retrylib.config.durations import parse_duration
+
+        delay_ms = parse_duration(a.router_delay, "--router-delay")
+        values = forwarded_lateness_ms(self.bootstrap, ROUTER_FINAL_TOPIC, delay_ms, "timed")
+        return {"values_ms": values, "sent": a.router_records}
 
     # -- the tables ---------------------------------------------------------------------
 
@@ -569,6 +785,7 @@ class Bench:
         out.append(self.lanes_table())
         out.append(self.key_order_table())
         out.append(self.storm_table())
+        out.append(self.fixed_cost_table())
         return "\n\n".join(part for part in out if part)
 
     def header(self) -> str:
@@ -775,14 +992,16 @@ class Bench:
         labels = [
             k
             for k in self.results
-            if (k.startswith("retrylib") or k == "bare" or k in dict(STORM_RUNS))
+            if (k.startswith(("retrylib", "fixed-")) or k == "bare" or k in dict(STORM_RUNS))
             and self.summary(k)
         ]
         for label in labels:
             r = self.results[label]["result"]
             by_id = {p["batchId"]: p for p in r.get("progress", []) if p.get("batchId") is not None}
             batches = r.get("batches")
-            ids = sorted(by_id) if batches is None else [b["batch_id"] for b in batches]
+            # An idle trigger's progress (no input; a processing-time run) is no batch.
+            ran = [i for i in sorted(by_id) if by_id[i].get("numInputRows")]
+            ids = ran if batches is None else [b["batch_id"] for b in batches]
             if not ids:
                 continue
             steady_ids = ids[1:] if len(ids) > 1 else ids
@@ -1126,6 +1345,107 @@ class Bench:
             )
         return "\n\n".join(out)
 
+    def fixed_cost_table(self) -> str:
+        if not self.fixed:
+            return ""
+        a = self.args
+
+        def seconds(ms: float | None) -> float | None:
+            return None if ms is None else ms / 1000
+
+        rows = []
+        late = (self.results.get("lateness") or {}).get("lateness")
+        if late:
+            values = late["values_ms"]
+            rows.append(
+                [
+                    "retry lateness p99 (output + dead-letter tables)",
+                    f"<= {GOAL_LATENESS_P99_S} s",
+                    fmt(seconds(percentile(values, 99)), 2),
+                    _verdict(seconds(percentile(values, 99)), GOAL_LATENESS_P99_S, at_most=True),
+                    f"{len(values)} retried records, p50 {fmt(seconds(percentile(values, 50)), 2)}"
+                    f" s; tier {a.lateness_delay}, trigger {a.lateness_trigger}",
+                ]
+            )
+        ours, bare = self.fixed.get("retrylib"), self.fixed.get("bare")
+        if ours and bare:
+            mine, theirs = percentile(ours["timed_ms"], 50), percentile(bare["timed_ms"], 50)
+            vs = ratio(mine, theirs)
+            rows.append(
+                [
+                    f"{a.fixed_records}-record batch, {FIXED_FAILURE_RATE:.0%} failing, / bare",
+                    f"<= {GOAL_BATCH_VS_BARE:.1f}x",
+                    fmt(vs, 2),
+                    _verdict(vs, GOAL_BATCH_VS_BARE, at_most=True),
+                    f"median triggerExecution: retrylib {fmt(seconds(mine), 2)} s "
+                    f"({len(ours['timed_ms'])} batches), bare Kafka -> Delta "
+                    f"{fmt(seconds(theirs), 2)} s ({len(bare['timed_ms'])} batches)",
+                ]
+            )
+        if ours and "quiet_start" in ours:
+            result = self.results["fixed-retrylib"]["result"]
+            start, end = ours["quiet_start"], ours["quiet_end"]
+            idle = idle_triggers_ms(result["progress"], int(start * 1000), int(end * 1000))
+            ran = [b for b in result["batches"] if start < b["end"] <= end]
+            # A batch that ran with no records is an empty batch too: the worst of the two.
+            took = [b["duration_ms"] for b in ran]
+            cost = seconds(max(percentile(idle, 50) or 0, percentile(took, 50) or 0) or None)
+            verdict = _verdict(cost, GOAL_QUIET_TRIGGER_S, at_most=True)
+            if ours["written"] and verdict == "met":
+                verdict = "NOT met (writes)"
+            rows.append(
+                [
+                    "quiet job: a trigger with no input",
+                    f"<= {GOAL_QUIET_TRIGGER_S} s, writes nothing",
+                    fmt(cost, 2),
+                    verdict,
+                    f"{end - start:.0f} s quiet: {len(idle)} triggers with no input reported "
+                    f"(median {fmt(seconds(percentile(idle, 50)), 2)} s), {len(ran)} batches "
+                    f"ran ({', '.join(f'{t / 1000:.2f}' for t in took) or '-'} s, records "
+                    f"{sum(b['counters'].get(k, 0) for b in ran for k in RECORD_KEYS)}); "
+                    f"written: {'; '.join(ours['written']) or 'nothing'}; checkpoint files "
+                    f"{' -> '.join(map(str, ours['checkpoint_files']))}",
+                ]
+            )
+        submit = self.fixed.get("submit")
+        if submit:
+            rows.append(
+                [
+                    f"./spark-submit.sh -> first batch done ({a.submit_records} records)",
+                    f"<= {GOAL_SUBMIT_S:.0f} s",
+                    fmt(submit["seconds"], 1),
+                    _verdict(submit["seconds"], GOAL_SUBMIT_S, at_most=True),
+                    f"launch to the first retrylib.metrics line; exit {submit['exit']} after "
+                    "SIGTERM",
+                ]
+            )
+        router = self.fixed.get("router")
+        if router:
+            values = router["values_ms"]
+            p99 = seconds(percentile(values, 99))
+            rows.append(
+                [
+                    f"delay router lateness p99 ({a.router_delay} delay topic)",
+                    f"<= {GOAL_ROUTER_P99_S} s",
+                    fmt(p99, 2),
+                    _verdict(p99, GOAL_ROUTER_P99_S, at_most=True),
+                    f"{len(values)} of {router['sent']} forwarded, p50 "
+                    f"{fmt(seconds(percentile(values, 50)), 2)} s, min "
+                    f"{fmt(seconds(min(values, default=None)), 2)} s; trigger 1s",
+                ]
+            )
+        return table(
+            ["goal (issue 26)", "target", "measured", "verdict", "how"],
+            rows,
+            "Fixed costs (trigger 1 s; others CPU s meanwhile: "
+            + ", ".join(
+                f"{label} {self.results[label].get('others_cpu_s')}"
+                for label in ("lateness", "fixed-retrylib", "fixed-bare", "router")
+                if label in self.results
+            )
+            + ")",
+        )
+
     def lateness_table(self) -> str:
         entry = self.results.get("lateness")
         if not entry or "lateness" not in entry:
@@ -1192,6 +1512,51 @@ class Bench:
         return main + "\n" + parts
 
 
+class Background:
+    """`run()` in a thread of its own (a contender that runs while the bench feeds it);
+    `join` returns its result or raises its exception."""
+
+    def __init__(self, run) -> None:
+        import threading
+
+        self._outcome: dict = {}
+        self._thread = threading.Thread(target=self._run, args=(run,), daemon=True)
+        self._thread.start()
+
+    def _run(self, run) -> None:
+        try:
+            self._outcome["result"] = run()
+        except Exception as e:  # raised by join
+            self._outcome["error"] = e
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self):
+        self._thread.join()
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome["result"]
+
+
+def wait_events(
+    events: Path, total: int, job: Background, *, key: str = "succeeded", timeout: float = 60.0
+) -> bool:
+    """Wait until the batches written to `events` (one JSON line per batch, as
+    bench/retrylib_driver.py and bench/bare_driver.py write them) have counted `total` of
+    `key` in all; False when the job ended or `timeout` passed first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and job.alive():
+        done = sum(
+            json.loads(line)["counters"].get(key, 0) for line in events.read_text().splitlines()
+        )
+        if done >= total:
+            return True
+        time.sleep(0.1)
+    say(f"{events.name}: {key} did not reach {total} (job ended or {timeout:.0f}s passed)")
+    return False
+
+
 def spark_batches(result: dict) -> list[tuple[float, int, float]]:
     """(end epoch s, records, trigger s) of each batch of a Spark contender's result, in
     order.
@@ -1229,10 +1594,11 @@ def _share(ms: float, whole_ms: float) -> str:
     return f"{ms / 1000:.1f}s {100 * ms / whole_ms:.0f}%" if whole_ms else "-"
 
 
-def _verdict(value: float | None, goal: float) -> str:
+def _verdict(value: float | None, goal: float, *, at_most: bool = False) -> str:
+    """ "met" when `value` reaches `goal`: at least it, or with `at_most` at most it."""
     if value is None:
         return "not measured"
-    return "met" if value >= goal else "NOT met"
+    return "met" if (value <= goal if at_most else value >= goal) else "NOT met"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1261,6 +1627,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.run_lanes()
         if "storm" in args.only:
             bench.run_storm()
+        if "fixed_cost" in args.only:
+            bench.run_fixed_cost()
         text = bench.report()
         print(text)
         if args.json:
@@ -1270,6 +1638,7 @@ def main(argv: list[str] | None = None) -> int:
                         "args": vars(args),
                         "input": bench.input,
                         "storm_input": bench.storm_input,
+                        "fixed_cost": bench.fixed,
                         "runs": bench.results,
                     }
                 )
