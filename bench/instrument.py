@@ -33,7 +33,7 @@ import pyarrow as pa
 log = logging.getLogger("bench.instrument")
 
 DRIVER_STEPS = {
-    "route": "routing the batch, then counting its decisions (BatchRouter._route)",
+    "route": "routing the batch and counting its decisions (BatchRouter._route)",
     "staging_write": "Spark job: handler tasks + staging Parquet write (router._run_tasks)",
     "manifest": "claiming the manifest (router.claim_json)",
     "apply": "the batch's effects (BatchRouter._apply)",

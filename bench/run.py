@@ -1080,7 +1080,7 @@ class Bench:
                     "records",
                     "wall s",
                     "staging write",
-                    "count decisions",
+                    "rest of routing",
                     "Kafka produce",
                     "Delta appends",
                     "rest of batch",
@@ -1090,10 +1090,12 @@ class Bench:
                 rows,
                 "Where the steady-state wall time goes (batches after the first; wall = sum of "
                 "triggerExecution; staging write = the Spark job running the handler tasks and "
-                "writing their result rows as Parquet (router._run_tasks); count decisions = "
-                "reading the staged rows back for the manifest's counts; Kafka produce = "
-                "staged retry/dead-letter records in one transaction, with reading them; "
-                "Delta appends = append_once of output and dead-letter rows; rest of batch = "
+                "writing their result rows as Parquet (router._run_tasks), counting them as "
+                "it writes; rest of routing = the rest of BatchRouter._route (the control "
+                "topic's end offset); Kafka produce = the executors producing the staged "
+                "retry/dead-letter records; Delta appends = append_once of output and "
+                "dead-letter rows (produce and appends run at once, so they overlap); rest of "
+                "batch = "
                 "the rest of foreachBatch (manifest, clean-up, metrics, reading staged rows "
                 "for the produce); engine = the trigger outside foreachBatch (offsets, "
                 "planning, commit); for bare, the whole Spark write is in 'rest of batch')",
