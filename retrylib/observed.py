@@ -37,6 +37,11 @@ def lateness_metric(percentile: str, tier: int) -> str:
     return f"lateness_{percentile}_ms_tier_{tier}"
 
 
+def rows_metric(kind: str) -> str:
+    """The manifest's count of a batch's result rows of `kind` ("staged", ...)."""
+    return f"rows_{kind}"
+
+
 def metric_names(counters: tuple[str, ...], tiers: int) -> list[str]:
     """The names of the observed metrics, in order: `counters` ("retried" being the tiers'
     sum), each tier's retried counter, then each tier's lateness percentiles."""
@@ -66,15 +71,15 @@ def observed_columns(counters: tuple[str, ...], tiers: int) -> list[Column]:
 
 
 def decision_columns(kinds: tuple[str, ...], tiers: int) -> list[Column]:
-    """The aggregate columns a batch's manifest is made of, over its result rows: `rows_<kind>`
-    for each of `kinds`, `counters` (the tasks' counters objects, as one JSON list of them)
-    and each tier's lateness percentiles (`lateness_metric`).
+    """The aggregate columns a batch's manifest is made of, over its result rows:
+    `rows_metric(kind)` for each of `kinds`, `counters` (the tasks' counters objects, as one
+    JSON list of them) and each tier's lateness percentiles (`lateness_metric`).
 
     Every value is a number or a string: Spark 4.0's `Observation.get` leaves an array as a
     py4j object."""
     from pyspark.sql import functions as F
 
-    columns = {f"rows_{kind}": F.count_if(F.col("kind") == kind) for kind in kinds}
+    columns = {rows_metric(kind): F.count_if(F.col("kind") == kind) for kind in kinds}
     columns["counters"] = F.to_json(F.collect_list(F.col("counters")))
     columns.update(_lateness_columns(tiers))
     return [column.alias(name) for name, column in columns.items()]

@@ -77,6 +77,7 @@ from retrylib.observed import (
     decision_columns,
     lateness_metric,
     observed_columns,
+    rows_metric,
 )
 from retrylib.produce_units import ProducePlan, produce_units
 from retrylib.results import placed, result_struct
@@ -287,7 +288,7 @@ class BatchRouter:
             for tier in range(self._tiers)
             if decided[lateness_metric("p50", tier)] is not None
         }
-        rows = {kind: decided[f"rows_{kind}"] for kind in _COUNTED_KINDS}
+        rows = {kind: decided[rows_metric(kind)] for kind in _COUNTED_KINDS}
         return {
             "now_ms": plan.now_ms,
             "staging": staging,
