@@ -199,6 +199,44 @@ def delay_frontier(due: Mapping[PartitionKey, int], latest: Mapping[PartitionKey
     return frontier
 
 
+MARKER_TAIL = 64
+"""The most offsets a delay tier partition's not-yet-due tail may span for the source to look
+whether it holds records at all (`marker_tails`)."""
+
+
+def marker_tails(
+    frontier: Mapping[PartitionKey, int],
+    latest: Mapping[PartitionKey, int],
+    known_to_hold_records: Mapping[PartitionKey, tuple[int, int]],
+) -> dict[PartitionKey, tuple[int, int]]:
+    """The not-yet-due tails (frontier, latest) of a delay tier worth a look: short ones
+    (`MARKER_TAIL` offsets at most) not already known to hold records.
+
+    A transaction's commit marker takes an offset after its records, with the time of the
+    commit, later than theirs: once the records are due, the marker alone may still be "not
+    due", and would make a batch of its own a moment later. A tail that holds no committed
+    record is read at once instead (`past_markers`).
+    """
+    tails = {}
+    for key, offset in frontier.items():
+        tail = (offset, latest[key])
+        if 0 < tail[1] - tail[0] <= MARKER_TAIL and known_to_hold_records.get(key) != tail:
+            tails[key] = tail
+    return tails
+
+
+def past_markers(
+    frontier: Mapping[PartitionKey, int],
+    latest: Mapping[PartitionKey, int],
+    without_records: Iterable[PartitionKey],
+) -> Offsets:
+    """`frontier` moved to `latest` for the partitions whose tail holds no committed record."""
+    moved = dict(frontier)
+    for key in without_records:
+        moved[key] = latest[key]
+    return moved
+
+
 def floor_at(end: Mapping[PartitionKey, int], start: Mapping[PartitionKey, int]) -> Offsets:
     """`end` raised to `start` wherever it would be below it (offsets never go back)."""
     return {key: max(offset, start.get(key, offset)) for key, offset in end.items()}

@@ -16,7 +16,9 @@ Options of its own:
   retry tiers, with their delays: `{"orders.retry.5s": 5000}`. The source is a delay
   frontier for them: a partition's end offset is the first record whose Kafka timestamp
   is after `now - delay` (found with `offsets_for_times`, no scanning), so records become
-  visible once due and batches run as time passes, with no new data needed. A new query
+  visible once due and batches run as time passes, with no new data needed. A short
+  not-yet-due tail that holds only transaction markers is read with the records before it
+  (`offsets.marker_tails`): a marker alone never makes a batch. A new query
   reads a tier from its earliest offset, whatever `startingOffsets` says (a tier holds
   retries still owed), so one source serves the main topics and every tier.
 - `retrylib.maxRecordsPerTask`: the longest offset range one Spark task reads (250000).
@@ -44,11 +46,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -68,14 +70,17 @@ from retrylib.kafka.offsets import (
     floor_at,
     group_ranges,
     limit_offsets,
+    marker_tails,
     offsets_from_json,
     offsets_to_json,
+    past_markers,
     range_length,
     resolve_starting_offsets,
     split_ranges,
     with_new_partitions,
 )
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_range
+from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
 from retrylib.kafka.source_options import SourceOptions, parse_source_options
 from retrylib.key_order import queues_to_json, read_queues
 from retrylib.logs import configure_worker_logging, redact
@@ -103,6 +108,9 @@ limits and runs `Trigger.AvailableNow` for them in bounded batches; False on 4.0
 log = logging.getLogger(__name__)
 
 _RETRY_PAUSE_S = 0.2  # between asks for offsets the broker could not give yet
+_TAIL_READ_S = 2.0
+"""How long the driver reads delay tiers' short not-yet-due tails for records (`_past_markers`):
+one fetch of a few offsets from each, which a broker answers in milliseconds."""
 
 
 class KafkaDataSource(DataSource):
@@ -148,6 +156,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._initial: Offsets | None = None
         self._last_end: Offsets | None = None
         self._target: Offsets | None = None
+        self._tails_with_records: dict[PartitionKey, tuple[int, int]] = {}
 
     @property
     def _kafka(self) -> _Metadata:
@@ -351,8 +360,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for delay_ms in set(self._options.delays_ms.values()):
             tier = [key for key in partitions if self._options.delays_ms.get(key[0]) == delay_ms]
             due = self._kafka.list_offsets(tier, due_timestamp_ms(now_ms, delay_ms))
-            end.update(delay_frontier(due, {key: end[key] for key in tier}))
+            latest = {key: end[key] for key in tier}
+            end.update(self._past_markers(delay_frontier(due, latest), latest))
         return start, floor_at(end, start)
+
+    def _past_markers(self, frontier: Offsets, latest: Offsets) -> Offsets:
+        """`frontier` of a delay tier moved past its not-yet-due tails that hold only
+        transaction markers (`marker_tails`), so that no batch runs for the markers alone;
+        a tail found to hold records is remembered and not looked at again."""
+        tails = marker_tails(frontier, latest, self._tails_with_records)
+        if not tails:
+            return frontier
+        holding = self._kafka.holding_records(tails)
+        self._tails_with_records.update({key: tails[key] for key in holding})
+        return past_markers(frontier, latest, (key for key in tails if key not in holding))
 
 
 # Answers to an offset look-up that pass once the cluster settles: a partition's leader
@@ -392,11 +413,13 @@ class _Metadata:
         self._pattern = options.topic_pattern
         self._fail_on_data_loss = options.fail_on_data_loss
         self._missing: list[str] = []  # subscribed topics found missing at the last look
+        self._options = options
         self._consumer = make_consumer(
             options.bootstrap_servers,
             options.client_options,
             secret_options=options.secret_options,
         )
+        self._tail_reader: Consumer | None = None
 
     def partitions(self) -> list[PartitionKey]:
         """Every partition of the subscribed topics, and of the topics matching
@@ -462,5 +485,29 @@ class _Metadata:
                 time.sleep(_RETRY_PAUSE_S)
         return offsets
 
+    def holding_records(self, tails: Mapping[PartitionKey, tuple[int, int]]) -> set[PartitionKey]:
+        """The partitions of `tails` ((start, end) offsets of each) that hold a committed
+        record in that range, or may: not read to its end within `_TAIL_READ_S`, or not read
+        at all because Kafka answered with an error (logged)."""
+        if self._tail_reader is None:
+            self._tail_reader = make_consumer(
+                self._options.bootstrap_servers,
+                {**self._options.client_options, **READ_TO_END_OPTIONS},
+                secret_options=self._options.secret_options,
+            )
+        read = ReadToEnd(
+            self._tail_reader,
+            {key: start for key, (start, _) in tails.items()},
+            {key: end for key, (_, end) in tails.items()},
+        )
+        try:
+            holding = {(m.topic(), m.partition()) for m in read.messages(_TAIL_READ_S)}
+        except KafkaException as error:
+            log.info("reading the tails of %s failed, read as holding records: %s", tails, error)
+            return set(tails)
+        return holding | set(read.unfinished)
+
     def close(self) -> None:
         self._consumer.close()
+        if self._tail_reader is not None:
+            self._tail_reader.close()

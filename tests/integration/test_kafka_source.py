@@ -346,6 +346,43 @@ def test_available_now_target_excludes_later_records(bootstrap_servers, make_top
         reader.stop()
 
 
+def test_a_delay_tier_is_read_past_the_commit_marker_of_due_records(
+    bootstrap_servers, make_topic
+) -> None:
+    """A transaction's commit marker has the time of the commit, later than its records':
+    once they are due, the frontier takes the marker with them, so that it does not make a
+    batch of its own a moment later. A not-yet-due tail with records holds the frontier."""
+    delay_ms = 60_000
+    topic = make_topic("marker", partitions=1)
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": topic})
+    producer.init_transactions(30)
+
+    def transaction(timestamp_ms: int, records: int) -> None:
+        producer.begin_transaction()
+        for _ in range(records):
+            producer.produce(topic, value=b"r", partition=0, timestamp=timestamp_ms)
+        producer.commit_transaction(30)
+
+    now_ms = int(time.time() * 1000)
+    transaction(now_ms - delay_ms - 5_000, 3)  # offsets 0-2, due; the marker at 3 is not
+    reader = make_reader(
+        bootstrap_servers,
+        topic,
+        **{
+            "kafka.isolation.level": "read_committed",
+            "retrylib.topicDelaysMs": json.dumps({topic: delay_ms}),
+        },
+    )
+    try:
+        first = reader.latestOffset({topic: {"0": 0}}, ReadAllAvailable())
+        assert first == {topic: {"0": 4}}
+        transaction(now_ms, 2)  # offsets 4-5 and the marker at 6: none due
+        assert reader.latestOffset(first, ReadAllAvailable()) == first
+        assert reader.latestOffset(first, ReadAllAvailable()) == first  # known: not read again
+    finally:
+        reader.stop()
+
+
 def test_latest_offset_without_arguments_as_on_spark_4_0(bootstrap_servers, make_topic) -> None:
     topic = make_topic("legacy", partitions=1)
     produce(bootstrap_servers, topic, 5, [0])

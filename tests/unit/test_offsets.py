@@ -12,6 +12,7 @@ from retrylib.kafka.offsets import (
     AT_TIMESTAMP,
     EARLIEST,
     LATEST,
+    MARKER_TAIL,
     OffsetRange,
     StartingOffsets,
     cap_at_target,
@@ -19,10 +20,12 @@ from retrylib.kafka.offsets import (
     floor_at,
     group_ranges,
     limit_offsets,
+    marker_tails,
     offsets_from_json,
     offsets_to_json,
     parse_starting_offsets,
     parse_topics,
+    past_markers,
     progress_end_offsets,
     reached,
     resolve_starting_offsets,
@@ -142,6 +145,19 @@ def test_delay_frontier_caps_at_latest() -> None:
     latest = {A0: 100, A1: 100, A2: 100}
     due = {A0: 40, A1: -1, A2: 150}  # -1: nothing at/after the time, everything is due
     assert delay_frontier(due, latest) == {A0: 40, A1: 100, A2: 100}
+
+
+def test_marker_tails_are_the_short_tails_not_known_to_hold_records() -> None:
+    latest = {A0: 100, A1: 100, A2: 100, B0: 100}
+    frontier = {A0: 99, A1: 100, A2: 100 - MARKER_TAIL - 1, B0: 98}
+    assert marker_tails(frontier, latest, {}) == {A0: (99, 100), B0: (98, 100)}
+    # a tail read before and found to hold records is not read again, until it changes
+    assert marker_tails(frontier, latest, {A0: (99, 100), B0: (97, 100)}) == {B0: (98, 100)}
+
+
+def test_past_markers_moves_only_the_tails_without_records() -> None:
+    latest = {A0: 100, A1: 100, A2: 100}
+    assert past_markers({A0: 99, A1: 98, A2: 50}, latest, [A1]) == {A0: 99, A1: 100, A2: 50}
 
 
 def test_floor_at_never_goes_below_start() -> None:
