@@ -182,6 +182,7 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
         **common,
         "subscribe": ",".join(sorted(delays)),
         "retrylib.topicDelaysMs": json.dumps(delays),
+        "retrylib.readAheadMs": str(config.retry.read_ahead_ms),
         "retrylib.secretOptions": json.dumps(config.secret_options()),
     }
     return main, tiers
@@ -337,6 +338,7 @@ def task_plan(
         fail_on_data_loss=config.kafka.fail_on_data_loss,
         hooks=config.hooks.references(RECORD_HOOKS),
         key_ordered=retry.key_ordered,
+        read_ahead_ms=retry.read_ahead_ms,
     )
 
 

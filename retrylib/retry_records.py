@@ -68,6 +68,7 @@ class Delivery:
     job: str
     known_id: str | None = None
     first_failure_ms: int | None = None
+    due_ms: int | None = None  # a retry's: when its tier releases it; None for a first delivery
 
     @property
     def id(self) -> str:
@@ -104,10 +105,11 @@ class RetryRecords:
     def read_back(
         self, key, value, topic, partition, offset, timestamp_ms, header_pairs
     ) -> Delivery | None:
-        """The Delivery of a record read from a retry tier, its lateness (now minus when it
-        was due) kept for the batch's metrics, or None when it is not handled now: another
-        job's (skipped and counted), not signed by this job or with corrupt retry headers
-        (dead-lettered), a duplicate, or not due yet (re-queued)."""
+        """The Delivery of a record read from a retry tier, or None when it is not handled in
+        this batch: another job's (skipped and counted), not signed by this job or with
+        corrupt retry headers (dead-lettered), a duplicate, or not due within the batch's
+        read-ahead (`TaskPlan.read_ahead_ms`; re-queued). One due later than now waits in the
+        task (`released`)."""
         self.counters[Count.RECORDS_RETRY] += 1
         user_headers, own = split_headers(header_pairs)
         writer = own.get(JOB)
@@ -156,8 +158,10 @@ class RetryRecords:
         )
         # A record held behind its key (attempt 0) has not failed yet.
         first_failure_ms = state.first_failure_ms if state.attempt else None
-        delivery = Delivery(record, topic, self.plan.job, state.id, first_failure_ms)
-        if not is_due(state.not_before_ms, self.plan.now_ms):
+        delivery = Delivery(
+            record, topic, self.plan.job, state.id, first_failure_ms, state.not_before_ms
+        )
+        if not is_due(state.not_before_ms, self.plan.now_ms + self.plan.read_ahead_ms):
             # A wait longer than the tier holds in one pass, or clocks that disagree: never
             # hand it over early, wait in the tier again.
             self.counters[Count.REQUEUED_NOT_DUE] += 1
@@ -165,10 +169,17 @@ class RetryRecords:
             timestamp = tier_timestamp_ms(state.not_before_ms, delay_ms, self.plan.now_ms)
             self.stage(topic, partition, timestamp, record, header_pairs[:-1])
             return None
-        tiers, lateness = self._lateness
-        tiers.append(self.tier_of[topic])
-        lateness.append(max(0, _now_ms() - state.not_before_ms))
         return delivery
+
+    def released(self, deliveries: list[Delivery]) -> None:
+        """Keep, for the batch's metrics, the lateness of retries handed to the handler now:
+        now minus when each was due."""
+        now_ms = _now_ms()
+        tiers, lateness = self._lateness
+        for delivery in deliveries:
+            assert delivery.due_ms is not None
+            tiers.append(self.tier_of[delivery.source_topic])
+            lateness.append(max(0, now_ms - delivery.due_ms))
 
     def fail(self, delivery: Delivery, error: BaseException) -> None:
         """Route a failed record to its next retry tier or to the dead letter.

@@ -99,6 +99,8 @@ class TaskPlan:
     retry_timeout_ms: int | None = None
     dead_letter_routes: tuple[tuple[str, str], ...] = ()  # (exception class name, topic)
     key_ordered: bool = False  # a key's later records wait behind its retries (`key_order`)
+    # Retries due up to this long after `now_ms` are read in this batch and wait to be due.
+    read_ahead_ms: int = 0
 
     def isolated(self) -> TaskPlan | None:
         """This plan with each handler call in a process of its own, or None when it is so."""
@@ -176,7 +178,7 @@ class TaskRouter:
         if self.plan.handler_kind == "record":
             main, retries = self._decode(batch)
             self._handle_each(main, None)
-            self._handle_each([delivery.record for delivery in retries], retries)
+            self._handle_retries(retries)
         else:
             self._handle_batch(batch)
         self._flush()
@@ -206,8 +208,7 @@ class TaskRouter:
             return
         for messages in self._timed_read(read_messages(part, self._count_lost)):
             if topic in self.tier_of:
-                retries = self._retries_of_messages(topic, partition, messages)
-                self._handle_each([delivery.record for delivery in retries], retries)
+                self._handle_retries(self._retries_of_messages(topic, partition, messages))
             else:
                 self.counters[Count.RECORDS_MAIN] += len(messages)
                 self._handle_each(
@@ -310,6 +311,32 @@ class TaskRouter:
         return [delivery for delivery in deliveries if delivery is not None]
 
     # -- handling -----------------------------------------------------------------------
+
+    def _handle_retries(self, retries: list[Delivery]) -> None:
+        """Call the handler on `retries` (in the order read) as they fall due.
+
+        A retry read ahead of its due time (`TaskPlan.read_ahead_ms`) waits for it here, and
+        the ones after it wait with it: none is handled early or out of order.
+        """
+        run: list[Delivery] = []
+        for delivery in retries:
+            assert delivery.due_ms is not None
+            wait_ms = self._ms_until(delivery.due_ms)
+            if wait_ms > 0:
+                self._handle_due(run)
+                run = []
+                time.sleep(wait_ms / 1000)
+            run.append(delivery)
+        self._handle_due(run)
+
+    def _ms_until(self, due_ms: int) -> float:
+        """How long until `due_ms`; what is due by the batch's own clock (`now_ms`) is due."""
+        return due_ms - max(self.plan.now_ms, time.time() * 1000)
+
+    def _handle_due(self, retries: list[Delivery]) -> None:
+        if retries:
+            self.retries.released(retries)
+            self._handle_each([delivery.record for delivery in retries], retries)
 
     def _handle_each(self, records: list[Record], deliveries: list[Delivery] | None) -> None:
         """Call the handler once per record and keep each outcome.
@@ -415,6 +442,8 @@ class TaskRouter:
         deliveries = None if fast else self._deliveries(batch)
         if deliveries == []:  # every retry row was a duplicate, not yet due or corrupt
             return
+        if deliveries is not None:
+            self._wait_until_due(deliveries)
         if deliveries is None:
             handler_input = input_from_kafka(batch)
         else:
@@ -448,6 +477,15 @@ class TaskRouter:
                 self.retries.fail(delivery, error)
                 continue
             self.pending.append((delivery.record, delivery, rows))
+
+    def _wait_until_due(self, deliveries: list[Delivery]) -> None:
+        """Wait until the last retry among `deliveries` is due: one call takes them all."""
+        retries = [delivery for delivery in deliveries if delivery.due_ms is not None]
+        if retries:
+            wait_ms = self._ms_until(max(delivery.due_ms or 0 for delivery in retries))
+            if wait_ms > 0:
+                time.sleep(wait_ms / 1000)
+            self.retries.released(retries)
 
     def _deliveries(self, batch: pa.RecordBatch) -> list[Delivery]:
         """A Delivery for every record of `batch` that is handled now."""

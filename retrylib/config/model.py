@@ -179,6 +179,8 @@ class RetryConfig:
     max_retry_after_ms: int
     timeout_ms: int | None = None  # total retry time from the first failure; None: no limit
     key_ordered: bool = False  # a key's later records wait behind its retries (`key_order`)
+    # A tier's records due this long after a batch starts are read in it and wait in the task.
+    read_ahead_ms: int = 0
 
     def tier_topics(self) -> tuple[str, ...]:
         """Every retry topic, tier by tier, in the order of the main topics."""

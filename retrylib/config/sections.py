@@ -62,6 +62,10 @@ from retrylib.config.values import (
 from retrylib.kafka.clients import JOB_OWNED_OPTIONS, option_problem
 
 _DEFAULT_DELAYS = ("10s", "1m", "10m")
+# A retry due within this of a batch's start is read in that batch and waits in its task, so
+# it is handled on time rather than a batch later; about a batch's length on a small cluster.
+DEFAULT_READ_AHEAD = "2s"
+_MAX_READ_AHEAD_MS = 60_000  # a record read ahead holds its task's slot until it is due
 _DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"
 _DEFAULT_DEAD_LETTER_TOPIC = "{topic}.{job}.dlt"
 _PATTERN_TOPIC_TEMPLATE = "{job}.retry.{delay}"  # kafka.topic_pattern: the job's own tiers
@@ -333,6 +337,14 @@ def read_retry(
     max_retry_after = t.duration("max_retry_after", 'max_retry_after = "6h"', None, positive=True)
     timeout = t.duration("timeout", 'timeout = "1h"', None, positive=True)
     key_ordered = t.get("key_ordered", BOOL, "key_ordered = true", False)
+    read_ahead = t.duration("read_ahead", 'read_ahead = "2s"', DEFAULT_READ_AHEAD, positive=False)
+    if read_ahead is not None and read_ahead > _MAX_READ_AHEAD_MS:
+        t.problems.add(
+            t.path("read_ahead"),
+            "at most 1m: a retry read ahead holds its task until it is due; "
+            'write it like "2s", or "0s" to read only what is due',
+        )
+        read_ahead = None
     t.finish()
     tiers = None
     if main_topics is not None and job_name and texts is not None and None not in delays:
@@ -354,6 +366,7 @@ def read_retry(
         max_retry_after,
         timeout,
         bool(key_ordered),
+        read_ahead,
     )
 
 

@@ -38,6 +38,9 @@ the partition's end when there is none. Wins over `startingOffsets`, as in Spark
 OPTION_FAIL_ON_DATA_LOSS = "failOnDataLoss"
 OPTION_MAX_OFFSETS_PER_TRIGGER = "maxOffsetsPerTrigger"
 OPTION_TOPIC_DELAYS_MS = "retrylib.topicDelaysMs"
+OPTION_READ_AHEAD_MS = "retrylib.readAheadMs"
+"""A delay tier's records due up to this many ms after now are read now (default 0): the
+task that handles them waits until each is due (`retrylib.task`)."""
 OPTION_MAX_RECORDS_PER_TASK = "retrylib.maxRecordsPerTask"
 OPTION_EMIT = "retrylib.emit"
 OPTION_RANGE_GROUPS = "retrylib.rangeGroups"
@@ -65,6 +68,7 @@ _KNOWN_OPTIONS = {
         OPTION_FAIL_ON_DATA_LOSS,
         OPTION_MAX_OFFSETS_PER_TRIGGER,
         OPTION_TOPIC_DELAYS_MS,
+        OPTION_READ_AHEAD_MS,
         OPTION_MAX_RECORDS_PER_TASK,
         OPTION_EMIT,
         OPTION_RANGE_GROUPS,
@@ -88,6 +92,7 @@ class SourceOptions:
     starting_offsets: StartingOffsets
     max_offsets_per_trigger: int | None = None
     delays_ms: dict[str, int] = field(default_factory=dict)  # retry tier topic -> its delay
+    read_ahead_ms: int = 0  # a tier's records due this long from now are read now
     max_records_per_task: int = DEFAULT_MAX_RECORDS_PER_TASK
     client_options: dict[str, str] = field(default_factory=dict)
     secret_options: tuple[str, ...] = ()  # names among client_options
@@ -166,6 +171,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         ),
         max_offsets_per_trigger=_int_option(lowered, OPTION_MAX_OFFSETS_PER_TRIGGER, 1),
         delays_ms=_topic_delays(lowered.get(OPTION_TOPIC_DELAYS_MS.lower()), topics),
+        read_ahead_ms=_int_option(lowered, OPTION_READ_AHEAD_MS, 0) or 0,
         max_records_per_task=_int_option(lowered, OPTION_MAX_RECORDS_PER_TASK, 1)
         or DEFAULT_MAX_RECORDS_PER_TASK,
         client_options=client_options,

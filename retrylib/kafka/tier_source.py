@@ -16,7 +16,9 @@ Options of its own:
   retry tiers, with their delays: `{"orders.retry.5s": 5000}`. The source is a delay
   frontier for them: a partition's end offset is the first record whose Kafka timestamp
   is after `now - delay` (found with `offsets_for_times`, no scanning), so records become
-  visible once due and batches run as time passes, with no new data needed. A short
+  visible once due and batches run as time passes, with no new data needed. With
+  `retrylib.readAheadMs`, records due up to that long from now are read too (the job's
+  task waits until each is due: `retry.read_ahead`). A short
   not-yet-due tail that holds only transaction markers is read with the records before it
   (`offsets.marker_tails`): a marker alone never makes a batch. A new query
   reads a tier from its earliest offset, whatever `startingOffsets` says (a tier holds
@@ -356,10 +358,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if new:
             start = with_new_partitions(start, new, self._kafka.list_offsets(new, EARLIEST))
         end = self._kafka.list_offsets(partitions, LATEST)
-        now_ms = int(time.time() * 1000)
+        due_by_ms = int(time.time() * 1000) + self._options.read_ahead_ms
         for delay_ms in set(self._options.delays_ms.values()):
             tier = [key for key in partitions if self._options.delays_ms.get(key[0]) == delay_ms]
-            due = self._kafka.list_offsets(tier, due_timestamp_ms(now_ms, delay_ms))
+            due = self._kafka.list_offsets(tier, due_timestamp_ms(due_by_ms, delay_ms))
             latest = {key: end[key] for key in tier}
             end.update(self._past_markers(delay_frontier(due, latest), latest))
         return start, floor_at(end, start)

@@ -46,6 +46,7 @@ def test_minimal_config_fills_defaults(tmp_path: Path) -> None:
         "orders.orders.retry.10m",
     )
     assert config.retry.max_retry_after_ms == 3_600_000
+    assert config.retry.read_ahead_ms == 2_000
     assert config.dead_letter.topic == "orders.orders.dlt"
     assert config.dead_letter.table == f"{tmp_path}/out_dead_letter"
     assert config.metrics.table is None
@@ -360,6 +361,8 @@ PROBLEMS = [
         r"trigger",
     ),
     ({"retries.delays": '["5s"]'}, r"retries: unknown key; did you mean 'retry'\? valid keys"),
+    ({"retry.read_ahead": '"2m"'}, r"retry\.read_ahead: at most 1m: a retry read ahead holds"),
+    ({"retry.read_ahead": '"-1s"'}, r"retry\.read_ahead: bad duration"),
     ({"metrics.tabel": '"x"'}, r"metrics\.tabel: unknown key; did you mean 'table'\?"),
 ]
 
@@ -624,6 +627,11 @@ def test_output_defaults_create_a_plain_table(tmp_path: Path) -> None:
 def test_optimize_every_is_read_in_milliseconds(tmp_path: Path) -> None:
     config = load_config(write_literal_config(tmp_path, {"output.optimize_every": '"1h30m"'}))
     assert config.output.optimize_every_ms == 5_400_000
+
+
+def test_a_read_ahead_of_zero_reads_only_what_is_due(tmp_path: Path) -> None:
+    config = load_config(write_literal_config(tmp_path, {"retry.read_ahead": '"0s"'}))
+    assert config.retry.read_ahead_ms == 0
 
 
 @pytest.mark.parametrize(

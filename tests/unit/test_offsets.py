@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
+from helpers import FakeKafka, reader_for
 
 from retrylib.kafka.arrow_records import KAFKA_SCHEMA, RANGE_SCHEMA
 from retrylib.kafka.offsets import (
@@ -282,8 +284,29 @@ def test_source_options_parse_and_pass_kafka_settings_through() -> None:
     assert options.starting_offsets == StartingOffsets(LATEST)
     assert (options.max_offsets_per_trigger, options.delays_ms) == (500, {"b": 5000})
     assert options.max_records_per_task == 250_000
+    assert options.read_ahead_ms == 0
     assert options.client_options == {"security.protocol": "SSL"}
     assert options.schema == KAFKA_SCHEMA
+
+
+def test_a_delay_tier_is_read_up_to_what_is_due_by_now_plus_the_read_ahead() -> None:
+    asked = []
+
+    class Kafka(FakeKafka):
+        def list_offsets(self, partitions, timestamp: int):
+            asked.append(timestamp)
+            return super().list_offsets(partitions, timestamp)
+
+    reader = reader_for(
+        Kafka({("orders", 0): 40}, due={("orders", 0): 12}),
+        **{"retrylib.topicDelaysMs": '{"orders": 5000}', "retrylib.readAheadMs": "2000"},
+    )
+    before = int(time.time() * 1000)
+    end = reader.latestOffset({"orders": {"0": 0}}, None)
+    after = int(time.time() * 1000)
+    assert end == {"orders": {"0": 12}}
+    [due_by] = [timestamp for timestamp in asked if timestamp not in (EARLIEST, LATEST)]
+    assert before + 2000 - 5000 <= due_by <= after + 2000 - 5000
 
 
 def test_source_starting_timestamp_wins_over_starting_offsets() -> None:
