@@ -39,7 +39,7 @@ DRIVER_STEPS = {
     "apply": "the batch's effects (BatchRouter._apply)",
     "produce": "Spark job: executors produce the retry/dead-letter records (BatchRouter._produce)",
     "delta_appends": "Delta appends with txnAppId/txnVersion (router.append_once)",
-    "clean_up": "dropping old staging folders and manifests (BatchRouter._clean_up)",
+    "clean_up": "dropping old staging folders and manifests (Checkpoint.clean_up)",
     "check_tables": "first batch: are the tables or control topic ahead of the checkpoint",
     "metrics": "per-batch metrics line and input lag (MetricsRecorder.record)",
 }
@@ -137,7 +137,7 @@ class DriverTimers:
 
 def install_driver_timers() -> DriverTimers:
     """Route tasks through `timed_run_task` and time the router's driver-side steps."""
-    from retrylib import metrics, router
+    from retrylib import checkpoint, metrics, router
 
     if not hasattr(router, "run_task"):
         raise RuntimeError("retrylib.router.run_task is gone: update bench/instrument.py")
@@ -150,7 +150,7 @@ def install_driver_timers() -> DriverTimers:
         (router.BatchRouter, "_apply", "apply"),
         (router.BatchRouter, "_produce", "produce"),
         (router, "append_once", "delta_appends"),
-        (router.BatchRouter, "_clean_up", "clean_up"),
+        (checkpoint.Checkpoint, "clean_up", "clean_up"),
         (router.BatchRouter, "_check_not_ahead", "check_tables"),
         (metrics.MetricsRecorder, "record", "metrics"),
     ]

@@ -113,6 +113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lateness-delay", default="2s", help="tier delay of the lateness run")
     p.add_argument("--lateness-trigger", default="1s", help="trigger of the lateness run")
     p.add_argument(
+        "--read-ahead", help="retry.read_ahead of retrylib's runs (the config's default)"
+    )
+    p.add_argument(
         "--lateness-spread",
         type=float,
         default=10.0,
@@ -414,6 +417,7 @@ class Bench:
                 "jitter": "0%",
                 "topic_template": f"{{topic}}.{label}.retry.{{delay}}",
                 "key_ordered": ordered,
+                "read_ahead": self.args.read_ahead,
             },
             dead_letter={"topic": f"{topic}.{label}.dlt", "table": f"{root}/dead_letter"},
         )
