@@ -113,6 +113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lateness-delay", default="2s", help="tier delay of the lateness run")
     p.add_argument("--lateness-trigger", default="1s", help="trigger of the lateness run")
     p.add_argument(
+        "--lateness-source", default="builtin", help="kafka.source of the lateness run (builtin)"
+    )
+    p.add_argument(
         "--read-ahead", help="retry.read_ahead of retrylib's runs (the config's default)"
     )
     p.add_argument(
@@ -558,6 +561,7 @@ class Bench:
                 ddl=LATENESS_DDL,
                 delay=a.lateness_delay,
                 trigger=a.lateness_trigger,
+                source=a.lateness_source,
                 continuous=True,
                 expect_succeeded=warm + a.lateness_records,
                 events=events,
