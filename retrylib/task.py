@@ -39,6 +39,7 @@ from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read
 from retrylib.key_order import KeyOrder
 from retrylib.lanes import Lanes
 from retrylib.logs import configure_worker_logging
+from retrylib.read_ahead import WaitingRetries
 from retrylib.record import Record
 from retrylib.results import ResultRows, output_batch
 from retrylib.retry.headers import without_reserved
@@ -160,6 +161,7 @@ class TaskRouter:
         # has one, rows). Written together; a record whose rows do not fit fails alone.
         self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
         self.retries = RetryRecords(plan, _policy(plan), self.tier_of, self.counters, self.hooks)
+        self.waiting = WaitingRetries()
         self.key_order: KeyOrder | None = None
         if plan.key_ordered:
             self.key_order = self.retries.key_order = KeyOrder()
@@ -243,7 +245,10 @@ class TaskRouter:
             yield chunk
 
     def finish(self) -> Iterator[pa.RecordBatch]:
-        """Yields the result rows not yet handed over, then the task's counters row."""
+        """Handles the retries read ahead as they fall due, then yields the result rows not
+        yet handed over and the task's counters row."""
+        for run in self.waiting.runs(self._ms_until):
+            self._handle_due(run)
         self._flush()
         if self.key_order is not None:
             self.results.add("key_state", self.key_order.changes())
@@ -313,21 +318,16 @@ class TaskRouter:
     # -- handling -----------------------------------------------------------------------
 
     def _handle_retries(self, retries: list[Delivery]) -> None:
-        """Call the handler on `retries` (in the order read) as they fall due.
-
-        A retry read ahead of its due time (`TaskPlan.read_ahead_ms`) waits for it here, and
-        the ones after it wait with it: none is handled early or out of order.
-        """
-        run: list[Delivery] = []
-        for delivery in retries:
-            assert delivery.due_ms is not None
-            wait_ms = self._ms_until(delivery.due_ms)
-            if wait_ms > 0:
-                self._handle_due(run)
-                run = []
-                time.sleep(wait_ms / 1000)
-            run.append(delivery)
-        self._handle_due(run)
+        """Call the handler on the due ones among `retries`; one read ahead of its due time
+        (`TaskPlan.read_ahead_ms`) waits, with its key's later ones, until the task has read
+        everything else (`retrylib.read_ahead`)."""
+        self._handle_due(
+            [
+                delivery
+                for delivery in retries
+                if not self.waiting.must_wait(delivery, self._ms_until)
+            ]
+        )
 
     def _ms_until(self, due_ms: int) -> float:
         """How long until `due_ms`; what is due by the batch's own clock (`now_ms`) is due."""
