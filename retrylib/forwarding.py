@@ -3,12 +3,15 @@ it names, as Kafka-Retry-Router does.
 
 A record on a delay topic (`[delay_router]`) names its destination in one header
 (`final_topic`) and when it was sent, in epoch seconds, in another (`msg_ts`). The source
-hands over the records whose Kafka timestamp is one delay old; each then is:
+hands over the records whose Kafka timestamp is one delay old, or will be within the
+router's read-ahead (`ForwardPlan.read_ahead_ms`: the task then ends only once each is due,
+and the batch produces after its tasks); each then is:
 
 - forwarded: staged as it is (key, value, every header) for its destination, which must be
   a topic of the cluster other than Kafka's own "__" topics and retrylib's control topics
   ("_retrylib."), partitioned by its key;
-- held: its `msg_ts` + delay is still ahead (the sender stamped it later than Kafka did):
+- held: its `msg_ts` + delay is still ahead, past the read-ahead (the sender stamped it
+  later than Kafka did):
   staged for its delay topic again, stamped so that the topic releases it when it is due;
 - sent to the fallback topic when its destination is missing or not a topic, with the
   reason in `retrylib.dead_letter.reason` and `retrylib.error.message`;
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +69,9 @@ class ForwardPlan:
     batch_id: int = -1
     now_ms: int = 0
     max_record_bytes: Mapping[str, int] = field(default_factory=dict)
+    # Records due up to this long after `now_ms` are read in this batch; the task ends only
+    # once each is due, and the batch produces after its tasks end.
+    read_ahead_ms: int = 0
 
     @property
     def output_schema(self) -> None:
@@ -128,9 +135,9 @@ def destination(
     return Forward(name)
 
 
-def hold(sent_ms: int, delay_ms: int, now_ms: int) -> Hold | None:
-    """A Hold when a record sent at `sent_ms` to a topic of delay `delay_ms` is not due at
-    `now_ms`, else None.
+def hold(sent_ms: int, delay_ms: int, now_ms: int, read_ahead_ms: int = 0) -> Hold | None:
+    """A Hold when a record sent at `sent_ms` to a topic of delay `delay_ms` is not due by
+    `now_ms` + `read_ahead_ms`, else None.
 
     Its new Kafka timestamp makes the topic release it when due, and is never later than
     `now_ms`: brokers refuse records stamped too far ahead, and a record stamped later than
@@ -138,7 +145,7 @@ def hold(sent_ms: int, delay_ms: int, now_ms: int) -> Hold | None:
     costs one more round per delay, until it is due.
     """
     due_ms = due_time_ms(sent_ms, delay_ms)
-    if due_ms <= now_ms:
+    if due_ms <= now_ms + read_ahead_ms:
         return None
     return Hold(min(due_timestamp_ms(due_ms, delay_ms), now_ms))
 
@@ -155,6 +162,7 @@ class ForwardingTask:
         self._fallback_example: str | None = None
         self._unstamped_example: str | None = None
         self._clients_before = worker_clients.opened()
+        self._last_due_ms = 0  # of the records released: the task ends once it has passed
 
     def forward_range(self, topic: str, partition: int, start: int, end: int) -> None:
         """Read offsets `start` to `end` (exclusive) of delay topic `topic[partition]` and
@@ -181,11 +189,12 @@ class ForwardingTask:
                     self.counters[Count.TIMESTAMP_HEADER_MISSING] += 1
                     self._unstamped_example = self._unstamped_example or where
                     sent_ms = message.timestamp()[1]
-                held = hold(sent_ms, delay_ms, plan.now_ms)
+                held = hold(sent_ms, delay_ms, plan.now_ms, plan.read_ahead_ms)
                 if held is not None:
                     self.counters[Count.REQUEUED_NOT_DUE] += 1
                     self._stage(topic, partition, held.timestamp_ms, message, headers)
                     continue
+                self._last_due_ms = max(self._last_due_ms, due_time_ms(sent_ms, delay_ms))
                 target = destination(
                     _header(headers, plan.target_header), plan.target_header, self._cluster()
                 )
@@ -252,7 +261,12 @@ class ForwardingTask:
             self._staged = []
 
     def finish(self) -> Iterator[pa.RecordBatch]:
-        """Yields the staged records not yet handed over, then the task's counters row."""
+        """Waits until every record it released is due (one read ahead may not be yet: the
+        batch produces them once its tasks have ended), then yields the staged records not
+        yet handed over and the task's counters row."""
+        wait_ms = self._last_due_ms - max(self.plan.now_ms, time.time() * 1000)
+        if wait_ms > 0:
+            time.sleep(wait_ms / 1000)
         self._hand_over()
         if self._fallback_example is not None:
             log.warning(

@@ -182,7 +182,7 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
         **common,
         "subscribe": ",".join(sorted(delays)),
         "retrylib.topicDelaysMs": json.dumps(delays),
-        "retrylib.readAheadMs": str(config.retry.read_ahead_ms),
+        "retrylib.readAheadMs": str(config.read_ahead_ms()),
         "retrylib.secretOptions": json.dumps(config.secret_options()),
     }
     return main, tiers
@@ -355,6 +355,7 @@ def _forward_plan(config: Config) -> ForwardPlan:
         client_options=kafka.client_options(),
         secret_options=config.secret_options(),
         fail_on_data_loss=kafka.fail_on_data_loss,
+        read_ahead_ms=router.read_ahead_ms,
     )
 
 

@@ -233,6 +233,8 @@ class DelayRouterConfig(_ReadOnlyMappings):
     target_header: str = "final_topic"
     timestamp_header: str = "msg_ts"
     fallback_topic: str | None = None
+    # A delay topic's records due this long after a batch starts are read in it and wait.
+    read_ahead_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -306,6 +308,12 @@ class Config:
         if self.delay_router is not None:
             return dict(self.delay_router.topics)
         return self.retry.tier_delays_ms()
+
+    def read_ahead_ms(self) -> int:
+        """How long before they are due the job reads the records of `delayed_topics`."""
+        if self.delay_router is not None:
+            return self.delay_router.read_ahead_ms
+        return self.retry.read_ahead_ms
 
     def redacted(self) -> dict[str, Any]:
         """The config as plain nested dicts and lists, safe to print.

@@ -315,6 +315,20 @@ def read_output(t: Table, schema: OutputSchema | None) -> OutputConfig | None:
     )
 
 
+def read_ahead_ms(t: Table) -> int | None:
+    """`read_ahead` of [retry] or [delay_router]: how long before they are due the job reads
+    its delayed topics' records, which then wait in their task (`retrylib.read_ahead`)."""
+    read_ahead = t.duration("read_ahead", 'read_ahead = "2s"', DEFAULT_READ_AHEAD, positive=False)
+    if read_ahead is not None and read_ahead > _MAX_READ_AHEAD_MS:
+        t.problems.add(
+            t.path("read_ahead"),
+            "at most 1m: a record read ahead holds its task until it is due; "
+            'write it like "2s", or "0s" to read only what is due',
+        )
+        return None
+    return read_ahead
+
+
 def read_retry(
     t: Table, main_topics: tuple[str, ...] | None, job_name: str | None
 ) -> RetryConfig | None:
@@ -337,14 +351,7 @@ def read_retry(
     max_retry_after = t.duration("max_retry_after", 'max_retry_after = "6h"', None, positive=True)
     timeout = t.duration("timeout", 'timeout = "1h"', None, positive=True)
     key_ordered = t.get("key_ordered", BOOL, "key_ordered = true", False)
-    read_ahead = t.duration("read_ahead", 'read_ahead = "2s"', DEFAULT_READ_AHEAD, positive=False)
-    if read_ahead is not None and read_ahead > _MAX_READ_AHEAD_MS:
-        t.problems.add(
-            t.path("read_ahead"),
-            "at most 1m: a retry read ahead holds its task until it is due; "
-            'write it like "2s", or "0s" to read only what is due',
-        )
-        read_ahead = None
+    read_ahead = read_ahead_ms(t)
     t.finish()
     tiers = None
     if main_topics is not None and job_name and texts is not None and None not in delays:
@@ -511,6 +518,7 @@ def read_delay_router(t: Table, job_name: str | None) -> DelayRouterConfig | Non
     target = t.get("target_header", TEXT, 'target_header = "final_topic"', "final_topic")
     stamp = t.get("timestamp_header", TEXT, 'timestamp_header = "msg_ts"', "msg_ts")
     fallback = t.get("fallback_topic", TOPIC, 'fallback_topic = "retry_fallback"', None)
+    read_ahead = read_ahead_ms(t)
     t.finish()
     if target is not None and target == stamp:
         t.problems.add(
@@ -531,9 +539,9 @@ def read_delay_router(t: Table, job_name: str | None) -> DelayRouterConfig | Non
                     t.path("topics" if name in delays else "fallback_topic"),
                     f"{json.dumps(name)} is the job's control topic; choose another topic",
                 )
-    if not t.ok or None in delays.values():
+    if not t.ok or None in delays.values() or read_ahead is None:
         return None
-    return DelayRouterConfig(delays, target, stamp, fallback)
+    return DelayRouterConfig(delays, target, stamp, fallback, read_ahead)
 
 
 def check_exception_classes(

@@ -361,7 +361,7 @@ PROBLEMS = [
         r"trigger",
     ),
     ({"retries.delays": '["5s"]'}, r"retries: unknown key; did you mean 'retry'\? valid keys"),
-    ({"retry.read_ahead": '"2m"'}, r"retry\.read_ahead: at most 1m: a retry read ahead holds"),
+    ({"retry.read_ahead": '"2m"'}, r"retry\.read_ahead: at most 1m: a record read ahead holds"),
     ({"retry.read_ahead": '"-1s"'}, r"retry\.read_ahead: bad duration"),
     ({"metrics.tabel": '"x"'}, r"metrics\.tabel: unknown key; did you mean 'table'\?"),
 ]

@@ -52,7 +52,7 @@ def test_a_router_reads_its_delay_topics_from_earliest_up_to_what_is_due(tmp_pat
     options = parse_source_options(_every_topic(config))
     assert sorted(options.topics) == ["retry_topic_15min", "retry_topic_5sec"]
     assert options.delays_ms == {"retry_topic_5sec": 5_000, "retry_topic_15min": 900_000}
-    assert options.read_ahead_ms == 0  # a router forwards what is due, never waits for it
+    assert options.read_ahead_ms == 2_000  # its tasks wait for what they read ahead
     plan = task_plan(config, {}, b"k" * 32)
     assert isinstance(plan, ForwardPlan)
     assert (plan.fallback_topic, plan.output_schema, plan.isolated()) == (
@@ -60,6 +60,7 @@ def test_a_router_reads_its_delay_topics_from_earliest_up_to_what_is_due(tmp_pat
         None,
         None,
     )
+    assert plan.read_ahead_ms == 2_000
 
 
 def test_header_names_and_fallback_are_configurable(tmp_path: Path) -> None:

@@ -3,9 +3,22 @@ and whether it waits longer."""
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
-from retrylib.forwarding import Forward, Hold, NoDestination, destination, hold, sent_at_ms
+from retrylib import forwarding
+from retrylib.forwarding import (
+    Forward,
+    ForwardingTask,
+    ForwardPlan,
+    Hold,
+    NoDestination,
+    destination,
+    hold,
+    sent_at_ms,
+)
 from retrylib.retry.outcomes import Reason
 
 TOPICS = frozenset({"orders", "payments", "__consumer_offsets"})
@@ -70,3 +83,57 @@ def test_a_sender_clock_ahead_of_now_is_never_stamped_in_the_future() -> None:
     assert hold(sent_ms=100_000, delay_ms=5_000, now_ms=14_000) == Hold(14_000)
     assert hold(sent_ms=100_000, delay_ms=5_000, now_ms=104_000) == Hold(100_000)
     assert hold(sent_ms=100_000, delay_ms=5_000, now_ms=105_000) is None
+
+
+def test_a_record_due_within_the_read_ahead_is_released_not_held() -> None:
+    assert hold(sent_ms=10_000, delay_ms=5_000, now_ms=14_000, read_ahead_ms=1_000) is None
+    assert hold(sent_ms=10_000, delay_ms=5_000, now_ms=13_000, read_ahead_ms=1_000) == Hold(10_000)
+
+
+class Message:
+    """A delay topic's record as confluent-kafka's consumer gives it, sent at `sent_ms`."""
+
+    def __init__(self, offset: int, sent_ms: int) -> None:
+        self._offset, self._sent_ms = offset, sent_ms
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def headers(self) -> list:
+        return [("final_topic", b"orders"), ("msg_ts", f"{self._sent_ms / 1000:.3f}".encode())]
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._sent_ms)
+
+
+def test_a_task_that_released_a_record_read_ahead_ends_once_it_is_due(monkeypatch) -> None:
+    now_ms = int(time.time() * 1000)
+    due_ms = now_ms + 400
+    messages = [Message(0, now_ms - 5_000), Message(1, due_ms - 1_000)]
+    monkeypatch.setattr(forwarding, "read_messages", lambda part, lost: iter([messages]))
+    monkeypatch.setattr(ForwardingTask, "_cluster", lambda self: frozenset({"orders"}))
+    plan = ForwardPlan(
+        job="router",
+        delays_ms={"delays": 1_000},
+        target_header="final_topic",
+        timestamp_header="msg_ts",
+        fallback_topic=None,
+        bootstrap_servers="b:9092",
+        client_options={},
+        now_ms=now_ms,
+        read_ahead_ms=2_000,
+    )
+    task = ForwardingTask(plan)
+
+    task.forward_range("delays", 0, 0, 2)
+    rows = [row for batch in task.finish() for row in batch.to_pylist()]
+
+    assert time.time() * 1000 >= due_ms  # the batch produces after its tasks: never early
+    counters = json.loads(next(row["counters"] for row in rows if row["kind"] == "counters"))
+    assert counters["forwarded"] == 2 and "requeued_not_due" not in counters
