@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 from helpers import REPO, TIER
 
+from retrylib.forwarding import ForwardPlan
 from retrylib.task import TaskPlan
 
 
@@ -40,6 +41,22 @@ def plan() -> TaskPlan:
         non_retryable=("ValueError",),
         max_retry_after_ms=3_600_000,
         signing_key=b"s" * 32,
+    )
+
+
+@pytest.fixture
+def forward_plan() -> ForwardPlan:
+    """A delay router task's plan: delay topic "delays" (1 s), forwarding by the `final_topic`
+    and `msg_ts` headers, no fallback topic, batch clock at 10 s."""
+    return ForwardPlan(
+        job="router",
+        delays_ms={"delays": 1_000},
+        target_header="final_topic",
+        timestamp_header="msg_ts",
+        fallback_topic=None,
+        bootstrap_servers="b:9092",
+        client_options={},
+        now_ms=10_000,
     )
 
 

@@ -3,6 +3,7 @@ and whether it waits longer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -12,7 +13,6 @@ from retrylib import forwarding
 from retrylib.forwarding import (
     Forward,
     ForwardingTask,
-    ForwardPlan,
     Hold,
     NoDestination,
     destination,
@@ -112,23 +112,15 @@ class Message:
         return (1, self._sent_ms)
 
 
-def test_a_task_that_released_a_record_read_ahead_ends_once_it_is_due(monkeypatch) -> None:
+def test_a_task_that_released_a_record_read_ahead_ends_once_it_is_due(
+    monkeypatch, forward_plan
+) -> None:
     now_ms = int(time.time() * 1000)
     due_ms = now_ms + 400
     messages = [Message(0, now_ms - 5_000), Message(1, due_ms - 1_000)]
     monkeypatch.setattr(forwarding, "read_messages", lambda part, lost: iter([messages]))
     monkeypatch.setattr(ForwardingTask, "_cluster", lambda self: frozenset({"orders"}))
-    plan = ForwardPlan(
-        job="router",
-        delays_ms={"delays": 1_000},
-        target_header="final_topic",
-        timestamp_header="msg_ts",
-        fallback_topic=None,
-        bootstrap_servers="b:9092",
-        client_options={},
-        now_ms=now_ms,
-        read_ahead_ms=2_000,
-    )
+    plan = dataclasses.replace(forward_plan, now_ms=now_ms, read_ahead_ms=2_000)
     task = ForwardingTask(plan)
 
     task.forward_range("delays", 0, 0, 2)

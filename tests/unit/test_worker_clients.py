@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from retrylib.errors import KafkaSourceError
-from retrylib.forwarding import ForwardPlan, run_forwarding_task
+from retrylib.forwarding import run_forwarding_task
 from retrylib.kafka import range_reader, worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.range_reader import KafkaInputPartition, read_messages
@@ -312,20 +312,9 @@ def test_a_routing_task_counts_the_clients_it_opened(kafka, plan) -> None:
     assert "kafka_clients_opened" not in second  # the worker kept its consumer
 
 
-def test_a_delay_router_task_counts_the_clients_it_opened(kafka) -> None:
-    plan = ForwardPlan(
-        job="router",
-        delays_ms={"delays": 1_000},
-        target_header="final_topic",
-        timestamp_header="msg_ts",
-        fallback_topic=None,
-        bootstrap_servers="b:9092",
-        client_options={},
-        now_ms=10_000,
-    )
-
-    first = counters_of(run_forwarding_task(plan, ranges(("delays", 0, 0, 5))))
-    second = counters_of(run_forwarding_task(plan, ranges(("delays", 1, 0, 5))))
+def test_a_delay_router_task_counts_the_clients_it_opened(kafka, forward_plan) -> None:
+    first = counters_of(run_forwarding_task(forward_plan, ranges(("delays", 0, 0, 5))))
+    second = counters_of(run_forwarding_task(forward_plan, ranges(("delays", 1, 0, 5))))
 
     assert first["forwarded"] == second["forwarded"] == 5
     # One consumer reads the delay topic (read_committed), another lists the topics.
