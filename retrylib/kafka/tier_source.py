@@ -411,11 +411,8 @@ class _Metadata:
     """Driver-side Kafka look-ups: partitions of the subscribed topics, offsets by time."""
 
     def __init__(self, options: SourceOptions) -> None:
-        self._topics = options.topics
-        self._pattern = options.topic_pattern
-        self._fail_on_data_loss = options.fail_on_data_loss
-        self._missing: list[str] = []  # subscribed topics found missing at the last look
         self._options = options
+        self._missing: list[str] = []  # subscribed topics found missing at the last look
         self._consumer = make_consumer(
             options.bootstrap_servers,
             options.client_options,
@@ -431,9 +428,12 @@ class _Metadata:
         `failOnDataLoss` is false: then they are left out, with a warning each time the set
         of missing topics changes (a topic created again is read from its earliest offset).
         """
-        found = topic_partitions(self._consumer, self._topics, METADATA_TIMEOUT_S, self._pattern)
-        missing = [topic for topic in self._topics if topic not in found]
-        if missing and self._fail_on_data_loss:
+        topics = self._options.topics
+        found = topic_partitions(
+            self._consumer, topics, METADATA_TIMEOUT_S, self._options.topic_pattern
+        )
+        missing = [topic for topic in topics if topic not in found]
+        if missing and self._options.fail_on_data_loss:
             raise TopicError(
                 f"subscribed topic(s) {missing} do not exist (deleted?); create them, or set "
                 "kafka.fail_on_data_loss = false to read the other topics without them"
