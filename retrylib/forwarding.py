@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
 from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.logs import configure_worker_logging
+from retrylib.read_ahead import DueClock
 from retrylib.results import ResultRows
 from retrylib.retry.headers import DEAD_LETTER_REASON, ERROR_MESSAGE
 from retrylib.retry.outcomes import Count, Reason
@@ -264,9 +264,7 @@ class ForwardingTask:
         """Waits until every record it released is due (one read ahead may not be yet: the
         batch produces them once its tasks have ended), then yields the staged records not
         yet handed over and the task's counters row."""
-        wait_ms = self._last_due_ms - max(self.plan.now_ms, time.time() * 1000)
-        if wait_ms > 0:
-            time.sleep(wait_ms / 1000)
+        DueClock(self.plan.now_ms).sleep_until(self._last_due_ms)
         self._hand_over()
         if self._fallback_example is not None:
             log.warning(

@@ -19,25 +19,47 @@ if TYPE_CHECKING:
     from retrylib.retry_records import Delivery
 
 
+class DueClock:
+    """The clock a task waits on for what it read ahead: the wall clock, never behind the
+    batch's start (`now_ms`), since what the batch counted as due by then is due."""
+
+    def __init__(
+        self,
+        batch_now_ms: int,
+        wall_s: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._batch_now_ms = batch_now_ms
+        self._wall_s = wall_s
+        self._sleep = sleep
+
+    def ms_until(self, due_ms: int) -> float:
+        """How long until `due_ms`; zero or less once it is due."""
+        return due_ms - max(self._batch_now_ms, self._wall_s() * 1000)
+
+    def sleep_until(self, due_ms: int) -> None:
+        """Return once `due_ms` is due."""
+        wait_ms = self.ms_until(due_ms)
+        if wait_ms > 0:
+            self._sleep(wait_ms / 1000)
+
+
 class WaitingRetries:
     """The retries of one task that wait to be due, a queue per key in the order read."""
 
     def __init__(self) -> None:
         self._queues: dict[bytes | None, deque[Delivery]] = {}
 
-    def must_wait(self, delivery: Delivery, ms_until: Callable[[int], float]) -> bool:
-        """Whether `delivery` waits here: it is not due yet (`ms_until` its due time is
-        above zero), or an earlier record of its key waits. Adds it when so."""
+    def must_wait(self, delivery: Delivery, clock: DueClock) -> bool:
+        """Whether `delivery` waits here: it is not due yet by `clock`, or an earlier record
+        of its key waits. Adds it when so."""
         key = delivery.record.key
-        assert delivery.due_ms is not None
-        if key not in self._queues and ms_until(delivery.due_ms) <= 0:
+        if key not in self._queues and clock.ms_until(_due(delivery)) <= 0:
             return False
         self._queues.setdefault(key, deque()).append(delivery)
         return True
 
-    def runs(
-        self, ms_until: Callable[[int], float], sleep: Callable[[float], None] = time.sleep
-    ) -> Iterator[list[Delivery]]:
+    def runs(self, clock: DueClock) -> Iterator[list[Delivery]]:
         """Every waiting retry, in runs of those due at once, each run after sleeping until
         its first is due; earliest due first, a key's in the order read. Empties the queues."""
         queues = list(self._queues.values())
@@ -45,11 +67,9 @@ class WaitingRetries:
         heads = [(_due(queue[0]), index) for index, queue in enumerate(queues)]
         heapq.heapify(heads)
         while heads:
-            wait_ms = ms_until(heads[0][0])
-            if wait_ms > 0:
-                sleep(wait_ms / 1000)
+            clock.sleep_until(heads[0][0])
             run = []
-            while heads and ms_until(heads[0][0]) <= 0:
+            while heads and clock.ms_until(heads[0][0]) <= 0:
                 _, index = heapq.heappop(heads)
                 queue = queues[index]
                 run.append(queue.popleft())

@@ -39,7 +39,7 @@ from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read
 from retrylib.key_order import KeyOrder
 from retrylib.lanes import Lanes
 from retrylib.logs import configure_worker_logging
-from retrylib.read_ahead import WaitingRetries
+from retrylib.read_ahead import DueClock, WaitingRetries
 from retrylib.record import Record
 from retrylib.results import ResultRows, output_batch
 from retrylib.retry.headers import without_reserved
@@ -161,7 +161,8 @@ class TaskRouter:
         # has one, rows). Written together; a record whose rows do not fit fails alone.
         self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
         self.retries = RetryRecords(plan, _policy(plan), self.tier_of, self.counters, self.hooks)
-        self.waiting = WaitingRetries()
+        self.waiting = WaitingRetries()  # retries read ahead, until due by `clock`
+        self.clock = DueClock(plan.now_ms)
         self.key_order: KeyOrder | None = None
         if plan.key_ordered:
             self.key_order = self.retries.key_order = KeyOrder()
@@ -247,7 +248,7 @@ class TaskRouter:
     def finish(self) -> Iterator[pa.RecordBatch]:
         """Handles the retries read ahead as they fall due, then yields the result rows not
         yet handed over and the task's counters row."""
-        for run in self.waiting.runs(self._ms_until):
+        for run in self.waiting.runs(self.clock):
             self._handle_due(run)
         self._flush()
         if self.key_order is not None:
@@ -322,16 +323,8 @@ class TaskRouter:
         (`TaskPlan.read_ahead_ms`) waits, with its key's later ones, until the task has read
         everything else (`retrylib.read_ahead`)."""
         self._handle_due(
-            [
-                delivery
-                for delivery in retries
-                if not self.waiting.must_wait(delivery, self._ms_until)
-            ]
+            [delivery for delivery in retries if not self.waiting.must_wait(delivery, self.clock)]
         )
-
-    def _ms_until(self, due_ms: int) -> float:
-        """How long until `due_ms`; what is due by the batch's own clock (`now_ms`) is due."""
-        return due_ms - max(self.plan.now_ms, time.time() * 1000)
 
     def _handle_due(self, retries: list[Delivery]) -> None:
         if retries:
@@ -482,9 +475,7 @@ class TaskRouter:
         """Wait until the last retry among `deliveries` is due: one call takes them all."""
         retries = [delivery for delivery in deliveries if delivery.due_ms is not None]
         if retries:
-            wait_ms = self._ms_until(max(delivery.due_ms or 0 for delivery in retries))
-            if wait_ms > 0:
-                time.sleep(wait_ms / 1000)
+            self.clock.sleep_until(max(delivery.due_ms or 0 for delivery in retries))
             self.retries.released(retries)
 
     def _deliveries(self, batch: pa.RecordBatch) -> list[Delivery]:
