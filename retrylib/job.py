@@ -453,6 +453,7 @@ def start_query(
         key_order=key_order,
         later_tables=tuple(filter(None, [config.metrics.table_ref()])),
     )
+    router.read_tables_ahead(spark)
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
     # back-to-back triggers instead, the tier source held to the target, until it is reached.
     target = None

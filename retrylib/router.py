@@ -189,6 +189,7 @@ class BatchRouter:
         self._hook_errors: Counter[str] = Counter()
         self._hooks = Hooks(hooks or {}, hook_paths, self._hook_errors)
         self._checked_tables = False
+        self._tables_read: _Started | None = None
         self.batch_finished = threading.Event()
         """Set whenever a batch has done all its work (a graceful stop waits for it)."""
 
@@ -250,6 +251,25 @@ class BatchRouter:
         if self._compactor is not None:  # after every commit of the batch, metrics included
             self._compactor.after_batch(spark)
         self.batch_finished.set()
+
+    def read_tables_ahead(self, spark: SparkSession) -> None:
+        """Start reading which batch the tables hold, in a thread, for the first batch's check
+        (`_check_not_ahead`). Cold, that read costs seconds of Spark jobs per table, and the
+        first batch would wait for it: started before the query, the query's own start
+        overlaps it."""
+        self._tables_read = _Started(partial(self._committed_batches, spark))
+
+    def _committed_batches(self, spark: SparkSession) -> list[tuple[str, TableRef, int | None]]:
+        """(what it is for, table, the last batch it holds of this app id) of the output and
+        dead-letter tables the batch appends to."""
+        return [
+            (what, table, committed_version(spark, table, self.app_id))
+            for what, table in (
+                ("output", self._output_table),
+                ("dead-letter", self._dead_letter_table),
+            )
+            if table is not None
+        ]
 
     def _read_tables(self, spark: SparkSession, batch_id: int) -> None:
         """Read the state of the tables the batch appends to: their app transactions, which
@@ -415,13 +435,9 @@ class BatchRouter:
                 "older than what it already produced. Restore the checkpoint, or start from a "
                 "new one"
             )
-        for what, table in (
-            ("output", self._output_table),
-            ("dead-letter", self._dead_letter_table),
-        ):
-            if table is None:
-                continue
-            done = committed_version(spark, table, self.app_id)
+        read_ahead, self._tables_read = self._tables_read, None
+        committed = self._committed_batches(spark) if read_ahead is None else read_ahead.result()
+        for what, table, done in committed:
             if done is not None and done > batch_id:
                 raise RetrylibError(
                     f"the {what} table {table} holds batch {done} of {self.app_id!r}, but the "
@@ -471,32 +487,46 @@ def _run_tasks(
 
 
 def _all_at_once(*calls: Callable[[], Any]) -> list[Any]:
-    """Run `calls` at once, the first in this thread and each other in a thread of its own;
-    returns their results in order once all have ended.
+    """Run `calls` at once, the first in this thread and each other in a thread of its own
+    (`_Started`); returns their results in order once all have ended. When calls fail, the
+    first one's error (in the order given) is raised, after every call has ended."""
+    started = [_Started(call) for call in calls[1:]]
+    try:
+        first = calls[0]()
+    finally:
+        for call in started:
+            call.wait()
+    return [first, *(call.result() for call in started)]
 
-    The threads carry this thread's Spark local properties (the streaming query's job group
-    among them), so stopping the query cancels their jobs too. When calls fail, the first
-    one's error (in the order given) is raised, after every call has ended.
+
+class _Started:
+    """A call running in a thread of its own, started at once.
+
+    The thread carries the starting thread's Spark local properties (inside a batch, the
+    streaming query's job group), so stopping the query cancels its jobs too.
     """
-    results: list[Any] = [None] * len(calls)
-    errors: list[BaseException | None] = [None] * len(calls)
 
-    def run(index: int) -> None:
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = InheritableThread(self._run, args=(call,))
+        self._thread.start()
+
+    def _run(self, call: Callable[[], Any]) -> None:
         try:
-            results[index] = calls[index]()
-        except BaseException as error:  # raised in the caller's thread below
-            errors[index] = error
+            self._value = call()
+        except BaseException as error:  # raised in the thread that asks for the result
+            self._error = error
 
-    threads = [InheritableThread(run, args=(index,)) for index in range(1, len(calls))]
-    for thread in threads:
-        thread.start()
-    run(0)
-    for thread in threads:
-        thread.join()
-    for error in errors:
-        if error is not None:
-            raise error
-    return results
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Any:
+        """The call's result once it has ended; raises its error if it failed."""
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _batch_property(plan: Plan, isolate: bool) -> str:

@@ -1,0 +1,43 @@
+"""The driver's steps that run at once (retrylib.router's `_all_at_once`, `_Started`); no Spark."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from retrylib.router import _all_at_once, _Started
+
+
+def test_calls_run_at_once_and_their_results_come_in_order() -> None:
+    both = threading.Barrier(2, timeout=5)  # each call waits for the other: only at once ends
+
+    def call(value: str) -> str:
+        both.wait()
+        return value
+
+    assert _all_at_once(lambda: call("first"), lambda: call("second")) == ["first", "second"]
+
+
+def test_the_first_failure_in_order_is_raised_once_every_call_has_ended() -> None:
+    ended = []
+
+    def slow_failure() -> None:
+        time.sleep(0.2)
+        ended.append("slow")
+        raise KeyError("slow")
+
+    def fast_failure() -> None:
+        raise ValueError("fast")
+
+    with pytest.raises(KeyError):
+        _all_at_once(lambda: ended.append("first"), slow_failure, fast_failure)
+    assert ended == ["first", "slow"]
+
+
+def test_a_started_call_gives_its_result_or_raises_its_error_when_asked() -> None:
+    assert _Started(lambda: 42).result() == 42
+    failed = _Started(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        failed.result()
