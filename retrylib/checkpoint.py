@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from retrylib.errors import DamagedFile, RetrylibError
 from retrylib.kafka.offsets import PartitionKey
 
 if TYPE_CHECKING:
@@ -64,9 +65,16 @@ def _java_error(error: Exception, class_name: str) -> bool:
 
 
 def read_json(spark: SparkSession, uri: str) -> Any | None:
-    """The JSON content of `uri`, or None when the file does not exist."""
+    """The JSON content of `uri`, or None when the file does not exist.
+
+    Raises `DamagedFile` naming `uri` when it holds no JSON (cut short, a bad copy)."""
     text = read_text(spark, uri)
-    return None if text is None else json.loads(text)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise DamagedFile(uri, f"not JSON: {error}") from error
 
 
 def read_text(spark: SparkSession, uri: str) -> str | None:
@@ -274,6 +282,31 @@ class Checkpoint:
         numbers = [int(n) for n in list_names(spark, join(self.spark, "commits")) if n.isdigit()]
         return max(numbers, default=None)
 
+    def check_offsets_log(self, spark: SparkSession) -> None:
+        """Raise `RetrylibError` naming Spark's latest offsets file when it cannot be read,
+        with the way out: Spark reads it first at a start, and would fail on its own parse
+        error, with no word of the file."""
+        numbers = [int(n) for n in list_names(spark, join(self.spark, "offsets")) if n.isdigit()]
+        if not numbers:
+            return
+        last = max(numbers)
+        try:
+            self.batch_offsets(spark, last)
+        except DamagedFile as error:
+            if last in self.manifest_ids(spark):
+                fix = (
+                    f"batch {last} was routed from it: restore the file from a backup, or start "
+                    "the job from a new checkpoint (job.checkpoint)"
+                )
+            else:
+                fix = (
+                    f"batch {last} was not routed yet (it has no manifest): remove the file "
+                    f"(and .{last}.crc beside it), and Spark plans the batch again"
+                )
+            raise RetrylibError(
+                f"Spark's offsets file {error.uri} is damaged ({error.reason}): {fix}"
+            ) from error
+
     def batch_offsets(
         self, spark: SparkSession | None, batch_id: int
     ) -> tuple[dict[PartitionKey, int], int | None]:
@@ -282,21 +315,27 @@ class Checkpoint:
 
         Spark writes `offsets/<N>` before it runs batch N: a "v1" line, a metadata line, then
         one JSON line per source ({"topic": {"partition": offset}}). Raises
-        `FileNotFoundError` when the file does not exist.
+        `FileNotFoundError` when the file does not exist, `DamagedFile` when it is not such
+        a file (cut short, a bad copy).
         """
         uri = join(self.spark, "offsets", str(batch_id))
         text = read_text(spark, uri)
         if text is None:
             raise FileNotFoundError(uri)
         lines = text.splitlines()
-        metadata = json.loads(lines[1]) if len(lines) > 1 else {}
-        offsets: dict[PartitionKey, int] = {}
-        for line in lines[2:]:
-            if not line.startswith("{"):
-                continue  # "-": a source with no offsets yet
-            for topic, partitions in json.loads(line).items():
-                for partition, offset in partitions.items():
-                    offsets[(topic, int(partition))] = int(offset)
+        if not lines or not re.fullmatch(r"v\d+", lines[0]):
+            raise DamagedFile(uri, "no version line such as v1 at its start")
+        try:
+            metadata = json.loads(lines[1]) if len(lines) > 1 else {}
+            offsets: dict[PartitionKey, int] = {}
+            for line in lines[2:]:
+                if not line.startswith("{"):
+                    continue  # "-": a source with no offsets yet
+                for topic, partitions in json.loads(line).items():
+                    for partition, offset in partitions.items():
+                        offsets[(topic, int(partition))] = int(offset)
+        except (ValueError, TypeError, AttributeError) as error:
+            raise DamagedFile(uri, f"not Spark's offsets: {error}") from error
         return offsets, metadata.get("batchTimestampMs")
 
 

@@ -84,3 +84,16 @@ class RetryAfter(Exception):
             raise ValueError(f"RetryAfter seconds must be >= 0, got {seconds!r}")
         super().__init__(message or f"retry after {seconds}s")
         self.seconds = float(seconds)
+
+
+class DamagedFile(RetrylibError, ValueError):
+    """Raised when a file of the job's checkpoint is there but cannot be read as what it
+    holds (a write cut short, a bad copy). `uri` names it, `reason` says what is wrong."""
+
+    def __init__(self, uri: str, reason: str) -> None:
+        super().__init__(
+            f"{uri} is damaged ({reason}): restore it from a backup, or start the job from a "
+            "new checkpoint (job.checkpoint)"
+        )
+        self.uri = uri
+        self.reason = reason

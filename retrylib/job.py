@@ -401,9 +401,10 @@ def start_query(
     Every batch's metrics are logged, and stored when `[metrics] table` is set
     (`retrylib.metrics`); `on_result` is then called with the batch's `BatchResult`.
     """
+    checkpoint = Checkpoint(config.job.checkpoint)
+    checkpoint.check_offsets_log(spark)
     partitions = prepare_topics(config)
     output, dead_letter = _prepare_tables(spark, config)
-    checkpoint = Checkpoint(config.job.checkpoint)
     app_id = checkpoint.app_id(spark, config.job.name)
     breaker = None
     if config.breaker is not None:

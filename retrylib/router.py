@@ -62,7 +62,7 @@ from retrylib.config.topics import produced_topic
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once, committed_version
-from retrylib.errors import RetrylibError, TableWriteError
+from retrylib.errors import DamagedFile, RetrylibError, TableWriteError
 from retrylib.faults import crash_point
 from retrylib.forwarding import ForwardPlan
 from retrylib.hooks import Hooks
@@ -82,6 +82,7 @@ from retrylib.observed import (
 from retrylib.produce_units import ProducePlan, produce_units
 from retrylib.results import placed, result_struct
 from retrylib.retry.outcomes import Count
+from retrylib.table_checks import TableState, last_appends, manifest_tables, mismatch
 from retrylib.task import TaskPlan, run_task
 
 log = logging.getLogger(__name__)
@@ -220,7 +221,7 @@ class BatchRouter:
         self._hooks.call("on_batch_start", batch_id)
         spark = df.sparkSession
         manifest_uri = self._checkpoint.manifest(batch_id)
-        manifest = read_json(spark, manifest_uri)
+        manifest = _manifest_in_flight(spark, manifest_uri, batch_id)
         replayed = manifest is not None
         if manifest is None:
             # The tables are read while the handler runs; the decisions are claimed after.
@@ -254,22 +255,23 @@ class BatchRouter:
 
     def read_tables_ahead(self, spark: SparkSession) -> None:
         """Start reading which batch the tables hold, in a thread, for the first batch's check
-        (`_check_not_ahead`). Cold, that read costs seconds of Spark jobs per table, and the
+        (`_check_tables_agree`). Cold, that read costs seconds of Spark jobs per table, and the
         first batch would wait for it: started before the query, the query's own start
         overlaps it."""
         self._tables_read = _Started(partial(self._committed_batches, spark))
 
-    def _committed_batches(self, spark: SparkSession) -> list[tuple[str, TableRef, int | None]]:
-        """(what it is for, table, the last batch it holds of this app id) of the output and
-        dead-letter tables the batch appends to."""
+    def _committed_batches(self, spark: SparkSession) -> list[TableState]:
+        """The output and dead-letter tables the batch appends to, each with the last batch
+        it holds of this app id."""
         return [
-            (what, table, committed_version(spark, table, self.app_id))
-            for what, table in (
-                ("output", self._output_table),
-                ("dead-letter", self._dead_letter_table),
-            )
+            TableState(kind, table, committed_version(spark, table, self.app_id))
+            for kind, table in self._tables().items()
             if table is not None
         ]
+
+    def _tables(self) -> dict[str, TableRef | None]:
+        """The tables the batch appends to, by the kind of result rows each takes."""
+        return {"output": self._output_table, "dead_letter": self._dead_letter_table}
 
     def _read_tables(self, spark: SparkSession, batch_id: int) -> None:
         """Read the state of the tables the batch appends to: their app transactions, which
@@ -277,7 +279,7 @@ class BatchRouter:
         version), so that the appends find it ready. The first batch of a run also checks
         that neither they nor the control topic are ahead of the checkpoint."""
         if not self._checked_tables:
-            self._check_not_ahead(spark, batch_id)
+            self._check_tables_agree(spark, batch_id)
             self._checked_tables = True
         else:
             for table in (self._output_table, self._dead_letter_table):
@@ -316,6 +318,7 @@ class BatchRouter:
             # Every marker of the batch comes after this offset: its produce starts later.
             "control_from": self._control.end_offset() if rows["staged"] else None,
             "rows": rows,
+            "tables": manifest_tables(self._tables()),
             "counters": dict(counters),
             "lateness_ms": lateness,
         }
@@ -419,13 +422,14 @@ class BatchRouter:
         except Exception as e:  # Spark's and the storage's errors: many classes, all fatal here
             raise table_write_error(batch_id, key, table, spark_error_reason(e)) from e
 
-    def _check_not_ahead(self, spark: SparkSession, batch_id: int) -> None:
-        """Raise `RetrylibError` when a table or the control topic already holds a later batch
-        of this checkpoint.
+    def _check_tables_agree(self, spark: SparkSession, batch_id: int) -> None:
+        """Raise `RetrylibError` when the control topic already holds a later batch of this
+        checkpoint, or a table does, or a table lacks an earlier batch that appended to it
+        (`table_checks`).
 
-        Spark replays at most the last unfinished batch, so a table's app transaction or a
-        produce marker is never above the batch that runs first after a start, unless the
-        checkpoint is not the one the tables and topics were written with.
+        Spark replays at most the last unfinished batch, so a produce marker is never above
+        the batch that runs first after a start, unless the checkpoint is not the one the
+        topics were written with.
         """
         produced = self._control.last_produced_batch()
         if produced is not None and produced > batch_id:
@@ -436,15 +440,37 @@ class BatchRouter:
                 "new one"
             )
         read_ahead, self._tables_read = self._tables_read, None
-        committed = self._committed_batches(spark) if read_ahead is None else read_ahead.result()
-        for what, table, done in committed:
-            if done is not None and done > batch_id:
-                raise RetrylibError(
-                    f"the {what} table {table} holds batch {done} of {self.app_id!r}, but the "
-                    f"query is at batch {batch_id}: the checkpoint is older than the tables. "
-                    "Its batches would be skipped as already committed. Restore the latest "
-                    "checkpoint, or start from a new one"
+        states = self._committed_batches(spark) if read_ahead is None else read_ahead.result()
+        appended = last_appends(
+            self._earlier_manifests(spark, batch_id), {s.kind: s.table for s in states}
+        )
+        for state in states:
+            error = mismatch(state, self.app_id, batch_id, appended.get(state.kind))
+            if error is not None:
+                raise RetrylibError(error)
+
+    def _earlier_manifests(
+        self, spark: SparkSession, batch_id: int
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """The readable manifests the checkpoint keeps of batches before `batch_id`; an
+        unreadable one of a finished batch is logged and left out."""
+        for earlier in self._checkpoint.manifest_ids(spark):
+            if earlier >= batch_id:
+                continue
+            uri = self._checkpoint.manifest(earlier)
+            try:
+                manifest = read_json(spark, uri)
+            except DamagedFile as error:
+                log.warning(
+                    "the manifest of finished batch %d, %s, is damaged (%s): left out of the "
+                    "tables' check",
+                    earlier,
+                    uri,
+                    error.reason,
                 )
+                continue
+            if isinstance(manifest, dict):
+                yield earlier, manifest
 
     def close(self) -> None:
         """Let go of the Kafka clients this process keeps (the control topic's reader)."""
@@ -484,6 +510,22 @@ def _run_tasks(
         plan.batch_id,
     )
     return _run_tasks(df, plan, staging, decisions, isolate=True)
+
+
+def _manifest_in_flight(spark: SparkSession, uri: str, batch_id: int) -> dict[str, Any] | None:
+    """The manifest of batch `batch_id` at `uri`, about to run, or None when it has none yet.
+
+    Raises `RetrylibError` naming the file when it is damaged: the batch's effects may have
+    been made from it in part, so routing the batch again could differ from them."""
+    try:
+        return read_json(spark, uri)
+    except DamagedFile as error:
+        raise RetrylibError(
+            f"the manifest of batch {batch_id}, {uri}, is damaged ({error.reason}): it holds "
+            "the decisions the batch's effects are made from, and some may be made already, "
+            "so the batch is not routed again. Restore the file from a backup, or start the "
+            "job from a new checkpoint (job.checkpoint)"
+        ) from error
 
 
 def _all_at_once(*calls: Callable[[], Any]) -> list[Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -32,6 +33,7 @@ from retrylib.kafka.offsets import EARLIEST, LATEST, Offsets
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
 from retrylib.kafka.source_options import parse_source_options
 from retrylib.kafka.tier_source import KafkaStreamReader
+from retrylib.ops.cli import main
 from retrylib.results import KINDS, result_schema
 from retrylib.router import BatchResult
 from retrylib.task import TaskPlan, run_task
@@ -179,6 +181,20 @@ def produce(
         count += 1
     producer.flush(30)
     return count
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`retrylib ARGS` in this process (its `main`, on the tests' Spark session): the exit
+    code, stdout and stderr. The root logger is put back as it was."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = main(list(args))
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def run_retrylib(

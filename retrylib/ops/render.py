@@ -38,11 +38,12 @@ def render_status(status: Mapping[str, Any]) -> str:
     """`status` (from `collect_status`) as text for a terminal."""
     lines = [f"job {status['job']}   checkpoint {status['checkpoint']}"]
     batch = status["last_completed_batch"]
-    lines.append(
-        f"last completed batch: {batch['id']} (triggered {batch['triggered_at']})"
-        if batch
-        else "last completed batch: none yet"
-    )
+    if not batch:
+        lines.append("last completed batch: none yet")
+    elif batch.get("damaged"):
+        lines.append(f"last completed batch: {batch['id']} (its offsets: {batch['damaged']})")
+    else:
+        lines.append(f"last completed batch: {batch['id']} (triggered {batch['triggered_at']})")
     broker = status["broker"]
     if broker["reachable"]:
         lines.append(f"broker {broker['bootstrap_servers']}: reachable")
@@ -185,8 +186,17 @@ def _batch_lines(recent: Mapping[str, Any]) -> list[str]:
     rows = [("batch", "at", *(_COUNT_HEADINGS[name] for name in counts), "ms")]
     for b in recent["batches"]:
         figures = ("-" if b[k] is None else str(b[k]) for k in (*counts, "duration_ms"))
-        rows.append((str(b["batch_id"]), b["at"] or "-", *figures))
-    return lines + _table(rows)
+        rows.append(
+            (str(b["batch_id"]), "damaged" if b.get("damaged") else b["at"] or "-", *figures)
+        )
+    damaged = [
+        f"  batch {b['batch_id']}: {b['damaged']}" for b in recent["batches"] if b.get("damaged")
+    ]
+    return (
+        lines
+        + _table(rows)
+        + (["", "  manifests that could not be read:", *damaged] if damaged else [])
+    )
 
 
 def _table(rows: list[tuple[str, ...]], *, right_aligned: bool = True) -> list[str]:

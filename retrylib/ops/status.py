@@ -44,6 +44,7 @@ from confluent_kafka import KafkaError, KafkaException
 from retrylib.checkpoint import Checkpoint, read_json
 from retrylib.config.durations import format_duration
 from retrylib.config.model import Config, RetryTier
+from retrylib.errors import DamagedFile
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
@@ -89,8 +90,11 @@ def collect_status(
     position: dict[PartitionKey, int] = {}
     last_batch = None
     if committed is not None:
-        position, triggered_ms = checkpoint.batch_offsets(spark, committed)
-        last_batch = {"id": committed, "triggered_at": _iso(triggered_ms)}
+        try:
+            position, triggered_ms = checkpoint.batch_offsets(spark, committed)
+            last_batch = {"id": committed, "triggered_at": _iso(triggered_ms)}
+        except DamagedFile as error:  # the job's position unknown: tiers count from earliest
+            last_batch = {"id": committed, "triggered_at": None, "damaged": str(error)}
     errors: list[KafkaError] = []
     kafka = KafkaOffsets(
         config.kafka.bootstrap_servers,
@@ -139,7 +143,10 @@ def collect_status(
 
 def _breaker(spark: SparkSession, checkpoint: Checkpoint) -> dict[str, Any]:
     """The breaker's last change of state as the running job published it (`breaker`)."""
-    published = read_json(spark, checkpoint.breaker)
+    try:
+        published = read_json(spark, checkpoint.breaker)
+    except DamagedFile as error:
+        return {"state": None, "since": None, "why": str(error)}
     if published is None:
         return {"state": None, "since": None, "why": "the job has not run with [breaker] yet"}
     return {
@@ -394,7 +401,11 @@ def last_batches(
     checkpoint = Checkpoint(config.job.checkpoint)
     batches = []
     for number in reversed(checkpoint.manifest_ids(spark)[-count:] if count else []):
-        manifest = read_json(spark, checkpoint.manifest(number))
+        try:
+            manifest = read_json(spark, checkpoint.manifest(number))
+        except DamagedFile as error:
+            batches.append(_damaged_batch(number, counted, error))
+            continue
         if manifest is None:  # removed by the job's clean-up since the listing
             continue
         counters = manifest.get("counters", {})
@@ -413,6 +424,18 @@ def last_batches(
         )
     source = "manifests" if batches else None
     return {"source": source, "counts": list(counted), "batches": batches}
+
+
+def _damaged_batch(number: int, counted: tuple[str, ...], error: DamagedFile) -> dict[str, Any]:
+    """A batch whose manifest could not be read: its figures unknown, `damaged` says why."""
+    return {
+        "batch_id": number,
+        "at": None,
+        "replayed": None,
+        "duration_ms": None,
+        **dict.fromkeys(counted),
+        "damaged": f"{error.uri}: {error.reason}",
+    }
 
 
 def _iso(ms: int | None) -> str | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
-from helpers import read_table, read_topic, write_job_toml
+from helpers import read_table, read_topic, run_cli, write_job_toml
 
 import retrylib.ops.redrive as redrive_module
 from retrylib.config.loader import load_config
@@ -107,18 +107,6 @@ def job(spark, bootstrap_servers, make_topic, tmp_path_factory):
 
 def config_of(job):
     return load_config(job[0], check_imports=False)
-
-
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        code = main(list(args))
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def dead_letters(job) -> list[dict]:

@@ -1,8 +1,16 @@
-"""retrylib's batch state in the checkpoint stays a few files however many batches run."""
+"""retrylib's batch state in the checkpoint stays a few files however many batches run, and
+a damaged file in it is named with the way out (local files, no Spark)."""
 
 from __future__ import annotations
 
-from retrylib.checkpoint import MANIFESTS_KEPT, expired_state
+from pathlib import Path
+
+import pytest
+
+from retrylib.checkpoint import MANIFESTS_KEPT, Checkpoint, expired_state, read_json
+from retrylib.errors import DamagedFile, RetrylibError
+
+OFFSETS = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1700000000000}\n{"orders":{"0":42}}\n'
 
 
 def test_staging_folders_of_earlier_batches_expire_but_not_this_ones() -> None:
@@ -28,3 +36,45 @@ def test_over_many_batches_the_state_stays_bounded() -> None:
         manifests -= set(expired_state("manifests", manifests, batch))
     assert staged == {"999"}
     assert len(manifests) == MANIFESTS_KEPT + 1
+
+
+def checkpoint_with_offsets(
+    root: Path, texts: dict[int, str], manifests: tuple[int, ...]
+) -> Checkpoint:
+    checkpoint = Checkpoint(str(root))
+    (root / "spark" / "offsets").mkdir(parents=True)
+    for number, text in texts.items():
+        (root / "spark" / "offsets" / str(number)).write_text(text)
+    Path(checkpoint.manifests).mkdir(parents=True)
+    for number in manifests:
+        Path(checkpoint.manifest(number)).write_text("{}")
+    return checkpoint
+
+
+def test_a_manifest_cut_short_is_named_as_damaged(tmp_path: Path) -> None:
+    (tmp_path / "3.json").write_text('{"rows": {"out')
+    with pytest.raises(DamagedFile, match=r"3\.json is damaged \(not JSON: ") as raised:
+        read_json(None, str(tmp_path / "3.json"))  # type: ignore[arg-type]
+    assert raised.value.uri == str(tmp_path / "3.json")
+
+
+def test_spark_offsets_are_read_and_a_good_log_passes(tmp_path: Path) -> None:
+    checkpoint = checkpoint_with_offsets(tmp_path, {0: OFFSETS, 1: OFFSETS}, (0, 1))
+    checkpoint.check_offsets_log(None)  # type: ignore[arg-type]
+    assert checkpoint.batch_offsets(None, 1) == ({("orders", 0): 42}, 1700000000000)
+
+
+def test_a_damaged_latest_offsets_file_of_a_batch_not_routed_may_be_removed(tmp_path: Path) -> None:
+    checkpoint = checkpoint_with_offsets(tmp_path, {0: OFFSETS, 1: OFFSETS[:40]}, (0,))
+    with pytest.raises(RetrylibError) as raised:
+        checkpoint.check_offsets_log(None)  # type: ignore[arg-type]
+    message = str(raised.value)
+    assert message.startswith(f"Spark's offsets file {tmp_path}/spark/offsets/1 is damaged (")
+    assert "batch 1 was not routed yet (it has no manifest): remove the file" in message
+
+
+def test_a_damaged_offsets_file_of_a_routed_batch_must_be_restored(tmp_path: Path) -> None:
+    checkpoint = checkpoint_with_offsets(tmp_path, {4: "{}\n"}, (4,))
+    with pytest.raises(RetrylibError, match="no version line") as raised:
+        checkpoint.check_offsets_log(None)  # type: ignore[arg-type]
+    assert "batch 4 was routed from it: restore the file from a backup" in str(raised.value)
