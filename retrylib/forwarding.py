@@ -13,8 +13,10 @@ and the batch produces after its tasks); each then is:
 - held: its `msg_ts` + delay is still ahead, past the read-ahead (the sender stamped it
   later than Kafka did):
   staged for its delay topic again, stamped so that the topic releases it when it is due;
-- sent to the fallback topic when its destination is missing or not a topic, with the
-  reason in `retrylib.dead_letter.reason` and `retrylib.error.message`;
+- sent to the fallback topic when its destination is missing or not a topic, or when it was
+  sent further ahead of the router's clock than `delay_router.max_timestamp_ahead` (it
+  would never fall due), with the reason in `retrylib.dead_letter.reason` and
+  `retrylib.error.message`;
 - with no fallback topic, logged at ERROR and counted as `unroutable`.
 
 A record with no readable `msg_ts` counts from its Kafka timestamp, and is counted. The
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from retrylib.config.durations import format_duration
 from retrylib.config.topics import CONTROL_TOPIC_PREFIX
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
@@ -72,6 +75,8 @@ class ForwardPlan:
     # Records due up to this long after `now_ms` are read in this batch; the task ends only
     # once each is due, and the batch produces after its tasks end.
     read_ahead_ms: int = 0
+    # A record sent further ahead of `now_ms` than this goes to the fallback topic.
+    max_timestamp_ahead_ms: int = 3_600_000
 
     @property
     def output_schema(self) -> None:
@@ -135,6 +140,21 @@ def destination(
     return Forward(name)
 
 
+def too_far_ahead(sent_ms: int, plan: ForwardPlan) -> NoDestination | None:
+    """A NoDestination when a record sent at `sent_ms` was sent further ahead of the batch's
+    clock than `plan.max_timestamp_ahead_ms` (a sender's clock far off, seconds where
+    milliseconds were meant, a forged stamp): held, it would go round its topic for ever."""
+    ahead_ms = sent_ms - plan.now_ms
+    if ahead_ms <= plan.max_timestamp_ahead_ms:
+        return None
+    bound = format_duration(plan.max_timestamp_ahead_ms)
+    return NoDestination(
+        Reason.TIMESTAMP_TOO_FAR_AHEAD,
+        f"{plan.timestamp_header} is {format_duration(ahead_ms)} ahead of the router's clock, "
+        f"more than delay_router.max_timestamp_ahead ({bound})",
+    )
+
+
 def hold(sent_ms: int, delay_ms: int, now_ms: int, read_ahead_ms: int = 0) -> Hold | None:
     """A Hold when a record sent at `sent_ms` to a topic of delay `delay_ms` is not due by
     `now_ms` + `read_ahead_ms`, else None.
@@ -189,6 +209,10 @@ class ForwardingTask:
                     self.counters[Count.TIMESTAMP_HEADER_MISSING] += 1
                     self._unstamped_example = self._unstamped_example or where
                     sent_ms = message.timestamp()[1]
+                too_far = too_far_ahead(sent_ms, plan)
+                if too_far is not None:
+                    self._set_aside(where, message, headers, too_far)
+                    continue
                 held = hold(sent_ms, delay_ms, plan.now_ms, plan.read_ahead_ms)
                 if held is not None:
                     self.counters[Count.REQUEUED_NOT_DUE] += 1

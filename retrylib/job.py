@@ -356,6 +356,7 @@ def _forward_plan(config: Config) -> ForwardPlan:
         secret_options=config.secret_options(),
         fail_on_data_loss=kafka.fail_on_data_loss,
         read_ahead_ms=router.read_ahead_ms,
+        max_timestamp_ahead_ms=router.max_timestamp_ahead_ms,
     )
 
 

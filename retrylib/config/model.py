@@ -235,6 +235,8 @@ class DelayRouterConfig(_ReadOnlyMappings):
     fallback_topic: str | None = None
     # A delay topic's records due this long after a batch starts are read in it and wait.
     read_ahead_ms: int = 0
+    # A record sent further ahead of the router's clock than this goes to the fallback.
+    max_timestamp_ahead_ms: int = 3_600_000
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ _DEFAULT_DELAYS = ("10s", "1m", "10m")
 # A retry due within this of a batch's start is read in that batch and waits in its task, so
 # it is handled on time rather than a batch later; about a batch's length on a small cluster.
 DEFAULT_READ_AHEAD = "2s"
+# As Kafka's brokers accept a CreateTime ahead of their clock (log.message.timestamp.after.max.ms).
+DEFAULT_MAX_TIMESTAMP_AHEAD = "1h"
 _MAX_READ_AHEAD_MS = 60_000  # a record read ahead holds its task's slot until it is due
 _DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"
 _DEFAULT_DEAD_LETTER_TOPIC = "{topic}.{job}.dlt"
@@ -519,6 +521,12 @@ def read_delay_router(t: Table, job_name: str | None) -> DelayRouterConfig | Non
     stamp = t.get("timestamp_header", TEXT, 'timestamp_header = "msg_ts"', "msg_ts")
     fallback = t.get("fallback_topic", TOPIC, 'fallback_topic = "retry_fallback"', None)
     read_ahead = read_ahead_ms(t)
+    max_ahead = t.duration(
+        "max_timestamp_ahead",
+        'max_timestamp_ahead = "1h"',
+        DEFAULT_MAX_TIMESTAMP_AHEAD,
+        positive=True,
+    )
     t.finish()
     if target is not None and target == stamp:
         t.problems.add(
@@ -539,9 +547,9 @@ def read_delay_router(t: Table, job_name: str | None) -> DelayRouterConfig | Non
                     t.path("topics" if name in delays else "fallback_topic"),
                     f"{json.dumps(name)} is the job's control topic; choose another topic",
                 )
-    if not t.ok or None in delays.values() or read_ahead is None:
+    if not t.ok or None in delays.values() or read_ahead is None or max_ahead is None:
         return None
-    return DelayRouterConfig(delays, target, stamp, fallback, read_ahead)
+    return DelayRouterConfig(delays, target, stamp, fallback, read_ahead, max_ahead)
 
 
 def check_exception_classes(

@@ -128,6 +128,7 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
         (b"lost-1", b"unknown target", krr_headers("no-such-topic", sent)),
         (b"lost-2", b"no target", krr_headers(None, sent)),
         (b"lost-3", b"1000000", krr_headers(control, sent)),  # a would-be marker
+        (b"never", b"ms, not s", krr_headers(orders, sent * 1000)),  # due in 50,000 years
     ]
     krr_produce(bootstrap_servers, delay_topic, to_orders + to_payments + nowhere)
     # Stamped by Kafka now, but sent "later": it waits out its delay from then.
@@ -141,9 +142,9 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
 
     assert first.returncode == 0, first.stderr[-3000:]
     counts = metrics(first)
-    assert counts["records_delayed"] == 27
+    assert counts["records_delayed"] == 28
     assert counts["forwarded"] == 23
-    assert counts["forwarded_to_fallback"] == 3
+    assert counts["forwarded_to_fallback"] == 4
     assert counts["requeued_not_due"] == 1
     assert counts["timestamp_header_missing"] == 1
     assert counts["unroutable"] == 0
@@ -156,7 +157,11 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
         to_payments, key=repr
     )
     set_aside = {m.key(): m for m in read_topic(bootstrap_servers, fallback)}
-    assert set(set_aside) == {b"lost-1", b"lost-2", b"lost-3"}
+    assert set(set_aside) == {b"lost-1", b"lost-2", b"lost-3", b"never"}
+    assert set_aside[b"never"].headers()[-2] == (
+        "retrylib.dead_letter.reason",
+        b"timestamp_too_far_ahead",
+    )
     assert set_aside[b"lost-3"].headers()[-2] == (
         "retrylib.dead_letter.reason",
         b"control_final_topic",
@@ -177,7 +182,7 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
     assert sorted(map(as_sent, forwarded)) == sorted([*to_orders, late])
     [held] = [m for m in forwarded if m.key() == b"late"]
     assert held.timestamp()[1] >= late_s * 1000 + DELAY_MS
-    assert len(read_topic(bootstrap_servers, fallback)) == 3
+    assert len(read_topic(bootstrap_servers, fallback)) == 4
 
 
 def test_with_no_fallback_a_record_with_no_destination_is_logged_and_counted(

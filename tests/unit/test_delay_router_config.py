@@ -61,15 +61,20 @@ def test_a_router_reads_its_delay_topics_from_earliest_up_to_what_is_due(tmp_pat
         None,
     )
     assert plan.read_ahead_ms == 2_000
+    assert plan.max_timestamp_ahead_ms == 3_600_000
 
 
 def test_header_names_and_fallback_are_configurable(tmp_path: Path) -> None:
-    router = 'target_header = "x-target"\ntimestamp_header = "x-sent"\nfallback_topic = "fb"'
+    router = (
+        'target_header = "x-target"\ntimestamp_header = "x-sent"\nfallback_topic = "fb"\n'
+        'max_timestamp_ahead = "1d"'
+    )
     config = load_config(write_router(tmp_path, router=router))
     assert config.delay_router is not None
     assert config.delay_router.target_header == "x-target"
     assert config.delay_router.timestamp_header == "x-sent"
     assert config.delay_router.fallback_topic == "fb"
+    assert config.delay_router.max_timestamp_ahead_ms == 86_400_000
 
 
 @pytest.mark.parametrize(
@@ -92,6 +97,7 @@ def test_header_names_and_fallback_are_configurable(tmp_path: Path) -> None:
         ),
         ("", 'timestamp_header = "final_topic"', "", "delay_router.timestamp_header", "same"),
         ("", 'fallback_topic = "no way"', "", FALLBACK, "topic name"),
+        ("", 'max_timestamp_ahead = "0s"', "", "delay_router.max_timestamp_ahead", "above zero"),
         ("", 'final_topic = "x"', "", "delay_router.final_topic", "did you mean"),
     ],
 )

@@ -18,6 +18,7 @@ from retrylib.forwarding import (
     destination,
     hold,
     sent_at_ms,
+    too_far_ahead,
 )
 from retrylib.retry.outcomes import Reason
 
@@ -88,6 +89,15 @@ def test_a_sender_clock_ahead_of_now_is_never_stamped_in_the_future() -> None:
 def test_a_record_due_within_the_read_ahead_is_released_not_held() -> None:
     assert hold(sent_ms=10_000, delay_ms=5_000, now_ms=14_000, read_ahead_ms=1_000) is None
     assert hold(sent_ms=10_000, delay_ms=5_000, now_ms=13_000, read_ahead_ms=1_000) == Hold(10_000)
+
+
+def test_a_record_sent_further_ahead_than_the_bound_has_no_destination(forward_plan) -> None:
+    plan = dataclasses.replace(forward_plan, now_ms=10_000, max_timestamp_ahead_ms=3_600_000)
+    assert too_far_ahead(3_610_000, plan) is None  # a clock an hour ahead still waits
+    assert too_far_ahead(10_000 + 2 * 86_400_000, plan) == NoDestination(
+        Reason.TIMESTAMP_TOO_FAR_AHEAD,
+        "msg_ts is 2d ahead of the router's clock, more than delay_router.max_timestamp_ahead (1h)",
+    )
 
 
 class Message:
