@@ -1,0 +1,117 @@
+"""State changed or damaged outside the job stops it with one line from `retrylib run` that
+names the table or file and the way out, before any effect; put right, the job goes on
+exactly once.
+
+- A table older than its checkpoint (its latest commit removed, as a restore from an older
+  backup does): the next batch would take the lost commit's place in silence.
+- A manifest of the batch in flight cut short: the batch's effects may be made from it in
+  part, so it is not routed again.
+- Spark's latest offsets file cut short: Spark would fail on its own parse error.
+
+Runs go through the CLI's `main` in this process, on the tests' Spark session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from chispa import assert_df_equality
+from helpers import produce, run_available_now, run_cli
+
+from retrylib.checkpoint import Checkpoint
+
+
+def assert_one_error_line(code: int, err: str, start: str, *parts: str) -> None:
+    assert code == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: {start}"), last
+    for part in parts:
+        assert part in last, last
+    assert "Traceback" not in err and "\tat " not in err, err[-3000:]
+    assert len(err.splitlines()) < 20, err[-3000:]
+
+
+def assert_keys(spark, output: Path, records: list[tuple[str, str]]) -> None:
+    expected = spark.createDataFrame([(key,) for key, _ in records], "key STRING")
+    written = spark.read.format("delta").load(str(output)).select("key")
+    assert_df_equality(written, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_a_table_older_than_its_checkpoint_stops_the_job_before_an_append(
+    spark, bootstrap_servers, make_topic, write_config, tmp_path, capsys
+):
+    topic = make_topic("behind", partitions=2)
+    first = [(f"ok-a{i}", "v") for i in range(20)]
+    produce(bootstrap_servers, topic, first, partitions=2)
+    config = write_config([topic], name="behind")
+    output = Path(config.output.table)
+    run_available_now(spark, config)
+    log = output / "_delta_log"
+    latest = max(log.glob("*.json")).stem  # batch 0's append
+    removed = tmp_path / "removed"
+    removed.mkdir()
+    for commit in log.glob(f"*{latest}*"):  # the commit, its .crc, Hadoop's checksum of both
+        commit.rename(removed / commit.name)
+
+    second = [(f"ok-b{i}", "v") for i in range(20)]
+    produce(bootstrap_servers, topic, second, partitions=2)
+    code, _, err = run_cli(capsys, "run", config.source_path, "--available-now")
+
+    assert_one_error_line(
+        code,
+        err,
+        f"the output table {output} holds no batch of ",
+        "batch 0 of the checkpoint appended rows to it",
+        "Restore the table's latest version",
+    )
+    assert spark.read.format("delta").load(str(output)).count() == 0  # nothing took its place
+
+    for commit in removed.iterdir():
+        commit.rename(log / commit.name)
+    run_available_now(spark, config)
+    assert_keys(spark, output, first + second)
+
+
+def test_damaged_checkpoint_files_are_named_with_the_way_out(
+    spark, bootstrap_servers, make_topic, write_config, capsys
+):
+    topic = make_topic("damaged", partitions=1)
+    records = [(f"ok-{i}", "v") for i in range(10)]
+    produce(bootstrap_servers, topic, records)
+    config = write_config([topic], name="damaged")
+    run_available_now(spark, config)
+    checkpoint = Checkpoint(config.job.checkpoint)
+    # Batch 0 as a crash after its manifest leaves it: not marked complete, so Spark runs it
+    # again, from the manifest. Cut short, the manifest cannot be trusted.
+    commit = Path(checkpoint.spark) / "commits" / "0"
+    commit.unlink()
+    Path(checkpoint.spark, "commits", ".0.crc").unlink(missing_ok=True)
+    manifest = Path(checkpoint.manifest(0))
+    kept = manifest.read_text()
+    manifest.write_text(kept[: len(kept) // 2])
+
+    code, _, err = run_cli(capsys, "run", config.source_path, "--available-now")
+
+    assert_one_error_line(
+        code,
+        err,
+        f"the manifest of batch 0, {manifest}, is damaged (not JSON: ",
+        "Restore the file from a backup, or start the job from a new checkpoint",
+    )
+
+    offsets = Path(checkpoint.spark) / "offsets" / "0"
+    kept_offsets = offsets.read_bytes()
+    offsets.write_bytes(kept_offsets[: len(kept_offsets) // 2])
+    code, _, err = run_cli(capsys, "run", config.source_path, "--available-now")
+
+    assert_one_error_line(
+        code,
+        err,
+        f"Spark's offsets file {offsets} is damaged (",
+        "batch 0 was routed from it: restore the file from a backup",
+    )
+
+    offsets.write_bytes(kept_offsets)
+    manifest.write_text(kept)
+    run_available_now(spark, config)
+    assert_keys(spark, Path(config.output.table), records)
