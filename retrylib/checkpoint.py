@@ -33,13 +33,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from retrylib.delta.table_ref import is_uri
 from retrylib.errors import DamagedFile, RetrylibError
 from retrylib.kafka.offsets import PartitionKey
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 MANIFESTS_KEPT = 20
 KEY_ORDER_KEPT = 2  # the newest, and the one before it should the newest be unreadable
 
@@ -49,7 +49,7 @@ def join(base: str, *parts: str) -> str:
 
 
 def _is_local(uri: str) -> bool:
-    return not _SCHEME.match(uri)
+    return not is_uri(uri)
 
 
 def _hadoop(spark: SparkSession, uri: str) -> tuple[Any, Any]:

@@ -1,5 +1,6 @@
 """Where the job keeps its state: the checks that the checkpoint and each Delta table setting
-name a valid place, each its own and none inside another.
+name a valid place, each its own and none inside another, and a local one a folder this
+user can create or write (looked at, never created: loading a config changes nothing).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import os
 from collections.abc import Mapping
 
 from retrylib.config.values import Problems, Table
-from retrylib.delta.table_ref import TableRef
+from retrylib.delta.table_ref import TableRef, is_uri
 from retrylib.errors import ConfigError
 
 _LOCATIONS = (
@@ -35,6 +36,10 @@ def check_locations(problems: Problems, tables: Mapping[str, Table]) -> None:
         problems.claim(owners, dotted, where, "the checkpoint and each table need their own")
         if section == "job" or _is_path(location):
             paths.append((dotted, where))
+            if not is_uri(location):
+                unusable = _unusable_folder(where)
+                if unusable is not None:
+                    problems.add(dotted, unusable)
     for key, where in paths:
         for outer_key, outer in paths:
             if where.startswith(outer.rstrip("/") + "/"):
@@ -43,6 +48,29 @@ def check_locations(problems: Problems, tables: Mapping[str, Table]) -> None:
                     f"{json.dumps(where)} is inside {outer_key} {json.dumps(outer)}; give each "
                     "table and the checkpoint a location of its own, none inside another",
                 )
+
+
+def _unusable_folder(path: str) -> str | None:
+    """Why the local folder `path` cannot hold the job's state, or None when it is a folder
+    this user may write, or may be created."""
+    shown = json.dumps(path)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            return f"{shown} is a file; name a folder (it is created when missing)"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"{shown} is a folder this user cannot write; grant write access or name another"
+        return None
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{shown} cannot be created: {json.dumps(parent)} is a file; name another folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return (
+            f"{shown} cannot be created: this user cannot write {json.dumps(parent)}; grant "
+            "write access or name another folder"
+        )
+    return None
 
 
 def _location_id(location: str) -> str:

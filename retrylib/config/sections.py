@@ -67,6 +67,7 @@ _DEFAULT_DELAYS = ("10s", "1m", "10m")
 DEFAULT_READ_AHEAD = "2s"
 # As Kafka's brokers accept a CreateTime ahead of their clock (log.message.timestamp.after.max.ms).
 DEFAULT_MAX_TIMESTAMP_AHEAD = "1h"
+_MAX_PARALLELISM = 256  # lanes (threads) per Spark task
 _MAX_READ_AHEAD_MS = 60_000  # a record read ahead holds its task's slot until it is due
 _DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"
 _DEFAULT_DEAD_LETTER_TOPIC = "{topic}.{job}.dlt"
@@ -233,7 +234,13 @@ def read_handler(t: Table, check_imports: bool) -> HandlerConfig | None:
     kind = t.get("kind", HANDLER_KIND, 'kind = "record"', "record")
     parallelism = t.get("parallelism", POSITIVE_INT, "parallelism = 8", 1)
     t.finish()
-    if parallelism and parallelism > 1 and kind not in (None, "record"):
+    if parallelism and parallelism > _MAX_PARALLELISM:
+        t.problems.add(
+            t.path("parallelism"),
+            f"at most {_MAX_PARALLELISM}: each lane is a thread with its own calls in every "
+            "Spark task; write it like parallelism = 8",
+        )
+    elif parallelism and parallelism > 1 and kind not in (None, "record"):
         t.problems.add(
             t.path("parallelism"),
             f'spreads calls for one record at a time over lanes, but handler.kind = "{kind}" '

@@ -15,6 +15,13 @@ from retrylib.errors import ConfigError
 
 # A URI scheme as RFC 3986 spells it, followed by ':' (s3:, abfss:, dbfs:, file:).
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+
+
+def is_uri(location: str) -> bool:
+    """True when `location` starts with a URI scheme (`s3://b/x`, `file:/x`, `dbfs:/x`): a
+    place for Spark's (Hadoop's) file systems, not a plain local path."""
+    return _SCHEME.match(location) is not None
+
 # Spark accepts these characters in an identifier without backquotes.
 _UNQUOTED_PART = re.compile(r"[A-Za-z0-9_]+")
 _FIX = "write ./{name} for a folder, or db.{name} for a catalog table"
@@ -58,7 +65,7 @@ class TableRef:
             raise ConfigError(
                 f"{key}: {text!r} has spaces around it; write {text.strip()!r} without them"
             )
-        if "/" in text or _SCHEME.match(text):
+        if "/" in text or is_uri(text):
             return cls(text, is_path=True)
         try:
             parts = _name_parts(text)
@@ -85,7 +92,7 @@ class TableRef:
 
         URIs, absolute paths and catalog names come back unchanged.
         """
-        if not self.is_path or _SCHEME.match(self.text) or os.path.isabs(self.text):
+        if not self.is_path or is_uri(self.text) or os.path.isabs(self.text):
             return self
         return TableRef(os.path.abspath(self.text), is_path=True)
 

@@ -27,6 +27,8 @@ def test_a_closed_port_is_a_broker_not_reachable_within_the_timeout(tmp_path, ca
 def test_check_as_a_user_runs_it_lists_each_late_failure_as_a_config_error(tmp_path):
     """`retrylib check` in a process of its own: problems that used to pass the check and
     fail or misbehave later are config errors (exit 2), each naming its key."""
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "other-file").write_text("not a folder")
     path = write_noop_job(
         tmp_path,
         name="checked",
@@ -39,7 +41,9 @@ def test_check_as_a_user_runs_it_lists_each_late_failure_as_a_config_error(tmp_p
                 "client.id": "${env:}",
             }
         },
-        dead_letter={"topic": "_retrylib.checked.produced", "table": f"{tmp_path}/dlq"},
+        dead_letter={"topic": "_retrylib.checked.produced", "table": f"{tmp_path}/a-file"},
+        metrics={"table": f"{tmp_path}/other-file/metrics"},
+        handler={"parallelism": 100000},
     )
 
     done = subprocess.run(
@@ -56,8 +60,11 @@ def test_check_as_a_user_runs_it_lists_each_late_failure_as_a_config_error(tmp_p
         'kafka.options.client.id: "${env:}" is not a reference to an environment variable',
         'dead_letter.topic: "_retrylib.checked.produced" is the job\'s control topic',
         "output.table: ",
+        f'dead_letter.table: "{tmp_path}/a-file" is a file; name a folder',
+        f'metrics.table: "{tmp_path}/other-file/metrics" cannot be created: ',
+        "handler.parallelism: at most 256",
     ):
         assert f"error: {key}" in done.stderr
     assert "is inside job.checkpoint" in done.stderr
-    assert "invalid config (5 problems)" in done.stderr
+    assert "invalid config (8 problems)" in done.stderr
     assert "Traceback" not in done.stderr

@@ -224,3 +224,38 @@ def test_a_well_formed_reference_still_reads_the_environment(tmp_path, monkeypat
     monkeypatch.setenv("RL_HOST", "broker")
     path = write_literal_config(tmp_path, {"kafka.bootstrap_servers": '"${env:RL_HOST}:9092"'})
     assert load_config(path).kafka.bootstrap_servers == "broker:9092"
+
+
+# Local folders: looked at when the config loads, before Spark starts or anything is created.
+
+
+@pytest.mark.parametrize(
+    ("key", "setting"),
+    [("job.checkpoint", "checkpoint"), ("output.table", "out"), ("dead_letter.table", "dlq")],
+)
+def test_a_local_location_that_is_a_file_is_refused(tmp_path, key, setting) -> None:
+    (tmp_path / "taken").write_text("not a folder")
+    problem = problem_for(tmp_path, {key: '"{tmp}/taken"'})
+    assert (
+        problem
+        == f'{key}: "{tmp_path}/taken" is a file; name a folder (it is created when missing)'
+    )
+
+
+def test_a_local_location_under_a_file_cannot_be_created(tmp_path) -> None:
+    (tmp_path / "taken").write_text("not a folder")
+    problem = problem_for(tmp_path, {"job.checkpoint": '"{tmp}/taken/deeper/checkpoint"'})
+    assert problem == (
+        f'job.checkpoint: "{tmp_path}/taken/deeper/checkpoint" cannot be created: '
+        f'"{tmp_path}/taken" is a file; name another folder'
+    )
+
+
+def test_uris_and_missing_local_folders_are_left_to_spark(tmp_path) -> None:
+    changes = {"job.checkpoint": '"{tmp}/not/yet/there"', "output.table": '"file:/x/taken"'}
+    assert collect_config_errors(write_literal_config(tmp_path, changes)) == []
+
+
+def test_handler_parallelism_is_bounded(tmp_path) -> None:
+    problem = problem_for(tmp_path, {"handler.parallelism": "100000"})
+    assert problem.startswith("handler.parallelism: at most 256: each lane is a thread")
