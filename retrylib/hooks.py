@@ -12,7 +12,9 @@ Record hooks run on the executors, in the task that handles the record, like the
   being its dead letter's reason (`retry.outcomes.Reason`).
 
 Batch hooks run on the driver: `on_batch_start(batch_id)` and `on_batch_end(batch_id,
-counters)`, with the batch's counters (`retry.outcomes.Count`).
+counters)`, with the batch's counters (`retry.outcomes.Count`). Each call is bounded
+(`hooks.timeout`, `DriverHooks`): one that has not returned by then is left running in its
+thread and counted, and the batch goes on.
 
 A hook that raises, whatever it raises, is counted (`hook_errors`) and logged, its first
 failure in each task (or, on the driver, in each run of the job) with the error. Like the
@@ -59,16 +61,59 @@ class Hooks:
         try:
             function(*args)
         except BaseException as error:  # a hook never stops the job, whatever it raises
-            with self._failures:
-                self._counters[Count.HOOK_ERRORS] += 1
-                first = name not in self._logged
-                self._logged.add(name)
-            if first:
-                log.warning(
-                    "hook %s (%s) raised %s: %s; the job goes on, and counts each failure as "
-                    "hook_errors (only the first of this hook is logged here)",
-                    name,
-                    self._references[name],
-                    type(error).__name__,
-                    error,
-                )
+            self._failed(name, f"raised {type(error).__name__}: {error}")
+
+    def _failed(self, name: str, what: str) -> None:
+        """Count a failed call of hook `name`; log the first of each hook, saying `what`."""
+        with self._failures:
+            self._counters[Count.HOOK_ERRORS] += 1
+            first = name not in self._logged
+            self._logged.add(name)
+        if first:
+            log.warning(
+                "hook %s (%s) %s; the job goes on, and counts each failure as hook_errors "
+                "(only the first of this hook is logged here)",
+                name,
+                self._references[name],
+                what,
+            )
+
+
+class DriverHooks(Hooks):
+    """`Hooks` called on the driver, each call waited for at most `timeout_s`.
+
+    A call still running then is left to run in its thread (a thread cannot be stopped) and
+    counted as failed; the hook is not called again until it has returned, so a hook that
+    hangs holds one thread, never the batch or the job's stop.
+    """
+
+    def __init__(
+        self,
+        references: Mapping[str, str],
+        paths: Sequence[str],
+        counters: Counter[str],
+        timeout_s: float,
+    ) -> None:
+        super().__init__(references, paths, counters)
+        self._timeout_s = timeout_s
+        self._running: dict[str, threading.Thread] = {}
+
+    def call(self, name: str, *args: object) -> None:
+        if name not in self._functions:
+            return
+        running = self._running.get(name)
+        if running is not None and running.is_alive():
+            self._failed(name, "is still running from an earlier call; not called this time")
+            return
+        thread = threading.Thread(
+            target=super().call, args=(name, *args), name=f"retrylib-{name}", daemon=True
+        )
+        thread.start()
+        thread.join(self._timeout_s)
+        if thread.is_alive():
+            self._running[name] = thread
+            self._failed(
+                name,
+                f"has not returned within hooks.timeout ({self._timeout_s:g}s); it runs on "
+                "in its thread, and is not called again until it returns",
+            )

@@ -450,6 +450,7 @@ def start_query(
         ),
         compactor=compactor,
         hooks=config.hooks.references(BATCH_HOOKS),
+        hook_timeout_s=config.hooks.timeout_ms / 1000,
         hook_paths=config.handler.paths if config.handler is not None else (),
         task=run_task if config.delay_router is None else run_forwarding_task,
         key_order=key_order,

@@ -65,7 +65,7 @@ from retrylib.delta.tables import append_once, committed_version
 from retrylib.errors import DamagedFile, RetrylibError, TableWriteError
 from retrylib.faults import crash_point
 from retrylib.forwarding import ForwardPlan
-from retrylib.hooks import Hooks
+from retrylib.hooks import DriverHooks
 from retrylib.kafka import worker_clients
 from retrylib.kafka.clients import RecordLimits
 from retrylib.kafka.markers import ControlTopic
@@ -137,6 +137,7 @@ class BatchRouter:
         compactor: Compactor | None = None,
         hooks: Mapping[str, str] | None = None,
         hook_paths: tuple[str, ...] = (),
+        hook_timeout_s: float = 30.0,
         task: Task = run_task,
         key_order: KeyOrderStore | None = None,
         later_tables: tuple[TableRef, ...] = (),
@@ -144,7 +145,8 @@ class BatchRouter:
         """`kafka_options`: the Kafka options of the executors' producers; `reader_options`
         those of the consumers that read the control topic;
         `signing_key` signs the produce markers (the checkpoint's);
-        `hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`);
+        `hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`), each
+        call waited for at most `hook_timeout_s`;
         `task` routes one Spark task's records with a plan like `plan_template`: a handler
         job's `run_task`, or a delay router's `run_forwarding_task` (whose plans have no
         output or dead-letter table: those are None then);
@@ -188,7 +190,7 @@ class BatchRouter:
         cannot write, ...): the job reports it instead of Spark's wrapping of it."""
         self._compactor = compactor
         self._hook_errors: Counter[str] = Counter()
-        self._hooks = Hooks(hooks or {}, hook_paths, self._hook_errors)
+        self._hooks = DriverHooks(hooks or {}, hook_paths, self._hook_errors, hook_timeout_s)
         self._checked_tables = False
         self._tables_read: _Started | None = None
         self.batch_finished = threading.Event()

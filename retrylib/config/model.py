@@ -277,6 +277,8 @@ class HooksConfig:
     on_dead_letter: str | None = None
     on_batch_start: str | None = None
     on_batch_end: str | None = None
+    # How long the driver waits for a batch hook's call before it goes on without it.
+    timeout_ms: int = 30_000
 
     def references(self, names: tuple[str, ...] = HOOKS) -> dict[str, str]:
         """Hook name -> reference, for those of `names` that are set."""

@@ -67,6 +67,8 @@ _DEFAULT_DELAYS = ("10s", "1m", "10m")
 DEFAULT_READ_AHEAD = "2s"
 # As Kafka's brokers accept a CreateTime ahead of their clock (log.message.timestamp.after.max.ms).
 DEFAULT_MAX_TIMESTAMP_AHEAD = "1h"
+# A batch hook that takes longer holds up its batch; past it the batch goes on without it.
+DEFAULT_HOOK_TIMEOUT = "30s"
 _MAX_PARALLELISM = 256  # lanes (threads) per Spark task
 _MAX_READ_AHEAD_MS = 60_000  # a record read ahead holds its task's slot until it is due
 _DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"
@@ -466,6 +468,7 @@ def read_hooks(t: Table, handler_kind: str | None) -> HooksConfig | None:
     references = {
         name: t.get(name, FUNCTION_REF, f'{name} = "hooks:{name}"', None) for name in HOOKS
     }
+    timeout = t.duration("timeout", 'timeout = "30s"', DEFAULT_HOOK_TIMEOUT, positive=True)
     t.finish()
     if handler_kind not in (None, "record"):
         for name in ("before_record", "after_record"):
@@ -476,7 +479,9 @@ def read_hooks(t: Table, handler_kind: str | None) -> HooksConfig | None:
                     f'"{handler_kind}" hands the handler whole batches; remove it (on_retry and '
                     "on_dead_letter are called for every handler kind)",
                 )
-    return HooksConfig(**references) if t.ok else None
+    if not t.ok or timeout is None:
+        return None
+    return HooksConfig(**references, timeout_ms=timeout)
 
 
 def read_metrics(t: Table) -> MetricsConfig | None:

@@ -22,6 +22,7 @@ def is_uri(location: str) -> bool:
     place for Spark's (Hadoop's) file systems, not a plain local path."""
     return _SCHEME.match(location) is not None
 
+
 # Spark accepts these characters in an identifier without backquotes.
 _UNQUOTED_PART = re.compile(r"[A-Za-z0-9_]+")
 _FIX = "write ./{name} for a folder, or db.{name} for a catalog table"

@@ -1,5 +1,5 @@
 """Lifecycle hooks through `retrylib run` as a user runs it: record hooks on the executors,
-batch hooks on the driver, and hooks that fail without changing what the job does."""
+batch hooks on the driver, and hooks that fail or hang without changing what the job does."""
 
 from __future__ import annotations
 
@@ -80,15 +80,18 @@ def test_hooks_are_told_of_every_record_and_batch(spark, bootstrap_servers, make
     assert_outcomes(spark, tmp_path)
 
 
-def test_hooks_that_fail_change_nothing_and_are_counted(
+def test_hooks_that_fail_or_hang_change_nothing_and_are_counted(
     spark, bootstrap_servers, make_topic, tmp_path
 ):
     topic = make_topic("broken-hooks", partitions=2)
     produce(bootstrap_servers, topic, RECORDS, partitions=2)
+    hooks = {
+        **dict.fromkeys(HOOKS, "lifecycle_hooks:broken"),
+        "on_batch_end": "lifecycle_hooks:hangs",
+        "timeout": "1s",
+    }
 
-    _, done = run_hooked_job(
-        tmp_path, bootstrap_servers, topic, dict.fromkeys(HOOKS, "lifecycle_hooks:broken")
-    )
+    _, done = run_hooked_job(tmp_path, bootstrap_servers, topic, hooks)
 
     assert_outcomes(spark, tmp_path)
     metrics = [
@@ -99,3 +102,7 @@ def test_hooks_that_fail_change_nothing_and_are_counted(
     # Per record: before and after; flaky1-0's retry; bad-0's dead letter; two per batch.
     assert sum(m["hook_errors"] for m in metrics) == 4 * 2 + 1 + 1 + 2 * len(metrics)
     assert "hook on_batch_start (lifecycle_hooks:broken) raised RuntimeError" in done.stderr
+    assert (
+        "hook on_batch_end (lifecycle_hooks:hangs) has not returned within hooks.timeout (1s)"
+        in done.stderr
+    )

@@ -4,6 +4,7 @@ or fail what the job decides; their config checked at load."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import unit_handlers
 from helpers import REPO, problem_for, route, write_literal_config
 
 from retrylib.config.loader import load_config
-from retrylib.hooks import Hooks
+from retrylib.hooks import DriverHooks, Hooks
 
 ROWS = [
     {"key": b"ok-1", "offset": 1},
@@ -77,6 +78,32 @@ def test_batch_hooks_failures_are_counted_for_the_caller(plan) -> None:
     assert errors == {"hook_errors": 1}
 
 
+def test_a_batch_hook_that_hangs_is_left_running_and_counted(plan, events, caplog) -> None:
+    unit_handlers.RELEASE.clear()
+    errors: Counter[str] = Counter()
+    hooks = DriverHooks(
+        {"on_batch_end": "unit_handlers:stuck"}, plan.handler_paths, errors, timeout_s=0.05
+    )
+    try:
+        with caplog.at_level("WARNING", logger="retrylib.hooks"):
+            hooks.call("on_batch_end", 1, {})  # returns after the bound
+            hooks.call("on_batch_end", 2, {})  # the first still runs: not called
+        assert events == [("stuck", 1, {})]
+        assert errors == {"hook_errors": 2}
+        [warning] = [r.getMessage() for r in caplog.records if r.name == "retrylib.hooks"]
+        assert warning.startswith(
+            "hook on_batch_end (unit_handlers:stuck) has not returned within hooks.timeout "
+            "(0.05s); it runs on in its thread"
+        )
+    finally:
+        unit_handlers.RELEASE.set()
+    for thread in threading.enumerate():
+        if thread.name == "retrylib-on_batch_end":
+            thread.join(5)
+    hooks.call("on_batch_end", 3, {})  # returned: called again
+    assert events[-1] == ("stuck", 3, {})
+
+
 def test_hooks_config_reads_every_hook(tmp_path) -> None:
     paths = f'["{REPO}", "{Path(unit_handlers.__file__).parent}"]'
     extra = "[hooks]\n" + "".join(
@@ -86,6 +113,7 @@ def test_hooks_config_reads_every_hook(tmp_path) -> None:
     config = load_config(write_literal_config(tmp_path, {"handler.paths": paths}, extra))
     assert config.hooks.on_retry == "unit_handlers:retried"
     assert config.hooks.on_batch_start is None
+    assert config.hooks.timeout_ms == 30_000
     assert config.hooks.references(("on_batch_start", "on_batch_end")) == {
         "on_batch_end": "unit_handlers:broken"
     }
@@ -111,6 +139,7 @@ def test_hooks_config_reads_every_hook(tmp_path) -> None:
             'handler.kind = "arrow" hands the handler whole batches',
         ),
         ('[hooks]\non_start = "unit_handlers:after"\n', {}, "hooks.on_start: unknown key"),
+        ('[hooks]\ntimeout = "0s"\n', {}, "hooks.timeout: expected a duration above zero"),
     ],
 )
 def test_bad_hooks_config_names_the_key(tmp_path, extra, changes, problem) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from retrylib import NonRetryable, Record, RetryAfter, Skip
 
 
@@ -89,3 +91,13 @@ def dead(record: Record, reason: str, error: BaseException) -> None:
 
 def broken(*args: object) -> None:
     raise SystemExit("a hook that raises anything at all")
+
+
+RELEASE = threading.Event()
+"""What `stuck` waits for."""
+
+
+def stuck(*args: object) -> None:
+    """A hook that does not return until `RELEASE` is set."""
+    EVENTS.append(("stuck", *args))
+    RELEASE.wait()

@@ -1,10 +1,12 @@
 """Lifecycle hooks for the integration tests: each appends what it was told, as a JSON line,
-to the file named by $RETRYLIB_TEST_HOOK_LOG (executors and driver alike); `broken` raises."""
+to the file named by $RETRYLIB_TEST_HOOK_LOG (executors and driver alike); `broken` raises,
+`hangs` never returns."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 
 from retrylib import Record
 
@@ -40,3 +42,8 @@ def batch_end(batch_id: int, counters: dict) -> None:
 
 def broken(*args: object) -> None:
     raise RuntimeError("this hook always fails")
+
+
+def hangs(*args: object) -> None:
+    """A hook that never returns (within any test)."""
+    threading.Event().wait()
