@@ -50,6 +50,10 @@ class MarkerReadError(RetrylibError):
     """Raised when a control topic could not be read to the end in time."""
 
 
+class LeaseHeld(RetrylibError):
+    """Raised when another copy of the job (or of its redrive) holds the lease to run it."""
+
+
 class RedriveError(RetrylibError):
     """Raised when a redrive cannot start or its send fails (nothing is marked as sent)."""
 

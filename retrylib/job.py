@@ -8,6 +8,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from retrylib.delta.compaction import Compactor
 from retrylib.delta.dead_letter import dead_letter_struct
 from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import ensure_table
-from retrylib.errors import TopicError
+from retrylib.errors import LeaseHeld, TopicError
 from retrylib.forwarding import ForwardPlan, run_forwarding_task
 from retrylib.kafka.clients import (
     TIER_CLIENT_OPTIONS,
@@ -40,6 +41,7 @@ from retrylib.kafka.offsets import (
     subscribed,
 )
 from retrylib.kafka.record_size import producer_batch_bytes
+from retrylib.kafka.runner_lease import RunnerLease, runner_group, take_lease
 from retrylib.kafka.source_options import (
     OPTION_AVAILABLE_NOW_OFFSETS,
     OPTION_KEY_ORDER,
@@ -390,20 +392,59 @@ def record_limits(
     return limits, options
 
 
+def hold_runner_lease(config: Config) -> RunnerLease:
+    """Take the lease of the job's checkpoint (`retrylib.kafka.runner_lease`), held on the
+    job's control topic, which is created first when allowed. Raises `LeaseHeld` naming the
+    copy that runs the job now."""
+    kafka = config.kafka
+    admin = connected_admin(kafka.bootstrap_servers, kafka.client_options(), config.kafka_login())
+    topic = produced_topic(config.job.name)
+    ensure_topics(admin, {topic: 1}, create=kafka.create_topics)
+    return take_lease(
+        kafka.bootstrap_servers,
+        kafka.client_options(),
+        admin,
+        topic=topic,
+        group=runner_group(config.job.name, config.job.checkpoint),
+        what=f"job {config.job.name!r}",
+    )
+
+
 def start_query(
     spark: SparkSession,
     config: Config,
     *,
     available_now: bool = False,
     on_result: Callable[[BatchResult], None] | None = None,
+    lease: RunnerLease | None = None,
 ) -> tuple[StreamingQuery, BatchRouter]:
     """Prepare topics and tables, then start the streaming query; returns it and its router.
 
-    Every batch's metrics are logged, and stored when `[metrics] table` is set
-    (`retrylib.metrics`); `on_result` is then called with the batch's `BatchResult`.
+    The job's runner `lease` is taken (`hold_runner_lease`) when not given, before anything
+    else is written; `router.close()` releases it. Every batch's metrics are logged, and
+    stored when `[metrics] table` is set (`retrylib.metrics`); `on_result` is then called
+    with the batch's `BatchResult`.
     """
     checkpoint = Checkpoint(config.job.checkpoint)
     checkpoint.check_offsets_log(spark)
+    if lease is None:
+        lease = hold_runner_lease(config)
+    try:
+        return _start_holding(spark, config, checkpoint, lease, available_now, on_result)
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _start_holding(
+    spark: SparkSession,
+    config: Config,
+    checkpoint: Checkpoint,
+    lease: RunnerLease,
+    available_now: bool,
+    on_result: Callable[[BatchResult], None] | None,
+) -> tuple[StreamingQuery, BatchRouter]:
+    """`start_query` once the lease is held."""
     partitions = prepare_topics(config)
     output, dead_letter = _prepare_tables(spark, config)
     app_id = checkpoint.app_id(spark, config.job.name)
@@ -455,6 +496,7 @@ def start_query(
         task=run_task if config.delay_router is None else run_forwarding_task,
         key_order=key_order,
         later_tables=tuple(filter(None, [config.metrics.table_ref()])),
+        lease=lease,
     )
     router.read_tables_ahead(spark)
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
@@ -577,24 +619,39 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
     Returns the process exit code: 0 when it finished or was stopped, 1 when the query
     failed (the error is logged). Raises the `RetrylibError` that failed a batch when
     retrylib detected it itself (`TableWriteError`, ...), and Spark's error when the query
-    failed otherwise.
+    failed otherwise. Raises `LeaseHeld` when another copy runs the job from the same
+    checkpoint (at start, or when it took the lease over while the brokers did not hear
+    from this one).
     """
     redact_secrets(config_secrets(config))
-    spark = build_spark_session(
-        f"retrylib-{config.job.name}", master=master, extra=spark_log_conf()
-    )
-    ship_code(spark, config)
+    # The lease is asked for while Spark starts: a group's first rebalance waits for the
+    # broker's group.initial.rebalance.delay.ms (3 s by default).
+    with ThreadPoolExecutor(1, thread_name_prefix="retrylib-lease") as pool:
+        holding = pool.submit(hold_runner_lease, config)
+        spark = build_spark_session(
+            f"retrylib-{config.job.name}", master=master, extra=spark_log_conf()
+        )
+        ship_code(spark, config)
+        lease = holding.result()
     with stop_requests(spark) as stop_requested:
-        query, router = start_query(spark, config, available_now=available_now)
+        query, router = start_query(spark, config, available_now=available_now, lease=lease)
         try:
             try:
-                while query.isActive and not stop_requested.is_set():
+                while (
+                    query.isActive and not stop_requested.is_set() and not lease.taken_over.is_set()
+                ):
                     query.awaitTermination(0.5)
             except Exception:  # the query failed: Spark's wrapping of what failed the batch
                 if router.failure is None:
                     raise
             if router.failure is not None:
                 raise router.failure
+            if lease.taken_over.is_set():
+                stop_gracefully(query, router)
+                raise LeaseHeld(
+                    f"job {config.job.name!r}: another copy took the lease {lease.group} while "
+                    "the brokers did not hear from this one; this copy stopped"
+                )
             if stop_requested.is_set():
                 stop_gracefully(query, router)
             error = query.exception()

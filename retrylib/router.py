@@ -69,6 +69,7 @@ from retrylib.hooks import DriverHooks
 from retrylib.kafka import worker_clients
 from retrylib.kafka.clients import RecordLimits
 from retrylib.kafka.markers import ControlTopic
+from retrylib.kafka.runner_lease import RunnerLease
 from retrylib.key_order_store import KeyOrderStore
 from retrylib.metrics import OBSERVED_COUNTERS
 from retrylib.observed import (
@@ -141,6 +142,7 @@ class BatchRouter:
         task: Task = run_task,
         key_order: KeyOrderStore | None = None,
         later_tables: tuple[TableRef, ...] = (),
+        lease: RunnerLease | None = None,
     ) -> None:
         """`kafka_options`: the Kafka options of the executors' producers; `reader_options`
         those of the consumers that read the control topic;
@@ -151,7 +153,9 @@ class BatchRouter:
         job's `run_task`, or a delay router's `run_forwarding_task` (whose plans have no
         output or dead-letter table: those are None then);
         `later_tables`: tables appended to once the batch is done (the metrics table), whose
-        state is read along with the batch's own tables (`_read_tables`)."""
+        state is read along with the batch's own tables (`_read_tables`);
+        `lease`: the job's runner lease, released by `close()`."""
+        self.lease = lease
         self._task = task
         self._key_order = key_order
         self._later_tables = later_tables
@@ -475,8 +479,11 @@ class BatchRouter:
                 yield earlier, manifest
 
     def close(self) -> None:
-        """Let go of the Kafka clients this process keeps (the control topic's reader)."""
+        """Let go of the Kafka clients this process keeps (the control topic's reader) and
+        of the runner lease."""
         worker_clients.close_all()
+        if self.lease is not None:
+            self.lease.release()
 
 
 def _run_tasks(

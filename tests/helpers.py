@@ -197,6 +197,18 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
     return code, captured.out, captured.err
 
 
+def assert_one_error_line(code: int, err: str, start: str, *parts: str) -> None:
+    """A failed `retrylib` run: exit 1, its last line "error: START..." holding each of
+    `parts`, and no traceback or flood of lines before it."""
+    assert code == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: {start}"), last
+    for part in parts:
+        assert part in last, last
+    assert "Traceback" not in err and "\tat " not in err, err[-3000:]
+    assert len(err.splitlines()) < 20, err[-3000:]
+
+
 def run_retrylib(
     *args: str,
     env: Mapping[str, str] | None = None,

@@ -28,12 +28,15 @@ OPTIMIZE, a second redrive) is run again, a few times. The job's own appends of 
 are blind appends, which Delta lets an UPDATE commit beside. A table the job has not created
 yet holds nothing to redrive.
 
-Run one redrive per job at a time; a second one fences the first, whose send then fails
-and is finished by the next run. Target topics are checked before rows are claimed; if a
-claimed row's topic disappears before it is sent, every run fails on it until the topic
-exists again, or until its claim is released by hand (set `redrive_id` and
-`redrive_topic` back to null for that redrive id, which is only safe when its marker is
-not in the control topic).
+One redrive per job runs at a time: each holds the job's redrive lease (a Kafka consumer
+group, `retrylib.kafka.runner_lease`) from before it reads the claimed rows until it is
+done, and a second one started meanwhile is refused (`LeaseHeld`, naming the first) before
+it claims anything. A redrive that died frees the lease within the lease's session timeout.
+
+Target topics are checked before rows are claimed; if a claimed row's topic disappears
+before it is sent, every run fails on it until the topic exists again, or until its claim
+is released by hand (set `redrive_id` and `redrive_topic` back to null for that redrive id,
+which is only safe when its marker is not in the control topic).
 """
 
 from __future__ import annotations
@@ -61,10 +64,12 @@ from retrylib.kafka.clients import (
     partition_counts,
 )
 from retrylib.kafka.reading import ReadToEnd, produce, reading_consumer
+from retrylib.kafka.runner_lease import redrive_group, take_lease
 from retrylib.retry.headers import without_reserved
 from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -133,8 +138,9 @@ def redrive(
     docstring. With `dry_run`, change nothing and report what would go. The table is read
     and updated through `spark`, or through `tool_session()` when it is None.
 
-    Raises `RedriveError` for a bad `to`, a missing target topic, or a failed send, and
-    `TopicError` when the control topic is missing and may not be created.
+    Raises `RedriveError` for a bad `to`, a missing target topic, or a failed send,
+    `TopicError` when the control topic is missing and may not be created, and `LeaseHeld`
+    when another redrive of the job runs.
     """
     if to is not None and not _TOPIC.fullmatch(to):
         raise RedriveError(f"--to: not a Kafka topic name, got {to!r}")
@@ -156,7 +162,35 @@ def redrive(
     kafka = config.kafka
     options = kafka.client_options()
     admin = connected_admin(kafka.bootstrap_servers, options, config.kafka_login())
-    ensure_topics(admin, {redriven_topic(config.job.name): 1}, create=kafka.create_topics)
+    control = redriven_topic(config.job.name)
+    ensure_topics(admin, {control: 1}, create=kafka.create_topics)
+    lease = take_lease(
+        kafka.bootstrap_servers,
+        options,
+        admin,
+        topic=control,
+        group=redrive_group(config.job.name),
+        what=f"redrive of {config.job.name!r}",
+    )
+    try:
+        return _redrive_holding(config, dead, selection, to, report, admin, progress)
+    finally:
+        lease.release()
+
+
+def _redrive_holding(
+    config: Config,
+    dead: DeadLetterTable,
+    selection: Selection,
+    to: str | None,
+    report: RedriveReport,
+    admin: AdminClient,
+    progress: Progress | None,
+) -> RedriveReport:
+    """`redrive` once the job's redrive lease is held: finish what an earlier run left, then
+    claim, send and confirm the rows `selection` picks."""
+    kafka = config.kafka
+    options = kafka.client_options()
     producer = make_producer(
         kafka.bootstrap_servers,
         {

@@ -16,19 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from chispa import assert_df_equality
-from helpers import produce, run_available_now, run_cli
+from helpers import assert_one_error_line, produce, run_available_now, run_cli
 
 from retrylib.checkpoint import Checkpoint
-
-
-def assert_one_error_line(code: int, err: str, start: str, *parts: str) -> None:
-    assert code == 1, err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith(f"error: {start}"), last
-    for part in parts:
-        assert part in last, last
-    assert "Traceback" not in err and "\tat " not in err, err[-3000:]
-    assert len(err.splitlines()) < 20, err[-3000:]
 
 
 def assert_keys(spark, output: Path, records: list[tuple[str, str]]) -> None:

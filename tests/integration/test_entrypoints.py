@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import produce, read_table, running_job, wait_for
+from helpers import assert_one_error_line, produce, read_table, run_cli, running_job, wait_for
 
 from retrylib.config.loader import load_config
 from retrylib.errors import TopicError
@@ -74,7 +74,11 @@ def names(observed: dict) -> list[str]:
     return [field["name"] for field in observed["schema"]["fields"]]
 
 
-def test_sigterm_stops_after_the_batch_and_exits_zero(bootstrap_servers, make_topic, write_config):
+def test_sigterm_stops_after_the_batch_and_exits_zero(
+    bootstrap_servers, make_topic, write_config, capsys
+):
+    """A running job: a second copy of it is refused at start and the first goes on; SIGTERM
+    then stops it after its batch."""
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
     config = write_config([topic], kafka={"max_offsets_per_trigger": 50})  # a long backlog
@@ -89,6 +93,12 @@ def test_sigterm_stops_after_the_batch_and_exits_zero(bootstrap_servers, make_to
         while read_table_rows(config.output.table) == 0:
             assert job.poll() is None and time.monotonic() < deadline, "job did not process"
             time.sleep(0.2)
+        code, _, err = run_cli(capsys, "run", config.source_path)
+        assert_one_error_line(
+            code, err, "job 'itest': another copy holds the lease", f" pid={job.pid} since="
+        )
+        written = read_table_rows(config.output.table)
+        wait_for(job, lambda: read_table_rows(config.output.table) > written, 60)
         job.send_signal(signal.SIGTERM)
         _, stderr = job.communicate(timeout=120)
     finally:

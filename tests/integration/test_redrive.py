@@ -8,20 +8,26 @@ The command itself, on the table of a real job run and as its own process, is in
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from chispa import assert_df_equality
+from confluent_kafka.admin import AdminClient
 from helpers import read_topic
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 import retrylib.delta.dead_letter_table as table_module
+from retrylib.config.topics import redriven_topic
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
 from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once, ensure_table, read_table
+from retrylib.errors import LeaseHeld
+from retrylib.kafka.clients import ensure_topics
+from retrylib.kafka.runner_lease import redrive_group, take_lease
 from retrylib.ops.check import preflight
 from retrylib.ops.redrive import Selection, redrive
 from retrylib.ops.status import collect_status
@@ -210,6 +216,26 @@ def test_status_and_redrive_with_a_catalog_table(
             ("builtins.ValueError", 2),
             ("shop.PriceError", 1),
         ]
+
+        # While another redrive of the job runs (here: holds its lease), one is refused
+        # before it claims anything.
+        admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+        control = redriven_topic(config.job.name)
+        ensure_topics(admin, {control: 1}, create=True)
+        held = take_lease(
+            bootstrap_servers,
+            {},
+            admin,
+            topic=control,
+            group=redrive_group("catalogdlq"),
+            what="redrive",
+        )
+        try:
+            with pytest.raises(LeaseHeld, match=f"another copy holds .* pid={os.getpid()} "):
+                redrive(config, Selection(error_classes=("ValueError",)), spark=spark)
+        finally:
+            held.release()
+        assert read_table(spark, table).where("redrive_id IS NOT NULL").count() == 0
 
         report = redrive(config, Selection(error_classes=("ValueError",)), spark=spark)
 
