@@ -279,17 +279,15 @@ class Checkpoint:
 
     def last_committed_batch(self, spark: SparkSession | None) -> int | None:
         """The id of the last batch Spark marked complete, or None."""
-        numbers = [int(n) for n in list_names(spark, join(self.spark, "commits")) if n.isdigit()]
-        return max(numbers, default=None)
+        return self._last_in_spark_log(spark, "commits")
 
     def check_offsets_log(self, spark: SparkSession) -> None:
         """Raise `RetrylibError` naming Spark's latest offsets file when it cannot be read,
         with the way out: Spark reads it first at a start, and would fail on its own parse
         error, with no word of the file."""
-        numbers = [int(n) for n in list_names(spark, join(self.spark, "offsets")) if n.isdigit()]
-        if not numbers:
+        last = self._last_in_spark_log(spark, "offsets")
+        if last is None:
             return
-        last = max(numbers)
         try:
             self.batch_offsets(spark, last)
         except DamagedFile as error:
@@ -306,6 +304,11 @@ class Checkpoint:
             raise RetrylibError(
                 f"Spark's offsets file {error.uri} is damaged ({error.reason}): {fix}"
             ) from error
+
+    def _last_in_spark_log(self, spark: SparkSession | None, folder: str) -> int | None:
+        """The highest batch id with a file in Spark's log `folder` ("offsets", "commits")."""
+        names = list_names(spark, join(self.spark, folder))
+        return max((int(name) for name in names if name.isdigit()), default=None)
 
     def batch_offsets(
         self, spark: SparkSession | None, batch_id: int

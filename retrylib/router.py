@@ -458,9 +458,10 @@ class BatchRouter:
     def _earlier_manifests(
         self, spark: SparkSession, batch_id: int
     ) -> Iterator[tuple[int, dict[str, Any]]]:
-        """The readable manifests the checkpoint keeps of batches before `batch_id`; an
-        unreadable one of a finished batch is logged and left out."""
-        for earlier in self._checkpoint.manifest_ids(spark):
+        """The readable manifests the checkpoint keeps of batches before `batch_id`, newest
+        first, each read when asked for; an unreadable one of a finished batch is logged and
+        left out."""
+        for earlier in sorted(self._checkpoint.manifest_ids(spark), reverse=True):
             if earlier >= batch_id:
                 continue
             uri = self._checkpoint.manifest(earlier)

@@ -43,16 +43,19 @@ def manifest_tables(tables: Mapping[str, TableRef | None]) -> dict[str, str]:
 def last_appends(
     manifests: Iterable[tuple[int, Mapping[str, Any]]], tables: Mapping[str, TableRef]
 ) -> dict[str, int]:
-    """kind -> the last batch among `manifests` ((batch id, manifest)) that appended rows of
-    that kind to the table configured now for it. A manifest that does not name its tables
-    (written by retrylib before it did) says nothing."""
+    """kind -> the last batch among `manifests` ((batch id, manifest), newest first) that
+    appended rows of that kind to the table configured now for it. Stops taking manifests
+    once every kind has one. A manifest that does not name its tables (written by retrylib
+    before it did) says nothing."""
     found: dict[str, int] = {}
     for batch_id, manifest in manifests:
         named = manifest.get("tables") or {}
         rows = manifest.get("rows") or {}
         for kind, table in tables.items():
-            if rows.get(kind) and named.get(kind) == table.resolved().text:
-                found[kind] = max(found.get(kind, batch_id), batch_id)
+            if kind not in found and rows.get(kind) and named.get(kind) == table.resolved().text:
+                found[kind] = batch_id
+        if len(found) == len(tables):
+            break
     return found
 
 

@@ -27,6 +27,19 @@ def assert_keys(spark, output: Path, records: list[tuple[str, str]]) -> None:
     assert_df_equality(written, expected, ignore_row_order=True, ignore_nullable=True)
 
 
+def assert_run_fails(capsys, config, start: str, *parts: str) -> None:
+    """`retrylib run CONFIG --available-now` exits 1 with one line naming what is wrong."""
+    code, _, err = run_cli(capsys, "run", config.source_path, "--available-now")
+    assert_one_error_line(code, err, start, *parts)
+
+
+def cut_in_half(path: Path) -> bytes:
+    """Keep the first half of the file at `path` (a write cut short); returns what it held."""
+    kept = path.read_bytes()
+    path.write_bytes(kept[: len(kept) // 2])
+    return kept
+
+
 def test_a_table_older_than_its_checkpoint_stops_the_job_before_an_append(
     spark, bootstrap_servers, make_topic, write_config, tmp_path, capsys
 ):
@@ -45,11 +58,9 @@ def test_a_table_older_than_its_checkpoint_stops_the_job_before_an_append(
 
     second = [(f"ok-b{i}", "v") for i in range(20)]
     produce(bootstrap_servers, topic, second, partitions=2)
-    code, _, err = run_cli(capsys, "run", config.source_path, "--available-now")
-
-    assert_one_error_line(
-        code,
-        err,
+    assert_run_fails(
+        capsys,
+        config,
         f"the output table {output} holds no batch of ",
         "batch 0 of the checkpoint appended rows to it",
         "Restore the table's latest version",
@@ -77,31 +88,25 @@ def test_damaged_checkpoint_files_are_named_with_the_way_out(
     commit.unlink()
     Path(checkpoint.spark, "commits", ".0.crc").unlink(missing_ok=True)
     manifest = Path(checkpoint.manifest(0))
-    kept = manifest.read_text()
-    manifest.write_text(kept[: len(kept) // 2])
+    kept = cut_in_half(manifest)
 
-    code, _, err = run_cli(capsys, "run", config.source_path, "--available-now")
-
-    assert_one_error_line(
-        code,
-        err,
+    assert_run_fails(
+        capsys,
+        config,
         f"the manifest of batch 0, {manifest}, is damaged (not JSON: ",
         "Restore the file from a backup, or start the job from a new checkpoint",
     )
 
     offsets = Path(checkpoint.spark) / "offsets" / "0"
-    kept_offsets = offsets.read_bytes()
-    offsets.write_bytes(kept_offsets[: len(kept_offsets) // 2])
-    code, _, err = run_cli(capsys, "run", config.source_path, "--available-now")
-
-    assert_one_error_line(
-        code,
-        err,
+    kept_offsets = cut_in_half(offsets)
+    assert_run_fails(
+        capsys,
+        config,
         f"Spark's offsets file {offsets} is damaged (",
         "batch 0 was routed from it: restore the file from a backup",
     )
 
     offsets.write_bytes(kept_offsets)
-    manifest.write_text(kept)
+    manifest.write_bytes(kept)
     run_available_now(spark, config)
     assert_keys(spark, Path(config.output.table), records)

@@ -16,12 +16,27 @@ def manifest(output_rows: int, dead_rows: int, output: TableRef = OUTPUT) -> dic
     }
 
 
-def test_the_last_append_of_each_kind_is_the_last_manifest_with_rows_for_that_table() -> None:
-    manifests = [(4, manifest(10, 1)), (5, manifest(0, 2)), (6, manifest(0, 0))]
+def test_the_last_append_of_each_kind_is_the_newest_manifest_with_rows_for_that_table() -> None:
+    manifests = [(6, manifest(0, 0)), (5, manifest(0, 2)), (4, manifest(10, 1))]
     assert last_appends(manifests, {"output": OUTPUT, "dead_letter": DEAD}) == {
         "output": 4,
         "dead_letter": 5,
     }
+
+
+def test_older_manifests_are_not_read_once_every_table_has_its_last_append() -> None:
+    taken = []
+
+    def newest_first():
+        for batch_id in (9, 8, 7):
+            taken.append(batch_id)
+            yield batch_id, manifest(1, 1)
+
+    assert last_appends(newest_first(), {"output": OUTPUT, "dead_letter": DEAD}) == {
+        "output": 9,
+        "dead_letter": 9,
+    }
+    assert taken == [9]
 
 
 def test_a_manifest_of_another_table_or_naming_none_says_nothing() -> None:
