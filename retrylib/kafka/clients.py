@@ -136,7 +136,7 @@ def option_problem(name: str, value: str) -> str | None:
 
 
 def client_config(
-    bootstrap_servers: str, options: Mapping[str, str], secret_options: Collection[str] = ()
+    bootstrap_servers: str, options: Mapping[str, object], secret_options: Collection[str] = ()
 ) -> dict[str, object]:
     """The settings shared by every client: the brokers, the user's pass-through options, and
     a logger so that librdkafka's own lines go through logging and its masking instead of
@@ -201,12 +201,13 @@ def kafka_error_text(error: KafkaException) -> str:
 
 def make_consumer(
     bootstrap_servers: str,
-    options: Mapping[str, str],
+    options: Mapping[str, object],
     group_id: str = "retrylib-reader",
     *,
     secret_options: Collection[str] = (),
 ) -> Consumer:
-    """A consumer for explicit `assign()` reads; it never commits offsets to Kafka.
+    """A consumer that never commits offsets to Kafka: for explicit `assign()` reads, or a
+    group membership of its own (`runner_lease`, whose `options` carry its callbacks).
 
     `secret_options` names options whose values are masked (see `client_config`). Raises
     `KafkaException` when librdkafka refuses the configuration.

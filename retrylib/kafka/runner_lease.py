@@ -23,12 +23,12 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from retrylib.config.topics import CONTROL_TOPIC_PREFIX
 from retrylib.errors import LeaseHeld, TopicError
-from retrylib.kafka.clients import make_consumer
+from retrylib.kafka.clients import make_consumer, partition_counts
 
 log = logging.getLogger(__name__)
 
@@ -62,25 +62,53 @@ def holder_id(what: str) -> str:
 
 
 class RunnerLease:
-    """A held lease; `release()` frees it. While held, a daemon thread polls the group.
+    """A held lease; `release()` frees it. While held, a daemon thread polls the group, and
+    says in one line when the brokers stop answering and in one when they answer again.
 
     `held` is set while this member holds the partition. A lease lost (the broker unreachable
     past the session timeout) is taken again when the group answers and no other member took
     it meanwhile; `taken_over` is set when one did.
     """
 
-    def __init__(self, consumer: Consumer, group: str, what: str) -> None:
+    def __init__(
+        self, bootstrap_servers: str, options: Mapping[str, str], *, group: str, what: str
+    ) -> None:
         self.group = group
         self.what = what
         self.held = threading.Event()
         self.taken_over = threading.Event()
         self._answered = threading.Event()
-        self._consumer = consumer
+        self._bootstrap_servers = bootstrap_servers
+        self._away_since: float | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._poller = threading.Thread(
             target=self._poll, name=f"retrylib-lease-{group}", daemon=True
         )
+        self._consumer = make_consumer(
+            bootstrap_servers,
+            {
+                **options,
+                "error_cb": self._on_error,
+                "client.id": holder_id(what),
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": str(LEASE_SESSION_TIMEOUT_MS),
+                "heartbeat.interval.ms": str(LEASE_SESSION_TIMEOUT_MS // 5),
+                "max.poll.interval.ms": str(_MAX_POLL_INTERVAL_MS),
+            },
+            group,
+        )
+
+    def _join(self, topic: str, wait_s: float) -> bool:
+        """Join the group on `topic` and wait up to `wait_s` for its answer; True when this
+        member holds the lease (and is kept in the group by a poll thread from then on)."""
+        self._consumer.subscribe([topic], on_assign=self._on_assign, on_lost=self._on_lost)
+        deadline = time.monotonic() + wait_s
+        while not self._answered.is_set() and time.monotonic() < deadline:
+            self._consumer.poll(0.2)
+        if self.held.is_set():
+            self._poller.start()
+        return self.held.is_set()
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.incremental_assign(partitions)
@@ -105,13 +133,39 @@ class RunnerLease:
                 LEASE_SESSION_TIMEOUT_MS,
             )
 
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._ALL_BROKERS_DOWN and self._away_since is None:
+            self._away_since = time.monotonic()
+            log.warning(
+                "%s: the Kafka brokers at %s do not answer; the job waits for them "
+                "(their clients' own lines are shown at most once a minute)",
+                self.what,
+                self._bootstrap_servers,
+            )
+
     def _poll(self) -> None:
         while not self._closed.is_set():
             with self._lock:
                 if self._closed.is_set():
                     return
                 self._consumer.poll(_POLL_S)
+                if self._away_since is not None:
+                    self._look_for_brokers()
             time.sleep(0.01)  # lets release() take the lock
+
+    def _look_for_brokers(self) -> None:
+        """While the brokers are away: one line when they answer again."""
+        try:
+            self._consumer.list_topics(timeout=_POLL_S)
+        except KafkaException:
+            return
+        log.warning(
+            "%s: the Kafka brokers at %s answer again, after %.0fs",
+            self.what,
+            self._bootstrap_servers,
+            time.monotonic() - self._away_since,
+        )
+        self._away_since = None
 
     def release(self) -> None:
         """Leave the group: the lease is free at once. Safe to call twice."""
@@ -141,30 +195,13 @@ def take_lease(
     Waits for the group's rebalance: up to `LEASE_SESSION_TIMEOUT_MS` when the last holder
     died without leaving.
     """
-    if not _exists(admin, topic):
+    if topic not in partition_counts(admin, [topic]):  # a look-up that creates nothing
         raise TopicError(f"the lease topic {topic!r} does not exist; the job creates it")
-    consumer = make_consumer(
-        bootstrap_servers,
-        {
-            **options,
-            "client.id": holder_id(what),
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": str(LEASE_SESSION_TIMEOUT_MS),
-            "heartbeat.interval.ms": str(LEASE_SESSION_TIMEOUT_MS // 5),
-            "max.poll.interval.ms": str(_MAX_POLL_INTERVAL_MS),
-        },
-        group,
-    )
-    lease = RunnerLease(consumer, group, what)
-    consumer.subscribe([topic], on_assign=lease._on_assign, on_lost=lease._on_lost)
-    deadline = time.monotonic() + wait_s
-    while not lease._answered.is_set() and time.monotonic() < deadline:
-        consumer.poll(0.2)
-    if lease.held.is_set():
-        lease._poller.start()
+    lease = RunnerLease(bootstrap_servers, options, group=group, what=what)
+    if lease._join(topic, wait_s):
         log.info("%s holds the lease %s", what, group)
         return lease
-    consumer.close()
+    lease.release()
     if not lease._answered.is_set():
         raise LeaseHeld(
             f"{what}: no answer from the brokers for the lease {group} within {wait_s:.0f}s; "
@@ -174,11 +211,6 @@ def take_lease(
         f"{what}: another copy holds the lease {group}: {_holder(admin, group)}. Stop that "
         f"one first; a copy that died frees it within {LEASE_SESSION_TIMEOUT_MS // 1000}s"
     )
-
-
-def _exists(admin: AdminClient, topic: str) -> bool:
-    found = admin.list_topics(topic, timeout=15).topics.get(topic)
-    return found is not None and found.error is None
 
 
 def _holder(admin: AdminClient, group: str) -> str:

@@ -8,11 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
 from retrylib.errors import LeaseHeld, TopicError
+from retrylib.kafka.broker import EmbeddedBroker
+from retrylib.kafka.clients import ensure_topics, make_admin, partition_counts
 from retrylib.kafka.runner_lease import LEASE_SESSION_TIMEOUT_MS, take_lease
 
 _HOLD = """
@@ -58,9 +61,45 @@ def test_a_second_taker_is_refused_until_the_holder_is_gone(bootstrap_servers, m
     assert time.monotonic() - started < LEASE_SESSION_TIMEOUT_MS / 1000
 
 
-def test_a_lease_on_a_missing_topic_is_refused_at_once(bootstrap_servers):
+def test_a_lease_on_a_missing_topic_is_refused_at_once_and_creates_nothing(bootstrap_servers):
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    with pytest.raises(TopicError, match="'_retrylib.nowhere.produced' does not exist"):
-        take_lease(
-            bootstrap_servers, {}, admin, topic="_retrylib.nowhere.produced", group="g", what="x"
+    topic = f"_retrylib.nowhere-{uuid.uuid4().hex[:8]}.produced"
+    with pytest.raises(TopicError, match=f"'{topic}' does not exist"):
+        take_lease(bootstrap_servers, {}, admin, topic=topic, group="g", what="x")
+    assert partition_counts(admin, [topic]) == {}  # a broker that creates topics on a look-up
+
+
+def test_a_runner_rides_out_a_broker_outage_longer_than_its_session(tmp_path, caplog):
+    """The brokers away past the session timeout: the runner says so once, and once more
+    when they are back, and holds its lease again (no other copy took it)."""
+    with EmbeddedBroker(data_dir=tmp_path / "broker") as broker:
+        bootstrap = broker.bootstrap_servers
+        admin = make_admin(bootstrap, {})
+        ensure_topics(admin, {"_retrylib.outage.produced": 1}, create=True)
+        lease = take_lease(
+            bootstrap,
+            {},
+            admin,
+            topic="_retrylib.outage.produced",
+            group="_retrylib.outage.runner",
+            what="job 'outage'",
         )
+        try:
+            broker.stop()
+            wait_until(lambda: "do not answer" in caplog.text, 30)
+            time.sleep(LEASE_SESSION_TIMEOUT_MS / 1000 + 2)
+            broker.start()
+            wait_until(lambda: "answer again" in caplog.text and lease.held.is_set(), 60)
+            assert not lease.taken_over.is_set()
+        finally:
+            lease.release()
+    lines = [r.getMessage() for r in caplog.records if r.name == "retrylib.kafka.runner_lease"]
+    assert sum("do not answer" in line for line in lines) == 1, lines
+    assert sum("answer again, after" in line for line in lines) == 1, lines
+
+
+def wait_until(done, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)

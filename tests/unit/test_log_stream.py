@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from retrylib.logs import KAFKA_CLIENT_LOGGER, configure_logging
+from retrylib.logs import KAFKA_CLIENT_LOGGER, OnceAMinute, configure_logging
 
 
 def test_logging_after_a_swapped_stderr_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,3 +51,24 @@ def test_librdkafka_fencing_lines_are_debug_and_its_other_warnings_stay(
     kafka.critical("TXNERR [rdkafka#producer-1]: This instance has been fenced by a newer instance")
 
     assert "DEBUG retrylib.kafka.librdkafka: TXNERR" in capture.getvalue()
+
+
+def test_a_kind_of_librdkafka_line_is_shown_once_a_minute_with_a_count_of_the_rest() -> None:
+    now = [0.0]
+    limit = OnceAMinute(every_s=60, clock=lambda: now[0])
+    kafka = logging.getLogger(f"{KAFKA_CLIENT_LOGGER}.limited")
+    kafka.setLevel(logging.WARNING)
+
+    def shown(fac: str, level: int = logging.ERROR) -> str | None:
+        record = kafka.makeRecord(kafka.name, level, "f", 1, "%s [%s] %s", (fac, "c#1", "x"), None)
+        return record.getMessage() if limit.filter(record) else None
+
+    assert shown("FAIL") == "FAIL [c#1] x"
+    assert [shown("FAIL") for _ in range(20)] == [None] * 20
+    assert shown("ERROR") == "ERROR [c#1] x"  # another kind
+    assert shown("FAIL", logging.WARNING) == "FAIL [c#1] x"  # another level
+    now[0] = 61.0
+    assert shown("FAIL") == "FAIL [c#1] x (20 more like it held back since the last)"
+    assert shown("FAIL") is None
+    kafka.setLevel(logging.DEBUG)
+    assert shown("FAIL") == "FAIL [c#1] x"  # DEBUG shows every line
