@@ -28,7 +28,8 @@ _loaded: dict[tuple[str, tuple[str, ...]], Handler] = {}
 
 
 class HandlerTimeout(Exception):
-    """Raised when one handler call runs longer than `handler.timeout`."""
+    """Raised when one handler call (or record hook call) runs longer than
+    `handler.timeout`."""
 
 
 class BadHandlerResult(Exception):
@@ -72,6 +73,7 @@ class TimedCall:
     def __init__(self, timeout_ms: int | None) -> None:
         self.timeout_ms = timeout_ms
         self._armed = False
+        self._calling = "handler"
         if timeout_ms and threading.current_thread() is not threading.main_thread():
             log.warning("handler timeout needs the main thread; calls run without a limit")
             self.timeout_ms = None
@@ -82,20 +84,26 @@ class TimedCall:
         if not self._armed:
             return
         signal.setitimer(signal.ITIMER_REAL, _REFIRE_SECONDS)
-        raise HandlerTimeout(f"handler did not return within {self.timeout_ms / 1000:g}s")
+        raise HandlerTimeout(f"{self._calling} did not return within {self.timeout_ms / 1000:g}s")
 
     def _disarm(self) -> None:
         self._armed = False  # first: from here on an alarm is a no-op
         signal.setitimer(signal.ITIMER_REAL, 0)
 
     def __call__(self, function: Handler, record: Record) -> Any:
+        return self.call_named("handler", function, record)
+
+    def call_named(self, calling: str, function: Callable[..., Any], *args: object) -> Any:
+        """`function(*args)` under the limit; a `HandlerTimeout` says "`calling` did not
+        return within ..."."""
         if not self.timeout_ms:
-            return function(record)
+            return function(*args)
+        self._calling = calling
         self._armed = True
         signal.setitimer(signal.ITIMER_REAL, self.timeout_ms / 1000)
         try:
             try:
-                return function(record)
+                return function(*args)
             finally:
                 self._disarm()
         except HandlerTimeout:

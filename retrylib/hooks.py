@@ -11,6 +11,9 @@ Record hooks run on the executors, in the task that handles the record, like the
 - `on_dead_letter(record, reason, error)` when a record goes to the dead letter, `reason`
   being its dead letter's reason (`retry.outcomes.Reason`).
 
+They run under the handler's limit (`handler.timeout`): a call still running then is
+stopped, as a handler call is, and counted as failed.
+
 Batch hooks run on the driver: `on_batch_start(batch_id)` and `on_batch_end(batch_id,
 counters)`, with the batch's counters (`retry.outcomes.Count`). Each call is bounded
 (`hooks.timeout`, `DriverHooks`): one that has not returned by then is left running in its
@@ -30,6 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from retrylib.config.importing import import_object
+from retrylib.handler import TimedCall
 from retrylib.retry.outcomes import Count
 
 log = logging.getLogger(__name__)
@@ -37,12 +41,21 @@ log = logging.getLogger(__name__)
 
 class Hooks:
     """The hooks named in `references` (hook name -> "module:function"), imported with
-    `paths` on sys.path, their failures counted in `counters`."""
+    `paths` on sys.path, their failures counted in `counters`.
+
+    With `timed` (the handler's limit, `handler.timeout`), a call in the task's main thread
+    that runs past it is stopped and counted as failed; on a lane (`handler.parallelism`),
+    the lane's limit covers the hooks with the handler call they surround."""
 
     def __init__(
-        self, references: Mapping[str, str], paths: Sequence[str], counters: Counter[str]
+        self,
+        references: Mapping[str, str],
+        paths: Sequence[str],
+        counters: Counter[str],
+        timed: TimedCall | None = None,
     ) -> None:
         self._references = dict(references)
+        self._timed = timed if timed is not None and timed.timeout_ms else None
         self._functions: dict[str, Callable[..., object]] = {
             name: import_object(reference, paths)  # type: ignore[misc]
             for name, reference in references.items()
@@ -59,7 +72,10 @@ class Hooks:
         if function is None:
             return
         try:
-            function(*args)
+            if self._timed is not None and threading.current_thread() is threading.main_thread():
+                self._timed.call_named(f"hook {name}", function, *args)
+            else:
+                function(*args)
         except BaseException as error:  # a hook never stops the job, whatever it raises
             self._failed(name, f"raised {type(error).__name__}: {error}")
 

@@ -146,14 +146,13 @@ class TaskRouter:
     def __init__(self, plan: TaskPlan) -> None:
         self.plan = plan
         self.handler: Handler = load_handler(plan.handler, plan.handler_paths)
-        self.invoke = bound_call(
-            self.handler, TimedCall(plan.handler_timeout_ms), isolate=plan.isolate
-        )
+        timed = TimedCall(plan.handler_timeout_ms)  # one: it owns the process's SIGALRM
+        self.invoke = bound_call(self.handler, timed, isolate=plan.isolate)
         self.tier_of = _tier_index(plan.retry_topics)
         self.columns = frozenset(plan.output_schema.names)
         self.results = ResultRows(plan.output_schema)
         self.counters: Counter[str] = Counter()
-        self.hooks = Hooks(plan.hooks, plan.handler_paths, self.counters)
+        self.hooks = Hooks(plan.hooks, plan.handler_paths, self.counters, timed)
         self.handler_ns = 0
         self.read_ns = 0
         self.clients_before = worker_clients.opened()

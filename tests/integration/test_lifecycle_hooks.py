@@ -22,8 +22,11 @@ HOOKS = {
 }
 
 
-def run_hooked_job(tmp_path: Path, bootstrap: str, topic: str, hooks: dict[str, str]):
-    """`retrylib run --available-now` of a job with `hooks`; its hook log's path and result."""
+def run_hooked_job(
+    tmp_path: Path, bootstrap: str, topic: str, hooks: dict[str, str], **handler: object
+):
+    """`retrylib run --available-now` of a job with `hooks` (and more `handler` keys); its
+    hook log's path and result."""
     path = write_job_toml(
         tmp_path / "job.toml",
         topics=[topic],
@@ -33,6 +36,7 @@ def run_hooked_job(tmp_path: Path, bootstrap: str, topic: str, hooks: dict[str, 
             "function": "job_handlers:by_key",
             "output_schema": OUTPUT_SCHEMA,
             "paths": [HANDLERS_DIR],
+            **handler,
         },
         retry={"delays": ["1m"], "max_attempts": 3, "non_retryable": ["ValueError"]},
         hooks=hooks,
@@ -87,11 +91,12 @@ def test_hooks_that_fail_or_hang_change_nothing_and_are_counted(
     produce(bootstrap_servers, topic, RECORDS, partitions=2)
     hooks = {
         **dict.fromkeys(HOOKS, "lifecycle_hooks:broken"),
-        "on_batch_end": "lifecycle_hooks:hangs",
+        "before_record": "lifecycle_hooks:hangs",  # stopped at handler.timeout
+        "on_batch_end": "lifecycle_hooks:hangs",  # left running at hooks.timeout
         "timeout": "1s",
     }
 
-    _, done = run_hooked_job(tmp_path, bootstrap_servers, topic, hooks)
+    _, done = run_hooked_job(tmp_path, bootstrap_servers, topic, hooks, timeout="1s")
 
     assert_outcomes(spark, tmp_path)
     metrics = [
@@ -102,6 +107,10 @@ def test_hooks_that_fail_or_hang_change_nothing_and_are_counted(
     # Per record: before and after; flaky1-0's retry; bad-0's dead letter; two per batch.
     assert sum(m["hook_errors"] for m in metrics) == 4 * 2 + 1 + 1 + 2 * len(metrics)
     assert "hook on_batch_start (lifecycle_hooks:broken) raised RuntimeError" in done.stderr
+    assert (
+        "hook before_record (lifecycle_hooks:hangs) raised HandlerTimeout: hook before_record "
+        "did not return within 1s" in done.stderr
+    )
     assert (
         "hook on_batch_end (lifecycle_hooks:hangs) has not returned within hooks.timeout (1s)"
         in done.stderr

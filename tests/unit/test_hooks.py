@@ -13,6 +13,7 @@ import unit_handlers
 from helpers import REPO, problem_for, route, write_literal_config
 
 from retrylib.config.loader import load_config
+from retrylib.handler import TimedCall
 from retrylib.hooks import DriverHooks, Hooks
 
 ROWS = [
@@ -76,6 +77,25 @@ def test_batch_hooks_failures_are_counted_for_the_caller(plan) -> None:
     hooks.call("on_batch_start", 3)  # not set: nothing happens
     hooks.call("on_batch_end", 3, {})
     assert errors == {"hook_errors": 1}
+
+
+def test_a_record_hook_that_hangs_is_stopped_at_the_handler_timeout(plan, caplog) -> None:
+    unit_handlers.RELEASE.clear()
+    errors: Counter[str] = Counter()
+    hooks = Hooks(
+        {"before_record": "unit_handlers:stuck"}, plan.handler_paths, errors, TimedCall(100)
+    )
+    try:
+        with caplog.at_level("WARNING", logger="retrylib.hooks"):
+            hooks.call("before_record", object())  # returns after the bound
+    finally:
+        unit_handlers.RELEASE.set()
+    assert errors == {"hook_errors": 1}
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "retrylib.hooks"]
+    assert warning.startswith(
+        "hook before_record (unit_handlers:stuck) raised HandlerTimeout: hook before_record "
+        "did not return within 0.1s"
+    )
 
 
 def test_a_batch_hook_that_hangs_is_left_running_and_counted(plan, events, caplog) -> None:
