@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,6 +34,7 @@ from pyspark.sql import SparkSession
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_exit_now = os._exit  # a second signal's way out: no cleanup that could hang
 
 # JVMs whose lifetime is the Python driver's: spark-submit's `PythonRunner` (client mode,
 # and the JVM pyspark starts for a plain `python` driver) and YARN's cluster-mode
@@ -48,7 +51,9 @@ def stop_requests(spark: SparkSession) -> Iterator[threading.Event]:
     """Within the block, the returned event is set on the first SIGTERM or SIGINT, to this
     process or to the driver JVM when this process is its spark-submit Python driver.
 
-    Python's previous handlers and the JVM's are put back when the block ends. A JVM that
+    A second signal to this process ends it at once (exit code 128 + the signal's number),
+    as a second one to the JVM ends the JVM. Python's previous handlers and the JVM's are
+    put back when the block ends. A JVM that
     cannot take the handler (no Py4J gateway, as under Spark Connect) is left alone, with a
     warning that only signals to this process stop the job gracefully.
     """
@@ -58,10 +63,20 @@ def stop_requests(spark: SparkSession) -> Iterator[threading.Event]:
         log.info("received %s: stopping after the current batch", name)
         requested.set()
 
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: request(signal.Signals(signum).name))
-        for sig in STOP_SIGNALS
-    }
+    def on_signal(signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if not requested.is_set():
+            request(name)
+            return
+        log.warning(
+            "received %s again: stopping now; a batch in flight runs again at the next start, "
+            "committing nothing twice",
+            name,
+        )
+        sys.stderr.flush()
+        _exit_now(128 + signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     jvm_handlers = _install_jvm_handlers(spark, request)
     try:
         yield requested

@@ -92,3 +92,15 @@ def test_a_jvm_already_gone_at_the_end_does_not_fail_the_job() -> None:
 
         jvm_signals.handle = gone
     assert signal.getsignal(signal.SIGTERM) is before  # and leaving it raised nothing
+
+
+def test_a_second_signal_to_the_driver_ends_it_at_once(monkeypatch, caplog) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(signals, "_exit_now", exits.append)
+    spark, _ = fake_spark("org.apache.spark.deploy.SparkSubmit jobs/run_job.py c.toml")
+    with signals.stop_requests(spark) as requested:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert requested.is_set() and exits == []
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert exits == [128 + signal.SIGTERM]
+    assert "received SIGTERM again: stopping now" in caplog.text
