@@ -133,7 +133,7 @@ class HandlerConfig:
     function: str
     output_schema: OutputSchema
     paths: tuple[str, ...]
-    timeout_ms: int | None  # the longest one handler call may run; None: no limit
+    timeout_ms: int | None  # the longest one handler call (or record hook call) may run
     kind: str = "record"  # "record": one call per record; "arrow"/"pandas": one per batch
     parallelism: int = 1  # concurrent calls per Spark task, records spread by key (`lanes`)
 

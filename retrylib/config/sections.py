@@ -69,6 +69,7 @@ DEFAULT_READ_AHEAD = "2s"
 DEFAULT_MAX_TIMESTAMP_AHEAD = "1h"
 # A batch hook that takes longer holds up its batch; past it the batch goes on without it.
 DEFAULT_HOOK_TIMEOUT = "30s"
+DEFAULT_HANDLER_TIMEOUT = "5m"  # as Kafka's max.poll.interval.ms: a slow call, not a hung one
 _MAX_PARALLELISM = 256  # lanes (threads) per Spark task
 _MAX_READ_AHEAD_MS = 60_000  # a record read ahead holds its task's slot until it is due
 _DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"
@@ -232,7 +233,7 @@ def read_handler(t: Table, check_imports: bool) -> HandlerConfig | None:
     function = t.get("function", FUNCTION_REF, 'function = "examples.handlers:enrich_order"')
     ddl = t.get("output_schema", TEXT, 'output_schema = "order_id STRING, total DOUBLE"')
     paths = t.strings("paths", TEXT, 'paths = ["."]', ["."])
-    timeout = t.duration("timeout", 'timeout = "30s"', None, positive=True)
+    timeout = t.duration("timeout", 'timeout = "30s"', DEFAULT_HANDLER_TIMEOUT, positive=True)
     kind = t.get("kind", HANDLER_KIND, 'kind = "record"', "record")
     parallelism = t.get("parallelism", POSITIVE_INT, "parallelism = 8", 1)
     t.finish()

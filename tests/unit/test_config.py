@@ -35,7 +35,7 @@ def test_minimal_config_fills_defaults(tmp_path: Path) -> None:
     assert dict(config.kafka.options) == {}
     assert config.handler.output_schema.names == ("order_id", "total")
     assert config.handler.paths == (str(REPO),)
-    assert config.handler.timeout_ms is None
+    assert config.handler.timeout_ms == 300_000  # 5m
     assert config.retry.delays_ms == (10_000, 60_000, 600_000)
     assert config.retry.max_attempts == 4
     assert config.retry.jitter == 0.0

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
 
 import pytest
 
+import retrylib.handler as handler_module
 from retrylib.handler import (
     BadHandlerResult,
     HandlerRaisedBaseException,
@@ -16,6 +18,7 @@ from retrylib.handler import (
     as_failure,
     bound_call,
     call_handler,
+    call_isolated,
     load_handler,
     result_rows,
 )
@@ -84,6 +87,37 @@ def test_errors_of_the_handler_pass_through_and_disarm():
     timed = TimedCall(5_000)
     with pytest.raises(ZeroDivisionError):
         timed(lambda r: 1 / 0, record())
+
+
+def test_a_long_call_is_named_with_its_record_once_it_has_run_half_its_limit(caplog):
+    with pytest.raises(HandlerTimeout):
+        TimedCall(400)(lambda r: time.sleep(30), record())
+    warnings = [r.getMessage() for r in caplog.records if r.name == "retrylib.handler"]
+    assert len(warnings) == 1, warnings
+    assert re.fullmatch(
+        r"handler has run 0\.\ds on orders\[0\]@7 and goes on \(handler.timeout 0.4s\)",
+        warnings[0],
+    )
+
+
+def test_the_watcher_thread_ends_once_no_call_comes(monkeypatch):
+    monkeypatch.setattr(handler_module, "_IDLE_SECONDS", 0.1)
+    timed = TimedCall(200)
+    assert timed(lambda r: "x", record()) == "x"
+    watchers = [t for t in threading.enumerate() if t.name == "retrylib-timeout"]
+    assert watchers
+    for watcher in watchers:
+        watcher.join(timeout=2)
+    assert not any(t.name == "retrylib-timeout" for t in threading.enumerate())
+    with pytest.raises(HandlerTimeout):  # and a later call is watched again
+        timed(lambda r: time.sleep(30), record())
+
+
+def test_a_call_in_a_forked_child_is_bounded_too():
+    timed = TimedCall(200)
+    assert timed(lambda r: "parent", record()) == "parent"  # the watcher runs in this process
+    with pytest.raises(HandlerTimeout, match="within 0.2s"):
+        call_isolated(timed, lambda r: time.sleep(30), record())
 
 
 def test_no_timeout_calls_directly():
