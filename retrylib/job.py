@@ -8,7 +8,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from retrylib.kafka.clients import (
     RecordLimits,
     connected_admin,
     ensure_topics,
+    make_admin,
     partition_counts,
 )
 from retrylib.kafka.offsets import (
@@ -394,17 +395,15 @@ def record_limits(
 
 def hold_runner_lease(config: Config) -> RunnerLease:
     """Take the lease of the job's checkpoint (`retrylib.kafka.runner_lease`), held on the
-    job's control topic, which is created first when allowed. Raises `LeaseHeld` naming the
-    copy that runs the job now."""
+    job's control topic, once the job's topics are there (`prepare_topics`). Raises
+    `LeaseHeld` naming the copy that runs the job now."""
+    prepare_topics(config)  # a missing main topic is named first; the control topic made
     kafka = config.kafka
-    admin = connected_admin(kafka.bootstrap_servers, kafka.client_options(), config.kafka_login())
-    topic = produced_topic(config.job.name)
-    ensure_topics(admin, {topic: 1}, create=kafka.create_topics)
     return take_lease(
         kafka.bootstrap_servers,
         kafka.client_options(),
-        admin,
-        topic=topic,
+        make_admin(kafka.bootstrap_servers, kafka.client_options()),
+        topic=produced_topic(config.job.name),
         group=runner_group(config.job.name, config.job.checkpoint),
         what=f"job {config.job.name!r}",
     )
@@ -425,12 +424,10 @@ def start_query(
     stored when `[metrics] table` is set (`retrylib.metrics`); `on_result` is then called
     with the batch's `BatchResult`.
     """
-    checkpoint = Checkpoint(config.job.checkpoint)
-    checkpoint.check_offsets_log(spark)
     if lease is None:
         lease = hold_runner_lease(config)
     try:
-        return _start_holding(spark, config, checkpoint, lease, available_now, on_result)
+        return _start_holding(spark, config, lease, available_now, on_result)
     except BaseException:
         lease.release()
         raise
@@ -439,12 +436,13 @@ def start_query(
 def _start_holding(
     spark: SparkSession,
     config: Config,
-    checkpoint: Checkpoint,
     lease: RunnerLease,
     available_now: bool,
     on_result: Callable[[BatchResult], None] | None,
 ) -> tuple[StreamingQuery, BatchRouter]:
     """`start_query` once the lease is held."""
+    checkpoint = Checkpoint(config.job.checkpoint)
+    checkpoint.check_offsets_log(spark)
     partitions = prepare_topics(config)
     output, dead_letter = _prepare_tables(spark, config)
     app_id = checkpoint.app_id(spark, config.job.name)
@@ -533,6 +531,11 @@ def _start_holding(
             daemon=True,
         ).start()
     return query, router
+
+
+def _release_taken(holding: Future[RunnerLease]) -> None:
+    if holding.exception() is None:
+        holding.result().release()
 
 
 def _prepare_tables(spark: SparkSession, config: Config) -> tuple[TableRef | None, TableRef | None]:
@@ -628,10 +631,14 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
     # broker's group.initial.rebalance.delay.ms (3 s by default).
     with ThreadPoolExecutor(1, thread_name_prefix="retrylib-lease") as pool:
         holding = pool.submit(hold_runner_lease, config)
-        spark = build_spark_session(
-            f"retrylib-{config.job.name}", master=master, extra=spark_log_conf()
-        )
-        ship_code(spark, config)
+        try:
+            spark = build_spark_session(
+                f"retrylib-{config.job.name}", master=master, extra=spark_log_conf()
+            )
+            ship_code(spark, config)
+        except BaseException:
+            holding.add_done_callback(_release_taken)
+            raise
         lease = holding.result()
     with stop_requests(spark) as stop_requested:
         query, router = start_query(spark, config, available_now=available_now, lease=lease)
