@@ -7,7 +7,15 @@ import time
 
 import pytest
 from chispa import assert_df_equality
-from helpers import produce, read_table, read_topic, run_until, settled_count, table_frame
+from helpers import (
+    produce,
+    read_table,
+    read_topic,
+    run_available_now,
+    run_until,
+    settled_count,
+    table_frame,
+)
 
 from retrylib.job import start_query, stop_gracefully
 from retrylib.kafka.clients import make_producer
@@ -97,7 +105,9 @@ def test_delays_are_honoured_and_lateness_is_bounded(
         lateness[-1],
         slowest_batch,
     )
-    assert lateness[0] >= 0, f"handled early: {waits}"
+    # Due times are whole milliseconds (the job stamps the failure as Kafka does): the
+    # handler's own float clock may read up to 1 ms past the stamp.
+    assert lateness[0] >= -0.001, f"handled early: {waits}"
     assert lateness[-1] <= config.job.trigger_ms / 1000 + slowest_batch + 1.5, waits
 
 
@@ -128,7 +138,7 @@ def test_retry_after_and_unsigned_retry_records(spark, bootstrap_servers, make_t
     config = write_config([topic], retry={"delays": ["1s"], "max_attempts": 3})
     tier_topic = config.retry.tiers[0].topics[topic]
     produce(bootstrap_servers, topic, [("after-0", "v")])
-    start_query(spark, config, available_now=True)[0].awaitTermination()  # creates the tiers
+    run_available_now(spark, config)  # creates the tiers
     producer = make_producer(bootstrap_servers, {})
     producer.produce(
         tier_topic,
