@@ -602,7 +602,8 @@ def stop_gracefully(
 
     The stop comes right after the router finishes that batch, before another one starts.
     Spark may not have recorded the batch as done yet; it is then replayed on restart, which
-    reuses its manifest and commits nothing twice.
+    reuses its manifest and commits nothing twice. One line says where it stopped, and
+    whether a batch was cut short.
     """
     router.batch_finished.clear()
     deadline = time.monotonic() + timeout
@@ -613,7 +614,18 @@ def stop_gracefully(
         and time.monotonic() < deadline
     ):
         pass
+    cut_short = query.isActive and query.status.get("isTriggerActive")
     query.stop()
+    done = "no batch" if router.last_finished is None else f"batch {router.last_finished}"
+    if cut_short:
+        log.warning(
+            "stopped after %s; the batch running did not finish within %gs and runs again "
+            "at the next start, committing nothing twice",
+            done,
+            timeout,
+        )
+    else:
+        log.info("stopped after %s; the next start goes on from there", done)
 
 
 def run(config: Config, *, available_now: bool = False, master: str | None = None) -> int:

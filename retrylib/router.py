@@ -199,6 +199,8 @@ class BatchRouter:
         self._tables_read: _Started | None = None
         self.batch_finished = threading.Event()
         """Set whenever a batch has done all its work (a graceful stop waits for it)."""
+        self.last_finished: int | None = None
+        """The id of the last batch that did all its work in this run."""
 
     def routed(self, source: DataFrame) -> DataFrame:
         """The streaming query's frame: `source` routed by this router's tasks, one per
@@ -257,6 +259,7 @@ class BatchRouter:
             self._on_result(result)
         if self._compactor is not None:  # after every commit of the batch, metrics included
             self._compactor.after_batch(spark)
+        self.last_finished = batch_id
         self.batch_finished.set()
 
     def read_tables_ahead(self, spark: SparkSession) -> None:
