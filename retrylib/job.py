@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -393,13 +394,21 @@ def record_limits(
     return limits, options
 
 
-def hold_runner_lease(config: Config) -> RunnerLease:
-    """Take the lease of the job's checkpoint (`retrylib.kafka.runner_lease`), held on the
-    job's control topic, once the job's topics are there (`prepare_topics`). Raises
-    `LeaseHeld` naming the copy that runs the job now."""
-    prepare_topics(config)  # a missing main topic is named first; the control topic made
+@dataclass(frozen=True)
+class Prepared:
+    """What a start needs before Spark: the job's topics, ready, and the runner lease."""
+
+    partitions: dict[str, int]  # of every retry, dead-letter and control topic
+    lease: RunnerLease
+
+
+def prepare_to_run(config: Config) -> Prepared:
+    """Prepare the job's topics (`prepare_topics`: a missing main topic is named first),
+    then take the lease of its checkpoint (`retrylib.kafka.runner_lease`), held on its
+    control topic. Raises `LeaseHeld` naming the copy that runs the job now."""
+    partitions = prepare_topics(config)
     kafka = config.kafka
-    return take_lease(
+    lease = take_lease(
         kafka.bootstrap_servers,
         kafka.client_options(),
         make_admin(kafka.bootstrap_servers, kafka.client_options()),
@@ -407,6 +416,7 @@ def hold_runner_lease(config: Config) -> RunnerLease:
         group=runner_group(config.job.name, config.job.checkpoint),
         what=f"job {config.job.name!r}",
     )
+    return Prepared(partitions, lease)
 
 
 def start_query(
@@ -415,35 +425,36 @@ def start_query(
     *,
     available_now: bool = False,
     on_result: Callable[[BatchResult], None] | None = None,
-    lease: RunnerLease | None = None,
+    prepared: Prepared | None = None,
 ) -> tuple[StreamingQuery, BatchRouter]:
     """Prepare topics and tables, then start the streaming query; returns it and its router.
 
-    The job's runner `lease` is taken (`hold_runner_lease`) when not given, before anything
-    else is written; `router.close()` releases it. Every batch's metrics are logged, and
+    The topics and the job's runner lease (`prepare_to_run`) are `prepared` first when not
+    given, before anything else is written; `router.close()` releases the lease. Every
+    batch's metrics are logged, and
     stored when `[metrics] table` is set (`retrylib.metrics`); `on_result` is then called
     with the batch's `BatchResult`.
     """
-    if lease is None:
-        lease = hold_runner_lease(config)
+    if prepared is None:
+        prepared = prepare_to_run(config)
     try:
-        return _start_holding(spark, config, lease, available_now, on_result)
+        return _start_prepared(spark, config, prepared, available_now, on_result)
     except BaseException:
-        lease.release()
+        prepared.lease.release()
         raise
 
 
-def _start_holding(
+def _start_prepared(
     spark: SparkSession,
     config: Config,
-    lease: RunnerLease,
+    prepared: Prepared,
     available_now: bool,
     on_result: Callable[[BatchResult], None] | None,
 ) -> tuple[StreamingQuery, BatchRouter]:
-    """`start_query` once the lease is held."""
+    """`start_query` once the topics are ready and the lease is held."""
     checkpoint = Checkpoint(config.job.checkpoint)
     checkpoint.check_offsets_log(spark)
-    partitions = prepare_topics(config)
+    partitions = prepared.partitions
     output, dead_letter = _prepare_tables(spark, config)
     app_id = checkpoint.app_id(spark, config.job.name)
     breaker = None
@@ -494,7 +505,7 @@ def _start_holding(
         task=run_task if config.delay_router is None else run_forwarding_task,
         key_order=key_order,
         later_tables=tuple(filter(None, [config.metrics.table_ref()])),
-        lease=lease,
+        lease=prepared.lease,
     )
     router.read_tables_ahead(spark)
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
@@ -533,9 +544,9 @@ def _start_holding(
     return query, router
 
 
-def _release_taken(holding: Future[RunnerLease]) -> None:
-    if holding.exception() is None:
-        holding.result().release()
+def _release_taken(preparing: Future[Prepared]) -> None:
+    if preparing.exception() is None:
+        preparing.result().lease.release()
 
 
 def _prepare_tables(spark: SparkSession, config: Config) -> tuple[TableRef | None, TableRef | None]:
@@ -639,21 +650,22 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
     from this one).
     """
     redact_secrets(config_secrets(config))
-    # The lease is asked for while Spark starts: a group's first rebalance waits for the
-    # broker's group.initial.rebalance.delay.ms (3 s by default).
-    with ThreadPoolExecutor(1, thread_name_prefix="retrylib-lease") as pool:
-        holding = pool.submit(hold_runner_lease, config)
+    # Topics and lease are made ready while Spark starts: a group's first rebalance waits
+    # for the broker's group.initial.rebalance.delay.ms (3 s by default).
+    with ThreadPoolExecutor(1, thread_name_prefix="retrylib-prepare") as pool:
+        preparing = pool.submit(prepare_to_run, config)
         try:
             spark = build_spark_session(
                 f"retrylib-{config.job.name}", master=master, extra=spark_log_conf()
             )
             ship_code(spark, config)
         except BaseException:
-            holding.add_done_callback(_release_taken)
+            preparing.add_done_callback(_release_taken)
             raise
-        lease = holding.result()
+        prepared = preparing.result()
+    lease = prepared.lease
     with stop_requests(spark) as stop_requested:
-        query, router = start_query(spark, config, available_now=available_now, lease=lease)
+        query, router = start_query(spark, config, available_now=available_now, prepared=prepared)
         try:
             try:
                 while (
