@@ -187,6 +187,8 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
         "subscribe": ",".join(sorted(delays)),
         "retrylib.topicDelaysMs": json.dumps(delays),
         "retrylib.readAheadMs": str(config.read_ahead_ms()),
+        # A delay router stamps the records it holds no later than now (`forwarding.hold`).
+        "retrylib.tierStampsAhead": str(config.delay_router is None).lower(),
         "retrylib.secretOptions": json.dumps(config.secret_options()),
     }
     return main, tiers

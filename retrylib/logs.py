@@ -127,8 +127,9 @@ class _FencingReportedElsewhere(logging.Filter):
 
 
 class OnceAMinute(logging.Filter):
-    """Lets through at most one of librdkafka's lines of a kind (its facility, such as FAIL,
-    at one level) a minute, saying how many like it it held back since. Every Kafka client of
+    """Lets through at most one line of a kind (its first argument, such as librdkafka's
+    facility FAIL or a partition, at one level) a minute, saying how many like it it held
+    back since. Every Kafka client of
     a process logs each failed reconnect while a broker is away: 674 ERROR lines, 20 a
     second, in a 33 s outage, measured here. The job says in lines of its own when the
     brokers stop answering and when they answer again (`retrylib.kafka.runner_lease`).

@@ -438,11 +438,23 @@ def staged_headers(staged: dict) -> list[tuple[str, bytes | None]]:
 
 class FakeKafka:
     """A `retrylib_kafka` stream reader's `_Metadata` (no broker): partitions, and offsets by
-    earliest / latest / time."""
+    earliest / latest / time.
 
-    def __init__(self, latest: Offsets, due: Offsets | None = None) -> None:
+    A partition's answer for a time is its `due` offset (its records stamped no later than
+    now), or, for a partition given its records' timestamps in `stamps`, the first offset
+    stamped at or after the time, as Kafka's time index answers.
+    """
+
+    def __init__(
+        self,
+        latest: Offsets,
+        due: Offsets | None = None,
+        stamps: Mapping[tuple[str, int], list[int]] | None = None,
+    ) -> None:
         self.latest = dict(latest)
         self.due = dict(due or {})
+        self.stamps = dict(stamps or {})
+        self.scanned: list[dict] = []
 
     def partitions(self) -> list[tuple[str, int]]:
         return sorted(self.latest)
@@ -452,7 +464,20 @@ class FakeKafka:
             return {key: self.latest[key] for key in partitions}
         if timestamp == EARLIEST:
             return dict.fromkeys(partitions, 0)
-        return {key: self.due.get(key, -1) for key in partitions}
+        ahead = timestamp > time.time() * 1000
+        return {key: self._first_at(key, timestamp, ahead) for key in partitions}
+
+    def _first_at(self, key: tuple[str, int], timestamp: int, ahead: bool) -> int:
+        if key not in self.stamps:
+            return -1 if ahead else self.due.get(key, -1)
+        return next((i for i, stamp in enumerate(self.stamps[key]) if stamp >= timestamp), -1)
+
+    def scan_timestamps(self, begin, latest, scan) -> dict:
+        self.scanned.append(dict(begin))
+        for key, offset in begin.items():
+            for at in range(offset, latest[key]):
+                scan.see(key, at, self.stamps[key][at])
+        return {}
 
     def holding_records(self, tails) -> set[tuple[str, int]]:
         return set(tails)  # every offset of this Kafka holds a record: no marker-only tail

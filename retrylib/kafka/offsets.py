@@ -199,6 +199,84 @@ def delay_frontier(due: Mapping[PartitionKey, int], latest: Mapping[PartitionKey
     return frontier
 
 
+def hidden_frontiers(
+    frontier: Mapping[PartitionKey, int],
+    start: Mapping[PartitionKey, int],
+    latest: Mapping[PartitionKey, int],
+    first_stamped_ahead: Mapping[PartitionKey, int],
+) -> dict[PartitionKey, int]:
+    """The partitions of a delay tier whose true frontier Kafka's time index hides, each with
+    the offset to read timestamps from (`FrontierScan`).
+
+    The index answers with the first offset stamped at or after a time, so one record
+    stamped ahead of the clock hides every record behind it until its time comes: a frontier
+    that is such a record (it is also `first_stamped_ahead`, the index's answer for the
+    latest fair timestamp), or one this reader has already passed (below `start`).
+    """
+    hidden = {}
+    for key, offset in frontier.items():
+        begin = max(offset, start[key])
+        if begin >= latest[key]:
+            continue
+        if offset < start[key] or first_stamped_ahead.get(key) == offset:
+            hidden[key] = begin
+    return hidden
+
+
+@dataclass
+class FrontierScan:
+    """The frontiers of delay tier partitions found by reading their records' timestamps in
+    offset order, where the time index cannot say (`hidden_frontiers`).
+
+    A record stamped before `due_before_ms` is due; one stamped after `fair_until_ms` is
+    stamped ahead, passed over and kept in `stamped_ahead` (it is read now, and judged by its
+    headers); any other is not due, and is its partition's frontier, kept in `not_due` with
+    its timestamp. A frontier found earlier stays one while it is not due (`known`): the
+    records before it do not change.
+    """
+
+    due_before_ms: int
+    fair_until_ms: int
+    not_due: dict[PartitionKey, tuple[int, int]] = field(default_factory=dict)
+    stamped_ahead: list[tuple[PartitionKey, int, int]] = field(default_factory=list)
+
+    def see(self, key: PartitionKey, offset: int, timestamp_ms: int) -> None:
+        """Take the next record of partition `key` (records before its frontier only)."""
+        if key in self.not_due:
+            return
+        if timestamp_ms > self.fair_until_ms:
+            self.stamped_ahead.append((key, offset, timestamp_ms))
+        elif timestamp_ms >= self.due_before_ms:
+            self.not_due[key] = (offset, timestamp_ms)
+
+    def known(
+        self, hidden: Mapping[PartitionKey, int], found: Mapping[PartitionKey, tuple[int, int]]
+    ) -> dict[PartitionKey, int]:
+        """The partitions of `hidden` whose frontier an earlier scan `found`, still ahead of
+        where this one would begin and still not due; each is taken as this scan's."""
+        known = {}
+        for key, begin in hidden.items():
+            offset, timestamp_ms = found.get(key, (-1, 0))
+            if offset >= begin and timestamp_ms >= self.due_before_ms:
+                self.not_due[key] = (offset, timestamp_ms)
+                known[key] = offset
+        return known
+
+    def moved(
+        self,
+        hidden: Mapping[PartitionKey, int],
+        latest: Mapping[PartitionKey, int],
+        unread: Mapping[PartitionKey, int],
+    ) -> Offsets:
+        """The frontier of each `hidden` partition: where its first not-due record is, else
+        the next offset the read did not reach (`unread`: out of time or records), else
+        `latest`."""
+        return {
+            key: self.not_due[key][0] if key in self.not_due else unread.get(key, latest[key])
+            for key in hidden
+        }
+
+
 MARKER_TAIL = 64
 """The most offsets a delay tier partition's not-yet-due tail may span for the source to look
 whether it holds records at all (`marker_tails`)."""

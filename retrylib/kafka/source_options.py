@@ -41,6 +41,9 @@ OPTION_TOPIC_DELAYS_MS = "retrylib.topicDelaysMs"
 OPTION_READ_AHEAD_MS = "retrylib.readAheadMs"
 """A delay tier's records due up to this many ms after now are read now (default 0): the
 task that handles them waits until each is due (`retrylib.task`)."""
+OPTION_TIER_STAMPS_AHEAD = "retrylib.tierStampsAhead"
+"""`true` (default): the job's producers stamp a delay tier's records up to one delay ahead of
+their clock; `false`: no later than now (a delay router's topics)."""
 OPTION_MAX_RECORDS_PER_TASK = "retrylib.maxRecordsPerTask"
 OPTION_EMIT = "retrylib.emit"
 OPTION_RANGE_GROUPS = "retrylib.rangeGroups"
@@ -69,6 +72,7 @@ _KNOWN_OPTIONS = {
         OPTION_MAX_OFFSETS_PER_TRIGGER,
         OPTION_TOPIC_DELAYS_MS,
         OPTION_READ_AHEAD_MS,
+        OPTION_TIER_STAMPS_AHEAD,
         OPTION_MAX_RECORDS_PER_TASK,
         OPTION_EMIT,
         OPTION_RANGE_GROUPS,
@@ -93,6 +97,7 @@ class SourceOptions:
     max_offsets_per_trigger: int | None = None
     delays_ms: dict[str, int] = field(default_factory=dict)  # retry tier topic -> its delay
     read_ahead_ms: int = 0  # a tier's records due this long from now are read now
+    tier_stamps_ahead: bool = True  # the job stamps tier records up to one delay ahead
     max_records_per_task: int = DEFAULT_MAX_RECORDS_PER_TASK
     client_options: dict[str, str] = field(default_factory=dict)
     secret_options: tuple[str, ...] = ()  # names among client_options
@@ -153,11 +158,6 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     emit = lowered.get(OPTION_EMIT.lower(), "records").strip().lower()
     if emit not in _EMIT_VALUES:
         raise ValueError(f"option {OPTION_EMIT}={emit!r} must be one of {list(_EMIT_VALUES)}")
-    fail_on_data_loss = lowered.get(OPTION_FAIL_ON_DATA_LOSS.lower(), "true").strip().lower()
-    if fail_on_data_loss not in ("true", "false"):
-        raise ValueError(
-            f"option {OPTION_FAIL_ON_DATA_LOSS}={fail_on_data_loss!r} must be true or false"
-        )
     starting_ms = _int_option(lowered, OPTION_STARTING_TIMESTAMP, 0)
     return SourceOptions(
         bootstrap_servers=bootstrap,
@@ -172,6 +172,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         max_offsets_per_trigger=_int_option(lowered, OPTION_MAX_OFFSETS_PER_TRIGGER, 1),
         delays_ms=_topic_delays(lowered.get(OPTION_TOPIC_DELAYS_MS.lower()), topics),
         read_ahead_ms=_int_option(lowered, OPTION_READ_AHEAD_MS, 0) or 0,
+        tier_stamps_ahead=_bool_option(lowered, OPTION_TIER_STAMPS_AHEAD),
         max_records_per_task=_int_option(lowered, OPTION_MAX_RECORDS_PER_TASK, 1)
         or DEFAULT_MAX_RECORDS_PER_TASK,
         client_options=client_options,
@@ -181,11 +182,19 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         available_now_offsets=_offsets_option(
             lowered, OPTION_AVAILABLE_NOW_OFFSETS, topics, pattern
         ),
-        fail_on_data_loss=fail_on_data_loss == "true",
+        fail_on_data_loss=_bool_option(lowered, OPTION_FAIL_ON_DATA_LOSS),
         topic_pattern=pattern,
         breaker_file=lowered.get(OPTION_BREAKER_FILE.lower()),
         key_order=_key_order(lowered.get(OPTION_KEY_ORDER.lower()), emit),
     )
+
+
+def _bool_option(lowered: Mapping[str, str], name: str) -> bool:
+    """Option `name`, `true` (the default) or `false`; raises `ValueError` for another value."""
+    value = lowered.get(name.lower(), "true").strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"option {name}={value!r} must be true or false")
+    return value == "true"
 
 
 def _key_order(raw: str | None, emit: str) -> KeyOrderOption | None:

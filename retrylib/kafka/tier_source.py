@@ -23,6 +23,14 @@ Options of its own:
   (`offsets.marker_tails`): a marker alone never makes a batch. A new query
   reads a tier from its earliest offset, whatever `startingOffsets` says (a tier holds
   retries still owed), so one source serves the main topics and every tier.
+  The index answers with the first record stamped at or after a time, so one record
+  stamped ahead of the clock would hide every record behind it until its time: where the
+  frontier is such a record, the records from there are read for their timestamps instead
+  (`offsets.FrontierScan`), the odd one is read at once and named in a WARN.
+- `retrylib.tierStampsAhead`: `true` (the default) when the job's own producers stamp a
+  tier's records up to one delay ahead of their clock (`policy.tier_timestamp_ms`), `false`
+  for topics whose fair records are stamped no later than now (a delay router's); a record
+  stamped further ahead (`policy.latest_fair_timestamp_ms`) is one so passed over.
 - `retrylib.maxRecordsPerTask`: the longest offset range one Spark task reads (250000).
 - `retrylib.availableNowOffsets`: offsets JSON (`{"topic": {"0": 12}}`) the source reads up
   to and no further, for an availableNow run on Spark 4.0/4.1 (see below).
@@ -57,12 +65,14 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import StructType
 
 from retrylib.breaker import main_topic_allowance, read_state
+from retrylib.config.durations import format_duration
 from retrylib.errors import KafkaSourceError, TopicError
 from retrylib.kafka.clients import make_consumer, topic_partitions
 from retrylib.kafka.key_groups import key_groups
 from retrylib.kafka.offsets import (
     EARLIEST,
     LATEST,
+    FrontierScan,
     OffsetRange,
     Offsets,
     PartitionKey,
@@ -71,6 +81,7 @@ from retrylib.kafka.offsets import (
     delay_frontier,
     floor_at,
     group_ranges,
+    hidden_frontiers,
     limit_offsets,
     marker_tails,
     offsets_from_json,
@@ -85,8 +96,8 @@ from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition,
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
 from retrylib.kafka.source_options import SourceOptions, parse_source_options
 from retrylib.key_order import queues_to_json, read_queues
-from retrylib.logs import configure_worker_logging, redact
-from retrylib.retry.policy import due_timestamp_ms
+from retrylib.logs import OnceAMinute, configure_worker_logging, redact
+from retrylib.retry.policy import due_timestamp_ms, latest_fair_timestamp_ms
 
 try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python stream readers
     from pyspark.sql.streaming.datasource import (
@@ -112,7 +123,13 @@ log = logging.getLogger(__name__)
 _RETRY_PAUSE_S = 0.2  # between asks for offsets the broker could not give yet
 _TAIL_READ_S = 2.0
 """How long the driver reads delay tiers' short not-yet-due tails for records (`_past_markers`):
-one fetch of a few offsets from each, which a broker answers in milliseconds."""
+one fetch of a few offsets from each, which a broker answers in milliseconds; and at most
+how long it reads timestamps behind a record stamped ahead (`_past_stamped_ahead`)."""
+_SCAN_RECORDS = 100_000
+"""The most records read for their timestamps at one look (`_past_stamped_ahead`); the rest
+are read at the next. Each is read there once, as it falls due."""
+_STAMPED_AHEAD_LOG = logging.getLogger(__name__ + ".stamped_ahead")
+_STAMPED_AHEAD_LOG.addFilter(OnceAMinute())
 
 
 class KafkaDataSource(DataSource):
@@ -159,6 +176,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_end: Offsets | None = None
         self._target: Offsets | None = None
         self._tails_with_records: dict[PartitionKey, tuple[int, int]] = {}
+        # The first not-due record (offset, timestamp) each scan found (`FrontierScan`).
+        self._not_due: dict[PartitionKey, tuple[int, int]] = {}
 
     @property
     def _kafka(self) -> _Metadata:
@@ -358,13 +377,61 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if new:
             start = with_new_partitions(start, new, self._kafka.list_offsets(new, EARLIEST))
         end = self._kafka.list_offsets(partitions, LATEST)
-        due_by_ms = int(time.time() * 1000) + self._options.read_ahead_ms
+        now_ms = int(time.time() * 1000)
+        due_by_ms = now_ms + self._options.read_ahead_ms
         for delay_ms in set(self._options.delays_ms.values()):
             tier = [key for key in partitions if self._options.delays_ms.get(key[0]) == delay_ms]
-            due = self._kafka.list_offsets(tier, due_timestamp_ms(due_by_ms, delay_ms))
+            due_before_ms = due_timestamp_ms(due_by_ms, delay_ms)
             latest = {key: end[key] for key in tier}
-            end.update(self._past_markers(delay_frontier(due, latest), latest))
+            frontier = delay_frontier(self._kafka.list_offsets(tier, due_before_ms), latest)
+            stamped_ahead_ms = delay_ms if self._options.tier_stamps_ahead else 0
+            scan = FrontierScan(due_before_ms, latest_fair_timestamp_ms(now_ms, stamped_ahead_ms))
+            frontier = self._past_stamped_ahead(frontier, start, latest, scan, now_ms)
+            end.update(self._past_markers(frontier, latest))
         return start, floor_at(end, start)
+
+    def _past_stamped_ahead(
+        self,
+        frontier: Offsets,
+        start: Offsets,
+        latest: Offsets,
+        scan: FrontierScan,
+        now_ms: int,
+    ) -> Offsets:
+        """`frontier` of a delay tier with the frontiers the time index hides behind a record
+        stamped ahead of the clock found by reading timestamps (`hidden_frontiers`); each such
+        record is named in a WARN (one a minute per partition) and read now.
+
+        Asks the index once more (for the latest fair timestamp) about the partitions with
+        a not-yet-due tail; reads only the hidden ones, from their frontier, at most
+        `_SCAN_RECORDS` records for `_TAIL_READ_S`, and none whose frontier an earlier read
+        found and is not due yet. (A transaction's commit marker that `_past_markers` passed
+        is such a hidden frontier too, until its time: one fetch finds the record after it
+        not due, and that is kept.)
+        """
+        waiting = [key for key, offset in frontier.items() if start[key] <= offset < latest[key]]
+        first_ahead = self._kafka.list_offsets(waiting, scan.fair_until_ms + 1) if waiting else {}
+        hidden = hidden_frontiers(frontier, start, latest, first_ahead)
+        if not hidden:
+            return frontier
+        known = scan.known(hidden, self._not_due)
+        unread: dict[PartitionKey, int] | None = {}
+        if len(known) < len(hidden):
+            to_read = {key: begin for key, begin in hidden.items() if key not in known}
+            unread = self._kafka.scan_timestamps(to_read, latest, scan)
+        if unread is None:
+            return frontier
+        self._not_due.update(scan.not_due)
+        for (topic, partition), offset, timestamp_ms in scan.stamped_ahead:
+            _STAMPED_AHEAD_LOG.warning(
+                "%s: the record at offset %d has a Kafka timestamp %s ahead of this clock: "
+                "its producer's clock is off. It is read now and judged by its headers, and "
+                "the records behind it are read as they fall due",
+                f"{topic}[{partition}]",
+                offset,
+                format_duration((timestamp_ms - now_ms) // 1000 * 1000),
+            )
+        return {**frontier, **scan.moved(hidden, latest, unread)}
 
     def _past_markers(self, frontier: Offsets, latest: Offsets) -> Offsets:
         """`frontier` of a delay tier moved past its not-yet-due tails that hold only
@@ -491,14 +558,8 @@ class _Metadata:
         """The partitions of `tails` ((start, end) offsets of each) that hold a committed
         record in that range, or may: not read to its end within `_TAIL_READ_S`, or not read
         at all because Kafka answered with an error (logged)."""
-        if self._tail_reader is None:
-            self._tail_reader = make_consumer(
-                self._options.bootstrap_servers,
-                {**self._options.client_options, **READ_TO_END_OPTIONS},
-                secret_options=self._options.secret_options,
-            )
         read = ReadToEnd(
-            self._tail_reader,
+            self._tail_consumer(),
             {key: start for key, (start, _) in tails.items()},
             {key: end for key, (_, end) in tails.items()},
         )
@@ -508,6 +569,38 @@ class _Metadata:
             log.info("reading the tails of %s failed, read as holding records: %s", tails, error)
             return set(tails)
         return holding | set(read.unfinished)
+
+    def scan_timestamps(
+        self,
+        begin: Mapping[PartitionKey, int],
+        latest: Mapping[PartitionKey, int],
+        scan: FrontierScan,
+    ) -> dict[PartitionKey, int] | None:
+        """Show `scan` the committed records of each partition from `begin` until its frontier
+        is found or `latest` is reached, for at most `_SCAN_RECORDS` records and
+        `_TAIL_READ_S`; returns the next offset of each partition it did not read to its end,
+        or None when Kafka answered with an error (logged)."""
+        read = ReadToEnd(self._tail_consumer(), dict(begin), {key: latest[key] for key in begin})
+        try:
+            for message in read.messages(_TAIL_READ_S, limit=_SCAN_RECORDS):
+                key = (message.topic(), message.partition())
+                scan.see(key, message.offset(), message.timestamp()[1])
+                if begin.keys() <= scan.not_due.keys():
+                    break
+        except KafkaException as error:
+            log.info("reading the timestamps of %s failed, read later: %s", begin, error)
+            return None
+        return read.unfinished
+
+    def _tail_consumer(self) -> Consumer:
+        """The read_committed consumer of the tails and scans, made on first use."""
+        if self._tail_reader is None:
+            self._tail_reader = make_consumer(
+                self._options.bootstrap_servers,
+                {**self._options.client_options, **READ_TO_END_OPTIONS},
+                secret_options=self._options.secret_options,
+            )
+        return self._tail_reader
 
     def close(self) -> None:
         self._consumer.close()

@@ -63,6 +63,7 @@ def render_status(status: Mapping[str, Any]) -> str:
             "tier", [str(t["tier"]) for t in status["retry_tiers"]], status["retry_tiers"]
         )
         lines += [f"  warning: {text}" for text in overdue_tiers(status["retry_tiers"])]
+        lines += [f"  warning: {text}" for text in stamped_ahead(status["retry_tiers"])]
         missing = [t for tier in status["retry_tiers"] for t in tier["missing_topics"]]
         if missing:
             lines.append(f"  missing retry topics (created when the job starts): {missing}")
@@ -70,6 +71,7 @@ def render_status(status: Mapping[str, Any]) -> str:
         lines += ["", "delay topics"]
         delayed = status["delay_topics"]
         lines += _waiting_table("topic", [t["topics"][0] for t in delayed], delayed)
+        lines += [f"  warning: {text}" for text in stamped_ahead(delayed)]
         missing = [t for topic in status["delay_topics"] for t in topic["missing_topics"]]
         if missing:
             lines.append(f"  missing delay topics (create them): {missing}")
@@ -230,6 +232,18 @@ def overdue_tiers(tiers: list[Mapping[str, Any]]) -> list[str]:
                 "running and keeping up? (`retrylib status --json` for the figures)"
             )
     return warnings
+
+
+def stamped_ahead(entries: list[Mapping[str, Any]]) -> list[str]:
+    """A warning for each tier or delay topic holding records stamped ahead of the clock."""
+    return [
+        f"{', '.join(entry['topics'])}: {entry['stamped_ahead']} record(s) with a Kafka "
+        f"timestamp ahead of this clock, the first {entry['first_stamped_ahead']}: a "
+        "producer's clock is off; the job reads them at once, and the records behind them "
+        "as they fall due"
+        for entry in entries
+        if entry["stamped_ahead"]
+    ]
 
 
 def _ago(seconds: float | None) -> str:

@@ -17,6 +17,11 @@ comes from:
   the rest are counted by offsets (an upper bound) and `exact` is false.
 - Delay topics (a delay router's, `delay_topics`): counted as a tier's records are, each
   due at its Kafka timestamp + the topic's delay (the senders' `msg_ts` is not read).
+- Retry tiers and delay topics alike: `stamped_ahead` counts the records whose Kafka
+  timestamp is further ahead of this clock than the job's producers stamp
+  (`policy.latest_fair_timestamp_ms`), `first_stamped_ahead` names the first
+  (`topic[partition]@offset`, how far ahead): a producer's clock is off; the job reads such
+  a record at once and the records behind it as they fall due (`tier_source`).
   `dead_letters` is null for a router, and its last batches count what it forwarded.
 - Dead letters: counted by error class from the dead-letter Delta table, with how many
   were redriven and how many a redrive claimed but has not confirmed yet.
@@ -51,7 +56,7 @@ from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.key_order_store import stored_queues
 from retrylib.retry import headers
 from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count
-from retrylib.retry.policy import due_time_ms
+from retrylib.retry.policy import due_time_ms, latest_fair_timestamp_ms
 from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:
@@ -229,7 +234,10 @@ def _tier(
     earliest = kafka.earliest(keys)
     latest = kafka.latest(keys)
     start = {key: max(position.get(key, earliest[key]), earliest[key]) for key in keys}
-    scan = _scan(config, start, latest, tier.delay_ms, now_ms, timeout, scan_limit)
+    # A delay router stamps the records it holds no later than now (`forwarding.hold`).
+    stamped_ahead_ms = 0 if config.delay_router is not None else tier.delay_ms
+    fair_until_ms = latest_fair_timestamp_ms(now_ms, stamped_ahead_ms)
+    scan = _scan(config, start, latest, tier.delay_ms, now_ms, fair_until_ms, timeout, scan_limit)
     oldest, next_due = scan["oldest_ms"], scan["next_due_ms"]
     return {
         "tier": tier.index + 1,
@@ -245,6 +253,8 @@ def _tier(
         "oldest_waiting_age_seconds": None if oldest is None else (now_ms - oldest) / 1000,
         "next_due_at": _iso(next_due),
         "next_due_in_seconds": None if next_due is None else (next_due - now_ms) / 1000,
+        "stamped_ahead": scan["stamped_ahead"],
+        "first_stamped_ahead": scan["first_stamped_ahead"],
     }
 
 
@@ -254,6 +264,7 @@ def _scan(
     latest: Mapping[PartitionKey, int],
     delay_ms: int,
     now_ms: int,
+    fair_until_ms: int,
     timeout: float,
     limit: int,
 ) -> dict[str, Any]:
@@ -266,6 +277,8 @@ def _scan(
         "exact": True,
         "oldest_ms": None,
         "next_due_ms": None,
+        "stamped_ahead": 0,
+        "first_stamped_ahead": None,
     }
     if all(latest[key] <= offset for key, offset in start.items()):
         return summary
@@ -276,6 +289,8 @@ def _scan(
         read = ReadToEnd(consumer, start, latest)
         for message in read.messages(timeout_s=max(timeout, 1.0) * 3, limit=limit):
             _count(summary, message, delay_ms, now_ms)
+            if message.timestamp()[1] > fair_until_ms:
+                _count_stamped_ahead(summary, message, now_ms)
     finally:
         consumer.close()
     unfinished = read.unfinished
@@ -296,6 +311,14 @@ def _count(summary: dict[str, Any], message: Any, delay_ms: int, now_ms: int) ->
     summary["due"] += not_before <= now_ms
     summary["oldest_ms"] = min(entered, summary["oldest_ms"] or entered)
     summary["next_due_ms"] = min(not_before, summary["next_due_ms"] or not_before)
+
+
+def _count_stamped_ahead(summary: dict[str, Any], message: Any, now_ms: int) -> None:
+    summary["stamped_ahead"] += 1
+    if summary["first_stamped_ahead"] is None:
+        ahead = format_duration((message.timestamp()[1] - now_ms) // 1000 * 1000)
+        where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
+        summary["first_stamped_ahead"] = f"{where}, {ahead} ahead"
 
 
 def dead_letter_summary(spark: SparkSession, table: TableRef) -> dict[str, Any]:

@@ -228,6 +228,21 @@ def tier_timestamp_ms(not_before_ms: int, delay_ms: int, now_ms: int) -> int:
     return min(due_timestamp_ms(not_before_ms, delay_ms), now_ms + delay_ms)
 
 
+STAMP_SLACK_MS = 1_000
+"""How far a record's Kafka timestamp may run ahead of a reader's clock beyond what the
+job's own producers stamp (clocks of two hosts differ by a little)."""
+
+
+def latest_fair_timestamp_ms(now_ms: int, stamped_ahead_ms: int) -> int:
+    """The latest Kafka timestamp a delay tier's record may fairly carry at `now_ms`, where
+    the job's producers stamp records up to `stamped_ahead_ms` ahead of their clock (a
+    handler job's tiers: one delay, `tier_timestamp_ms`; a delay router's topics: none, its
+    holds are stamped no later than now). A record stamped later came from a clock that is
+    off (brokers accept an hour ahead by default): Kafka's time index would hide every
+    record behind it until its time, so readers pass over it (`tier_source`)."""
+    return now_ms + stamped_ahead_ms + STAMP_SLACK_MS
+
+
 def due_timestamp_ms(due_ms: int, delay_ms: int) -> int:
     """The Kafka timestamp of a record that a tier of delay `delay_ms` releases at `due_ms`:
     `due_ms` - `delay_ms`. The tiers' one rule, which `due_time_ms` inverts; a tier's reader

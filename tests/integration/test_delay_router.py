@@ -6,6 +6,7 @@ with no destination go to the fallback topic, or are logged and counted."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -130,6 +131,20 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
         (b"lost-3", b"1000000", krr_headers(control, sent)),  # a would-be marker
         (b"never", b"year 33658", krr_headers(orders, 999_999_999_999)),  # never due
     ]
+    # First in each partition, stamped by its producer ten minutes ahead of the clocks here:
+    # Kafka's time index would hide every record behind it until then.
+    stamped_ahead = [(f"ahead-{p}".encode(), b"v", krr_headers(payments, sent)) for p in (0, 1)]
+    producer = make_producer(bootstrap_servers, {})
+    for partition, (key, value, headers) in enumerate(stamped_ahead):
+        producer.produce(
+            delay_topic,
+            key=key,
+            value=value,
+            headers=headers,
+            partition=partition,
+            timestamp=int(time.time() * 1000) + 600_000,
+        )
+    assert producer.flush(30) == 0
     krr_produce(bootstrap_servers, delay_topic, to_orders + to_payments + nowhere)
     # Stamped by Kafka now, but sent "later": it waits out its delay from then.
     late_s = int(time.time()) + 45
@@ -142,8 +157,8 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
 
     assert first.returncode == 0, first.stderr[-3000:]
     counts = metrics(first)
-    assert counts["records_delayed"] == 28
-    assert counts["forwarded"] == 23
+    assert counts["records_delayed"] == 30
+    assert counts["forwarded"] == 25
     assert counts["forwarded_to_fallback"] == 4
     assert counts["requeued_not_due"] == 1
     assert counts["timestamp_header_missing"] == 1
@@ -154,8 +169,12 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
         assert message.partition() == java_partition(message.key(), 3)
         assert message.timestamp()[1] >= sent * 1000 + DELAY_MS  # never early
     assert sorted(map(as_sent, read_topic(bootstrap_servers, payments)), key=repr) == sorted(
-        to_payments, key=repr
+        to_payments + stamped_ahead, key=repr
     )
+    for partition in (0, 1):
+        assert f"{delay_topic}[{partition}]: the record at offset 0 has a Kafka timestamp " in (
+            first.stderr
+        )
     set_aside = {m.key(): m for m in read_topic(bootstrap_servers, fallback)}
     assert set(set_aside) == {b"lost-1", b"lost-2", b"lost-3", b"never"}
     assert set_aside[b"never"].headers()[-2] == (
@@ -221,15 +240,27 @@ def test_with_no_fallback_a_record_with_no_destination_is_logged_and_counted(
     )
     assert "logged at ERROR and counted (no fallback_topic)" in checked.stdout
     assert f"ok: delay topic '{delay_topic}' (2s): 1 partitions" in checked.stdout
+    producer = make_producer(bootstrap_servers, {})
+    ahead = int(time.time() * 1000) + 600_000
+    producer.produce(delay_topic, value=b"v", headers=krr_headers(target, sent), timestamp=ahead)
+    assert producer.flush(30) == 0
     status = run_retrylib("status", str(path), "--json")
     assert status.returncode == 0, status.stderr
     found = json.loads(status.stdout)
     assert (found["main_topics"], found["retry_tiers"], found["dead_letters"]) == ([], [], None)
     [delayed] = found["delay_topics"]
-    assert (delayed["topics"], delayed["waiting"]) == ([delay_topic], 0)
+    assert (delayed["topics"], delayed["waiting"], delayed["stamped_ahead"]) == (
+        [delay_topic],
+        1,
+        1,
+    )
+    assert re.fullmatch(
+        rf"{delay_topic}\[0\]@2, (10m|9m[0-9]+s) ahead", delayed["first_stamped_ahead"]
+    )
     assert [b["forwarded"] for b in found["last_batches"]["batches"]] == [1]
     text = run_retrylib("status", str(path))
     assert "delay topics" in text.stdout and "forwarded" in text.stdout, text.stdout
+    assert f"warning: {delay_topic}: 1 record(s) with a Kafka timestamp ahead" in text.stdout
     redriven = run_retrylib("redrive", str(path))
     assert redriven.returncode != 0
     assert "is a delay router: it has no dead-letter table" in redriven.stderr

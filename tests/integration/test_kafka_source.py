@@ -356,12 +356,21 @@ def test_a_delay_tier_is_read_past_the_commit_marker_of_due_records(
     topic = make_topic("marker", partitions=1)
     producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": topic})
     producer.init_transactions(30)
+    committed = make_consumer(bootstrap_servers, {"isolation.level": "read_committed"})
 
     def transaction(timestamp_ms: int, records: int) -> None:
+        [(_, stable)] = watermarks(committed, [(topic, 0)]).values()
         producer.begin_transaction()
         for _ in range(records):
             producer.produce(topic, value=b"r", partition=0, timestamp=timestamp_ms)
         producer.commit_transaction(30)
+        # The commit returns once the coordinator has decided; the marker, and with it the
+        # partition's last stable offset, follows a moment later.
+        wait_for(
+            lambda: watermarks(committed, [(topic, 0)])[(topic, 0)][1] == stable + records + 1,
+            10,
+            "the transaction's commit marker",
+        )
 
     now_ms = int(time.time() * 1000)
     transaction(now_ms - delay_ms - 5_000, 3)  # offsets 0-2, due; the marker at 3 is not
@@ -381,6 +390,7 @@ def test_a_delay_tier_is_read_past_the_commit_marker_of_due_records(
         assert reader.latestOffset(first, ReadAllAvailable()) == first  # known: not read again
     finally:
         reader.stop()
+        committed.close()
 
 
 def test_latest_offset_without_arguments_as_on_spark_4_0(bootstrap_servers, make_topic) -> None:

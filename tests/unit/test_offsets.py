@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 
 import pytest
@@ -15,12 +16,14 @@ from retrylib.kafka.offsets import (
     EARLIEST,
     LATEST,
     MARKER_TAIL,
+    FrontierScan,
     OffsetRange,
     StartingOffsets,
     cap_at_target,
     delay_frontier,
     floor_at,
     group_ranges,
+    hidden_frontiers,
     limit_offsets,
     marker_tails,
     offsets_from_json,
@@ -147,6 +150,39 @@ def test_delay_frontier_caps_at_latest() -> None:
     latest = {A0: 100, A1: 100, A2: 100}
     due = {A0: 40, A1: -1, A2: 150}  # -1: nothing at/after the time, everything is due
     assert delay_frontier(due, latest) == {A0: 40, A1: 100, A2: 100}
+
+
+def test_hidden_frontiers_are_records_stamped_ahead_or_already_passed() -> None:
+    latest = {A0: 100, A1: 100, A2: 100, B0: 100}
+    frontier = {A0: 40, A1: 40, A2: 20, B0: 100}
+    start = {A0: 30, A1: 30, A2: 60, B0: 90}
+    first_stamped_ahead = {A0: 40, A1: 70, B0: 100}
+    # A0's frontier is itself stamped ahead; A2's lies behind the start, where this reader
+    # already passed it; A1's is a fair record not yet due; B0 has nothing left to read.
+    assert hidden_frontiers(frontier, start, latest, first_stamped_ahead) == {A0: 40, A2: 60}
+
+
+def test_a_frontier_scan_passes_over_records_stamped_ahead_to_the_first_not_due() -> None:
+    scan = FrontierScan(due_before_ms=1_000, fair_until_ms=5_000)
+    for offset, stamp in enumerate([900, 600_000, 950, 1_000, 10]):
+        scan.see(A0, offset, stamp)
+    for offset, stamp in enumerate([700_000, 999]):
+        scan.see(A1, 10 + offset, stamp)
+    scan.see(A2, 5, 500)
+
+    assert scan.not_due == {A0: (3, 1_000)}  # what follows is not looked at
+    assert scan.stamped_ahead == [(A0, 1, 600_000), (A1, 10, 700_000)]
+    # A1 read to its end; A2 stopped (out of time) before its end, at offset 6
+    moved = scan.moved({A0: 0, A1: 10, A2: 5}, {A0: 9, A1: 12, A2: 50}, {A2: 6})
+    assert moved == {A0: 3, A1: 12, A2: 6}
+
+
+def test_a_frontier_found_stands_while_it_is_not_due() -> None:
+    found = {A0: (3, 1_000), A1: (7, 1_000), A2: (4, 999)}
+    scan = FrontierScan(due_before_ms=1_000, fair_until_ms=5_000)
+    # A1 begins past what was found (read again); A2's is due now; B0 was never read.
+    assert scan.known({A0: 2, A1: 8, A2: 0, B0: 0}, found) == {A0: 3}
+    assert scan.not_due == {A0: (3, 1_000)}
 
 
 def test_marker_tails_are_the_short_tails_not_known_to_hold_records() -> None:
@@ -305,8 +341,47 @@ def test_a_delay_tier_is_read_up_to_what_is_due_by_now_plus_the_read_ahead() -> 
     end = reader.latestOffset({"orders": {"0": 0}}, None)
     after = int(time.time() * 1000)
     assert end == {"orders": {"0": 12}}
-    [due_by] = [timestamp for timestamp in asked if timestamp not in (EARLIEST, LATEST)]
+    due_by = next(timestamp for timestamp in asked if timestamp not in (EARLIEST, LATEST))
     assert before + 2000 - 5000 <= due_by <= after + 2000 - 5000
+
+
+def stamped_kafka(ahead_ms: int) -> FakeKafka:
+    """orders[0] with six records: offset 1 stamped `ahead_ms` ahead of now, offset 5 not due
+    on a 5s delay tier, the rest due."""
+    now = int(time.time() * 1000)
+    stamps = [now - 9_000, now + ahead_ms, now - 8_000, now - 7_000, now - 6_000, now - 1_000]
+    return FakeKafka({("orders", 0): 6}, stamps={("orders", 0): stamps})
+
+
+def test_a_record_stamped_ahead_hides_no_record_behind_it(caplog) -> None:
+    kafka = stamped_kafka(600_000)
+    # A handler job's producers stamp a tier's records up to one delay ahead; 10 minutes is
+    # further than any of them would.
+    reader = reader_for(kafka, **{"retrylib.topicDelaysMs": '{"orders": 5000}'})
+
+    assert reader.latestOffset({"orders": {"0": 0}}, None) == {"orders": {"0": 5}}
+    assert kafka.scanned == [{("orders", 0): 1}]
+    [warned] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert re.match(
+        r"orders\[0\]: the record at offset 1 has a Kafka timestamp (10m|9m59s) ahead", warned
+    )
+    # The next batch starts past it, and the index still answers with it: the frontier the
+    # read found stands, not due yet, and is not read again.
+    assert reader.latestOffset({"orders": {"0": 2}}, None) == {"orders": {"0": 5}}
+    assert len(kafka.scanned) == 1
+
+
+@pytest.mark.parametrize(("stamps_ahead", "end"), [("true", 1), ("false", 5)])
+def test_how_far_ahead_a_record_may_be_stamped_depends_on_its_producer(stamps_ahead, end) -> None:
+    # 3s ahead on a 5s tier: a handler job stamps so (not due yet); a delay router never does.
+    kafka = stamped_kafka(3_000)
+    options = {
+        "retrylib.topicDelaysMs": '{"orders": 5000}',
+        "retrylib.tierStampsAhead": stamps_ahead,
+    }
+    reader = reader_for(kafka, **options)
+
+    assert reader.latestOffset({"orders": {"0": 0}}, None) == {"orders": {"0": end}}
 
 
 def test_source_starting_timestamp_wins_over_starting_offsets() -> None:
