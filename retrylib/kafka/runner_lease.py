@@ -99,7 +99,12 @@ class RunnerLease:
             group,
         )
 
-    def _join(self, topic: str, wait_s: float) -> bool:
+    @property
+    def answered(self) -> bool:
+        """True once the group's rebalance has answered this member, holding or not."""
+        return self._answered.is_set()
+
+    def join(self, topic: str, wait_s: float) -> bool:
         """Join the group on `topic` and wait up to `wait_s` for its answer; True when this
         member holds the lease (and is kept in the group by a poll thread from then on)."""
         self._consumer.subscribe([topic], on_assign=self._on_assign, on_lost=self._on_lost)
@@ -198,11 +203,11 @@ def take_lease(
     if topic not in partition_counts(admin, [topic]):  # a look-up that creates nothing
         raise TopicError(f"the lease topic {topic!r} does not exist; the job creates it")
     lease = RunnerLease(bootstrap_servers, options, group=group, what=what)
-    if lease._join(topic, wait_s):
+    if lease.join(topic, wait_s):
         log.info("%s holds the lease %s", what, group)
         return lease
     lease.release()
-    if not lease._answered.is_set():
+    if not lease.answered:
         raise LeaseHeld(
             f"{what}: no answer from the brokers for the lease {group} within {wait_s:.0f}s; "
             "is another copy starting? Try again"
