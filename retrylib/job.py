@@ -187,8 +187,7 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
         "subscribe": ",".join(sorted(delays)),
         "retrylib.topicDelaysMs": json.dumps(delays),
         "retrylib.readAheadMs": str(config.read_ahead_ms()),
-        # A delay router stamps the records it holds no later than now (`forwarding.hold`).
-        "retrylib.tierStampsAhead": str(config.delay_router is None).lower(),
+        "retrylib.tierStampsAhead": str(config.stamps_delayed_topics_ahead()).lower(),
         "retrylib.secretOptions": json.dumps(config.secret_options()),
     }
     return main, tiers

@@ -319,6 +319,12 @@ class Config:
             return self.delay_router.read_ahead_ms
         return self.retry.read_ahead_ms
 
+    def stamps_delayed_topics_ahead(self) -> bool:
+        """Whether the job's own producers stamp records of `delayed_topics` ahead of their
+        clock: a handler job's retry hops up to one delay (`policy.tier_timestamp_ms`); a
+        delay router holds records stamped no later than now (`forwarding.hold`)."""
+        return self.delay_router is None
+
     def redacted(self) -> dict[str, Any]:
         """The config as plain nested dicts and lists, safe to print.
 

@@ -384,8 +384,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             due_before_ms = due_timestamp_ms(due_by_ms, delay_ms)
             latest = {key: end[key] for key in tier}
             frontier = delay_frontier(self._kafka.list_offsets(tier, due_before_ms), latest)
-            stamped_ahead_ms = delay_ms if self._options.tier_stamps_ahead else 0
-            scan = FrontierScan(due_before_ms, latest_fair_timestamp_ms(now_ms, stamped_ahead_ms))
+            fair_until_ms = latest_fair_timestamp_ms(
+                now_ms, delay_ms, self._options.tier_stamps_ahead
+            )
+            scan = FrontierScan(due_before_ms, fair_until_ms)
             frontier = self._past_stamped_ahead(frontier, start, latest, scan, now_ms)
             end.update(self._past_markers(frontier, latest))
         return start, floor_at(end, start)

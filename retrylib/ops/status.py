@@ -234,9 +234,9 @@ def _tier(
     earliest = kafka.earliest(keys)
     latest = kafka.latest(keys)
     start = {key: max(position.get(key, earliest[key]), earliest[key]) for key in keys}
-    # A delay router stamps the records it holds no later than now (`forwarding.hold`).
-    stamped_ahead_ms = 0 if config.delay_router is not None else tier.delay_ms
-    fair_until_ms = latest_fair_timestamp_ms(now_ms, stamped_ahead_ms)
+    fair_until_ms = latest_fair_timestamp_ms(
+        now_ms, tier.delay_ms, config.stamps_delayed_topics_ahead()
+    )
     scan = _scan(config, start, latest, tier.delay_ms, now_ms, fair_until_ms, timeout, scan_limit)
     oldest, next_due = scan["oldest_ms"], scan["next_due_ms"]
     return {

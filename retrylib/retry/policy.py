@@ -233,14 +233,14 @@ STAMP_SLACK_MS = 1_000
 job's own producers stamp (clocks of two hosts differ by a little)."""
 
 
-def latest_fair_timestamp_ms(now_ms: int, stamped_ahead_ms: int) -> int:
-    """The latest Kafka timestamp a delay tier's record may fairly carry at `now_ms`, where
-    the job's producers stamp records up to `stamped_ahead_ms` ahead of their clock (a
-    handler job's tiers: one delay, `tier_timestamp_ms`; a delay router's topics: none, its
-    holds are stamped no later than now). A record stamped later came from a clock that is
-    off (brokers accept an hour ahead by default): Kafka's time index would hide every
-    record behind it until its time, so readers pass over it (`tier_source`)."""
-    return now_ms + stamped_ahead_ms + STAMP_SLACK_MS
+def latest_fair_timestamp_ms(now_ms: int, delay_ms: int, stamps_ahead: bool) -> int:
+    """The latest Kafka timestamp a record of a tier of delay `delay_ms` may fairly carry at
+    `now_ms`: with `stamps_ahead`, the job's producers stamp records up to one delay ahead of
+    their clock (a handler job's tiers, `tier_timestamp_ms`), else no later than now (a delay
+    router's topics). A record stamped later came from a clock that is off (brokers accept
+    an hour ahead by default): Kafka's time index would hide every record behind it until
+    its time, so readers pass over it (`tier_source`)."""
+    return now_ms + (delay_ms if stamps_ahead else 0) + STAMP_SLACK_MS
 
 
 def due_timestamp_ms(due_ms: int, delay_ms: int) -> int:
