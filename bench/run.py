@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lateness-delay", default="2s", help="tier delay of the lateness run")
     p.add_argument("--lateness-trigger", default="1s", help="trigger of the lateness run")
     p.add_argument(
-        "--lateness-source", default="builtin", help="kafka.source of the lateness run (builtin)"
+        "--lateness-source", default="auto", help="kafka.source of the lateness run (auto)"
     )
     p.add_argument(
         "--read-ahead", help="retry.read_ahead of retrylib's runs (the config's default)"
@@ -645,6 +645,7 @@ class Bench:
                     topic=topic,
                     delay="1s",
                     trigger="1s",
+                    source="auto",
                     continuous=True,
                     events=events,
                     stop_file=stop,
@@ -724,7 +725,7 @@ class Bench:
             FIXED_FAILURE_RATE,
         )  # fmt: skip
         config = self.write_config(
-            "submit", "flaky", None, SUBMIT_TOPIC, OUTPUT_DDL, "5s", "1s", "record", "builtin",
+            "submit", "flaky", None, SUBMIT_TOPIC, OUTPUT_DDL, "5s", "1s", "record", "auto",
             1, False,
         )  # fmt: skip
         env = {**self.env, "SPARK_SUBMIT_OPTS_EXTRA": f"--master {a.master}"}

@@ -6,6 +6,7 @@
         offsets/<N>, commits/<N>       read here for `status` and the metrics
     <root>/retrylib/identity.json      the checkpoint's app id ("<job>-<random>")
     <root>/retrylib/signing_key.json   the key that signs the job's Kafka records
+    <root>/retrylib/main_reader.json   the reader of the main topics it was started with
     <root>/retrylib/manifests/<N>.json batch N's clock, counters and staged rows
     <root>/retrylib/staged/<N>/        batch N's decisions (Parquet) until batch N+1 ran
     <root>/retrylib/compaction.json    when the tables were last compacted
@@ -29,12 +30,13 @@ import re
 import secrets
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from retrylib.delta.table_ref import is_uri
 from retrylib.errors import DamagedFile, RetrylibError
+from retrylib.kafka.main_reader import READERS, main_reader
 from retrylib.kafka.offsets import PartitionKey
 
 if TYPE_CHECKING:
@@ -265,6 +267,27 @@ class Checkpoint:
             stored = claim_json(spark, uri, {"key": secrets.token_hex(32)})
         return bytes.fromhex(stored["key"])
 
+    def main_reader(
+        self, spark: SparkSession, configured: str, connector_on_classpath: Callable[[], bool]
+    ) -> str:
+        """The reader of the main topics for `kafka.source = configured`
+        (`retrylib.kafka.main_reader`), recorded here for the next start."""
+        uri = join(self.state, "main_reader.json")
+        try:
+            stored = read_json(spark, uri)
+            recorded = None if stored is None else _reader_in(stored, uri)
+        except DamagedFile as error:
+            raise RetrylibError(
+                f"{uri} is damaged ({error.reason}): remove it and set kafka.source to the "
+                'reader this checkpoint was started with ("python" or "builtin"), or start '
+                "the job from a new checkpoint (job.checkpoint)"
+            ) from error
+        resumed = self._last_in_spark_log(spark, "offsets") is not None
+        reader = main_reader(configured, recorded, resumed, connector_on_classpath, uri)
+        if reader != recorded:
+            replace_json(spark, uri, {"source": reader})
+        return reader
+
     def manifest_ids(self, spark: SparkSession) -> list[int]:
         """The batch ids that have a manifest, in order."""
         names = list_names(spark, self.manifests)
@@ -340,6 +363,14 @@ class Checkpoint:
         except (ValueError, TypeError, AttributeError) as error:
             raise DamagedFile(uri, f"not Spark's offsets: {error}") from error
         return offsets, metadata.get("batchTimestampMs")
+
+
+def _reader_in(stored: Any, uri: str) -> str:
+    """The reader a checkpoint's `main_reader.json` (content `stored`) names."""
+    reader = stored.get("source") if isinstance(stored, dict) else None
+    if reader not in READERS:
+        raise DamagedFile(uri, 'it names no reader ("python" or "builtin")')
+    return reader
 
 
 def expired_state(folder: str, names: Iterable[str], batch_id: int) -> list[str]:

@@ -35,6 +35,7 @@ from retrylib.kafka.clients import (
     make_admin,
     partition_counts,
 )
+from retrylib.kafka.main_reader import CONNECTOR
 from retrylib.kafka.offsets import (
     Offsets,
     offsets_to_json,
@@ -257,25 +258,24 @@ def _held_to(options: dict[str, str], target: Offsets | None) -> dict[str, str]:
 def source_frame(
     spark: SparkSession,
     config: Config,
+    reader: str,
     available_now_offsets: Offsets | None = None,
     breaker_file: Path | None = None,
     key_state_file: Path | None = None,
 ) -> DataFrame:
     """Every topic the job reads: the main topics, and the retry tiers up to what is due.
 
-    With Spark's Kafka connector (`kafka.source` "builtin", or "auto" with the connector on
-    the classpath) the main topics come from it as records, in a union with one
-    `retrylib_kafka` source for the tiers, emitting records too. With "python" it is one
-    `retrylib_kafka` source for all of them, emitting offset ranges
-    (`retrylib.emit = ranges`) that the routing tasks read themselves: records skip the
-    JVM, and `maxOffsetsPerTrigger` bounds a batch, retries included.
+    `reader` (`retrylib.kafka.main_reader`) "python": one `retrylib_kafka` source for all
+    of them, emitting offset ranges (`retrylib.emit = ranges`) that the routing tasks read
+    themselves: records skip the JVM, and `maxOffsetsPerTrigger` bounds a batch, retries
+    included. "builtin": the main topics come from Spark's Kafka connector as records, in a
+    union with one `retrylib_kafka` source for the tiers, emitting records too.
     `available_now_offsets` holds the `retrylib_kafka` source to them (an availableNow run
     on Spark 4.0/4.1); `breaker_file` holds its main topics while the breaker is open;
     `key_state_file` (`retry.key_ordered`) has it plan key groups with those queues.
     """
-    kafka = config.kafka
     main, tiers = source_options(config)
-    if kafka.source == "builtin" or (kafka.source == "auto" and builtin_kafka_available(spark)):
+    if reader == CONNECTOR:
         log.info("main topics read with Spark's built-in kafka source")
         frame = _read_kafka(spark, "kafka", {**main, "includeHeaders": "true"})
         if not config.retry.tier_delays_ms():
@@ -455,6 +455,9 @@ def _start_prepared(
     """`start_query` once the topics are ready and the lease is held."""
     checkpoint = Checkpoint(config.job.checkpoint)
     checkpoint.check_offsets_log(spark)
+    reader = checkpoint.main_reader(
+        spark, config.kafka.source, partial(builtin_kafka_available, spark)
+    )
     partitions = prepared.partitions
     output, dead_letter = _prepare_tables(spark, config)
     app_id = checkpoint.app_id(spark, config.job.name)
@@ -518,6 +521,7 @@ def _start_prepared(
     source = source_frame(
         spark,
         config,
+        reader,
         target,
         breaker.state_file if breaker else None,
         key_order.state_file if key_order else None,

@@ -437,9 +437,11 @@ class FaultHarness:
         partitions: int = 2,
         round_timeout: float = 150.0,
         master: str = "local[2]",
+        source: str = "auto",
         say: Callable[[str], None] = print,
     ) -> None:
-        """`master`: Spark's master for the job; "local[N,F]" lets a task fail F times."""
+        """`master`: Spark's master for the job; "local[N,F]" lets a task fail F times.
+        `source`: the job's `kafka.source`."""
         # fault_handlers, for the config and the checks; tests/ for helpers
         for path in (str(HERE.parent), str(HERE)):
             if path not in sys.path:
@@ -451,6 +453,7 @@ class FaultHarness:
         self.partitions = partitions
         self.round_timeout = round_timeout
         self.master = master
+        self.source = source
         self.say = say
         self.topic = f"orders-{seed}"
         self.report = Report()
@@ -471,7 +474,7 @@ class FaultHarness:
         self.job = FaultsJob(
             self.broker.bootstrap_servers, self.topic, self.workdir, partitions=self.partitions
         )
-        self.config_path = self.job.write_config()
+        self.config_path = self.job.write_config(kafka={"source": self.source})
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -412,9 +412,12 @@ def test_a_python_worker_lost_after_its_units_commit_is_run_again_once(tmp_path,
     """An executor's Python worker dies right after its unit's transaction committed, before
     its task returns: Spark runs the task again (local[2,3] lets a task fail), the new
     attempt finds the unit's marker, and every record lands once. (A worker lost inside the
-    transaction is the harness's in_produce point: the next attempt aborts it.)"""
+    transaction is the harness's in_produce point: the next attempt aborts it.) The job reads
+    with Spark's connector here: the every-point test below runs the default reader."""
     point = "after_unit_commit"
-    with FaultHarness(tmp_path, SEED + 1, master="local[2,3]", say=print) as harness:
+    with FaultHarness(
+        tmp_path, SEED + 1, master="local[2,3]", source="builtin", say=print
+    ) as harness:
         harness.produce_wave()
         once = tmp_path / "crashed-once"
         outcome = harness.drain(env={"RETRYLIB_CRASH_AT": point, "RETRYLIB_CRASH_ONCE": str(once)})

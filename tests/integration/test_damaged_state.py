@@ -7,6 +7,8 @@ exactly once.
 - A manifest of the batch in flight cut short: the batch's effects may be made from it in
   part, so it is not routed again.
 - Spark's latest offsets file cut short: Spark would fail on its own parse error.
+- The record of the checkpoint's main-topic reader cut short, or a config naming the other
+  reader: Spark would fail to resume the query with no word of why.
 
 Runs go through the CLI's `main` in this process, on the tests' Spark session.
 """
@@ -108,5 +110,24 @@ def test_damaged_checkpoint_files_are_named_with_the_way_out(
 
     offsets.write_bytes(kept_offsets)
     manifest.write_bytes(kept)
+    reader = Path(checkpoint.state) / "main_reader.json"
+    assert reader.read_text() == '{"source": "python"}'  # "auto" on a new checkpoint
+    kept_reader = cut_in_half(reader)
+    assert_run_fails(
+        capsys,
+        config,
+        f"{reader} is damaged (not JSON: ",
+        "remove it and set kafka.source to the reader this checkpoint was started with",
+    )
+    reader.write_bytes(kept_reader)
+    builtin = write_config([topic], name="damaged", kafka={"source": "builtin"})
+    assert_run_fails(
+        capsys,
+        builtin,
+        'kafka.source = "builtin", but this checkpoint was started reading the main topics '
+        f'with "python" ({reader})',
+        'set kafka.source = "python" (or "auto")',
+    )
+
     run_available_now(spark, config)
     assert_keys(spark, Path(config.output.table), records)

@@ -50,9 +50,9 @@ def test_spark_submit_available_now_exits_zero(
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_table(config.output.table).num_rows == 200
-    # "auto" finds Spark's connector among the jars spark-submit.sh passes. (spark-submit
-    # sends the Python driver's stderr to its own stdout.)
-    assert "main topics read with Spark's built-in kafka source" in done.stdout + done.stderr
+    # "auto" gives a new checkpoint retrylib's own reader. (spark-submit sends the Python
+    # driver's stderr to its own stdout.)
+    assert "topics read with the retrylib_kafka Python data source" in done.stdout + done.stderr
     # Each batch's counters reach Spark's listeners: the event log (what the History Server
     # shows) holds them in the progress events.
     observed = [

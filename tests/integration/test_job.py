@@ -57,6 +57,29 @@ def test_restart_processes_only_new_records(
     assert (values.count("first"), values.count("second")) == (500, 300)
 
 
+def test_a_checkpoint_started_with_the_connector_stays_with_it(
+    spark, bootstrap_servers, make_topic, write_config
+):
+    """ "auto" gives a new checkpoint retrylib's own reader; a checkpoint started with Spark's
+    connector before the reader was recorded in it goes on with the connector, exactly once."""
+    topic = make_topic("orders", partitions=2)
+    produce(bootstrap_servers, topic, [(f"ok-a{i}", "first") for i in range(100)])
+    connector = write_config([topic], kafka={"source": "builtin"})
+    auto = write_config([topic])  # the same checkpoint and tables, kafka.source = "auto"
+    run_available_now(spark, connector)
+    reader = Path(Checkpoint(auto.job.checkpoint).state) / "main_reader.json"
+    assert json.loads(reader.read_text()) == {"source": "builtin"}
+    reader.unlink()  # as a checkpoint from before the record
+    produce(bootstrap_servers, topic, [(f"ok-b{i}", "second") for i in range(50)])
+
+    second = run_available_now(spark, auto)
+
+    assert json.loads(reader.read_text()) == {"source": "builtin"}
+    assert sum(r.counters.get("records_main", 0) for r in second) == 50
+    values = read_table(auto.output.table).column("value").to_pylist()
+    assert (values.count("first"), values.count("second")) == (100, 50)
+
+
 @pytest.mark.every_spark
 def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topic, write_config):
     from retrylib.kafka.arrow_records import KAFKA_SCHEMA
