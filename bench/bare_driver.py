@@ -6,7 +6,9 @@ ARGS_JSON holds `bootstrap`, `topic`, `table`, `checkpoint` and `max_offsets_per
 The pipeline is `spark.readStream.format("kafka")` on the topic, the trivial handler's
 output columns computed in the JVM (`partition, offset, length(value) AS size`: the same
 table retrylib writes), `writeStream.format("delta")` with `Trigger.AvailableNow` and the
-same `maxOffsetsPerTrigger` as retrylib. The session comes from
+same `maxOffsetsPerTrigger` as retrylib. With `handler` (a name in bench/handlers.py) the
+columns come from that handler instead, called per record in a `mapInArrow` over the
+connector's rows: the job a user would write by hand, with no retries. The session comes from
 `retrylib.spark.session.build_spark_session`, so it has the same jars and settings. Run in a
 process of its own by bench/run.py; the result JSON has the same fields as
 bench/retrylib_driver.py's, batches taken from the query's progress.
@@ -42,6 +44,34 @@ def run_until_stopped(query, stop_file: str, events: str, timeout: float) -> Non
     query.stop()
 
 
+class _Record:
+    """What a per-record handler reads of a Kafka record here."""
+
+    __slots__ = ("offset", "partition", "value")
+
+    def __init__(self, partition: int, offset: int, value: bytes) -> None:
+        self.partition, self.offset, self.value = partition, offset, value
+
+
+def per_record(name: str):
+    """A `mapInArrow` function calling bench.handlers' `name` on each record's row."""
+
+    def handle(batches):
+        import pyarrow as pa
+
+        from bench import handlers
+
+        handler = getattr(handlers, name)
+        schema = pa.schema(
+            [("partition", pa.int32()), ("offset", pa.int64()), ("size", pa.int32())]
+        )
+        for batch in batches:
+            rows = [handler(_Record(**row)) for row in batch.to_pylist()]
+            yield pa.RecordBatch.from_pylist(rows, schema=schema)
+
+    return handle
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("args_json")
@@ -68,7 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if options.get("max_offsets_per_trigger"):
         reader = reader.option("maxOffsetsPerTrigger", str(options["max_offsets_per_trigger"]))
-    frame = reader.load().select("partition", "offset", F.length("value").cast("int").alias("size"))
+    records = reader.load()
+    if options.get("handler"):
+        frame = records.select("partition", "offset", "value").mapInArrow(
+            per_record(options["handler"]), "partition INT, offset BIGINT, size INT"
+        )
+    else:
+        frame = records.select("partition", "offset", F.length("value").cast("int").alias("size"))
     cpu_before = tree_cpu_by_group(os.getpid())
     writer = (
         frame.writeStream.format("delta")

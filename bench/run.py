@@ -49,6 +49,7 @@ PARTS = (
     "ceiling",
     "baseline",
     "bare",
+    "mapinarrow",
     "retrylib",
     "arrow",
     "python",
@@ -65,6 +66,9 @@ STORM_RUNS = (("storm-succeed", "trivial"), ("storm-fail", "flaky"))
 # Goals of the issue, for retrylib with the per-record handler, in steady state.
 GOAL_VS_BARE = 0.8
 GOAL_VS_BASELINE = 1.5
+# Goals of issue 26 for the default reader (kafka.source = "auto": retrylib's own source).
+GOAL_DEFAULT_VS_BARE = 1.2
+GOAL_DEFAULT_VS_MAPINARROW = 1.5
 MAIN_TOPIC = "bench-main"
 LATE_TOPIC = "bench-late"
 LANES_TOPIC = "bench-lanes"
@@ -365,9 +369,17 @@ class Bench:
             command += ["--idle-progress-ms", str(idle_progress_ms)]
         return self.run_process(label, command, result_path, may_fail=may_fail)
 
-    def bare(self, label: str, cap: int | None, topic: str = MAIN_TOPIC, **continuous) -> dict:
-        """The bare Spark pipeline (bench/bare_driver.py) on `topic`; `continuous` (trigger,
-        stop_file, events) runs it on a processing-time trigger until stop_file exists."""
+    def bare(
+        self,
+        label: str,
+        cap: int | None,
+        topic: str = MAIN_TOPIC,
+        handler: str | None = None,
+        **continuous,
+    ) -> dict:
+        """The bare Spark pipeline (bench/bare_driver.py) on `topic`, or with `handler` the
+        hand-written `mapInArrow` job calling it; `continuous` (trigger, stop_file, events)
+        runs it on a processing-time trigger until stop_file exists."""
         root = self.workdir / label
         args = {
             "bootstrap": self.bootstrap,
@@ -375,6 +387,7 @@ class Bench:
             "table": str(root / "out"),
             "checkpoint": str(root / "checkpoint"),
             "max_offsets_per_trigger": cap,
+            "handler": handler,
             **{k: str(v) for k, v in continuous.items()},
         }
         result_path = self.workdir / f"{label}.json"
@@ -445,6 +458,8 @@ class Bench:
             self.contender("ceiling", "ceiling")
         if "bare" in a.only:
             self.bare("bare", cap)
+        if "mapinarrow" in a.only:
+            self.bare("mapinarrow", cap, handler="trivial")
         if "baseline" in a.only:
             from retrylib.kafka.clients import ensure_topics, make_admin
 
@@ -874,6 +889,7 @@ class Bench:
             ("baseline-trivial", "baseline: seed-style loop", "trivial", None),
             ("baseline-fail", "baseline: seed-style loop", fail, None),
             ("bare", "bare Spark: kafka -> delta", "none (JVM select)", trivial),
+            ("mapinarrow", "hand-written mapInArrow: kafka -> delta", "trivial", trivial),
             ("retrylib-trivial", builtin, "trivial", trivial),
             ("retrylib-fail", builtin, fail, "baseline-fail"),
             ("retrylib-arrow", builtin, "trivial, kind=arrow", trivial),
@@ -985,6 +1001,16 @@ class Bench:
                 f"{fmt(full_bare, 2)}x bare, {fmt(full_base, 2)}x {baseline}"
             )
         builtin, python = self.summary("retrylib-trivial"), self.summary("retrylib-python")
+        bare, by_hand = self.summary("bare"), self.summary("mapinarrow")
+        if python and (bare or by_hand):
+            vs_bare = ratio(python["steady"], bare and bare["steady"])
+            vs_hand = ratio(python["steady"], by_hand and by_hand["steady"])
+            lines.append(
+                "  issue 26, the default reader (kafka.source = auto: python), trivial, steady: "
+                f"{fmt(vs_bare, 2)}x bare ({_verdict(vs_bare, GOAL_DEFAULT_VS_BARE)}), "
+                f"{fmt(vs_hand, 2)}x hand-written mapInArrow "
+                f"({_verdict(vs_hand, GOAL_DEFAULT_VS_MAPINARROW)})"
+            )
         if builtin and python:
             lines.append(
                 "  python source / builtin source (trivial): steady "

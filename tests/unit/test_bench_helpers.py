@@ -12,6 +12,7 @@ import pytest
 # bench/ is not an installed package: import it from the repository root, as its README does.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.bare_driver import per_record
 from bench.data import make_value, marked_to_fail, soak_mark
 from bench.handlers import DEAD_MARK, FAIL_MARK, OK_MARK, BenchPoisonError, flaky, soak, trivial
 from bench.instrument import _add_counters
@@ -334,3 +335,19 @@ def test_fixed_cost_helpers_pick_batches_and_quiet_triggers():
     assert idle_triggers_ms(progress, start, start + 4500) == [7, 3]
     assert idle_triggers_ms(progress, start, start + 1000) == [7]
     assert changed({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 0}) == ["b", "c"]
+
+
+def test_the_hand_written_mapinarrow_job_calls_the_handler_on_each_record():
+    rows = pa.RecordBatch.from_pylist(
+        [
+            {"partition": 1, "offset": 7, "value": b"abc"},
+            {"partition": 0, "offset": 8, "value": b""},
+        ]
+    )
+
+    out = list(per_record("trivial")(iter([rows])))
+
+    assert [batch.to_pylist() for batch in out] == [
+        [{"partition": 1, "offset": 7, "size": 3}, {"partition": 0, "offset": 8, "size": 0}]
+    ]
+    assert out[0].schema.field("size").type == pa.int32()
