@@ -74,6 +74,7 @@ LATE_TOPIC = "bench-late"
 LANES_TOPIC = "bench-lanes"
 STORM_TOPIC = "bench-storm"
 LANES_FACTORS = (1, 4)  # calls at once per run, times the partitions
+FIXED_RUNS = ("lateness", "paced", "submit", "router")
 FIXED_TOPIC = "bench-fixed"  # one per contender: bench-fixed-retrylib, bench-fixed-bare
 SUBMIT_TOPIC = "bench-submit"
 ROUTER_TOPIC = "bench-delay"
@@ -172,6 +173,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--router-records", type=int, default=60, help="records the delay router forwards (60)"
     )
     p.add_argument("--router-delay", default="5s", help="the delay router's delay topic (5s)")
+    p.add_argument(
+        "--router-read-ahead", help="delay_router.read_ahead of the router run (the default)"
+    )
+    p.add_argument(
+        "--fixed-runs",
+        default=",".join(FIXED_RUNS),
+        help=f"the fixed_cost part's runs, a subset of {','.join(FIXED_RUNS)} (default: all)",
+    )
     p.add_argument(
         "--only",
         default=",".join(PARTS),
@@ -633,14 +642,18 @@ class Bench:
         from retrylib.kafka.clients import ensure_topics, make_admin
 
         a = self.args
-        if "lateness" not in self.results:
+        runs = set(a.fixed_runs.split(","))
+        if "lateness" in runs and "lateness" not in self.results:
             self.run_lateness()
-        topics = {f"{FIXED_TOPIC}-{name}": a.partitions for name in ("retrylib", "bare")}
-        ensure_topics(make_admin(self.bootstrap, {}), topics, create=True)
-        self.fixed["retrylib"] = self.run_paced("retrylib")
-        self.fixed["bare"] = self.run_paced("bare")
-        self.fixed["submit"] = self.run_submit()
-        self.fixed["router"] = self.run_router()
+        if "paced" in runs:
+            topics = {f"{FIXED_TOPIC}-{name}": a.partitions for name in ("retrylib", "bare")}
+            ensure_topics(make_admin(self.bootstrap, {}), topics, create=True)
+            self.fixed["retrylib"] = self.run_paced("retrylib")
+            self.fixed["bare"] = self.run_paced("bare")
+        if "submit" in runs:
+            self.fixed["submit"] = self.run_submit()
+        if "router" in runs:
+            self.fixed["router"] = self.run_router()
 
     def run_paced(self, name: str) -> dict:
         """retrylib (flaky handler, trigger 1 s, output and dead-letter tables) or the bare
@@ -774,6 +787,7 @@ class Bench:
             f'[job]\nname = "bench-router"\ncheckpoint = "{self.workdir / label}/checkpoint"\n'
             f'trigger = "1s"\n\n[kafka]\nbootstrap_servers = "{self.bootstrap}"\n\n'
             f'[delay_router]\ntopics = {{ "{delay_topic}" = "{a.router_delay}" }}\n'
+            + (f'read_ahead = "{a.router_read_ahead}"\n' if a.router_read_ahead else "")
         )
         events, stop = self.workdir / f"{label}-events.jsonl", self.workdir / f"{label}.stop"
         events.touch()
@@ -1468,7 +1482,8 @@ class Bench:
                     _verdict(p99, GOAL_ROUTER_P99_S, at_most=True),
                     f"{len(values)} of {router['sent']} forwarded, p50 "
                     f"{fmt(seconds(percentile(values, 50)), 2)} s, min "
-                    f"{fmt(seconds(min(values, default=None)), 2)} s; trigger 1s",
+                    f"{fmt(seconds(min(values, default=None)), 2)} s; trigger 1s, read-ahead "
+                    f"{a.router_read_ahead or 'default'}",
                 ]
             )
         return table(
