@@ -699,7 +699,15 @@ class Bench:
                 time.sleep(1.0)
         quiet = self.watch_quiet(label, events) if name == "retrylib" else {}
         stop.touch()
-        progress = job.join()["result"]["progress"]
+        result = job.join()["result"]
+        progress = result["progress"]
+        if "batches" in result:  # retrylib's own source's input rows are offset ranges
+            records = {
+                b["batch_id"]: b["counters"].get("records_main", 0)
+                + b["counters"].get("records_retry", 0)
+                for b in result["batches"]
+            }
+            progress = [{**p, "numInputRows": records.get(p.get("batchId"), 0)} for p in progress]
         # The warm-up is the first batch that read anything (if its records came in two
         # batches, the second reads fewer than n and is not timed either).
         warm = min((p["batchId"] for p in progress if p.get("numInputRows")), default=None)
