@@ -623,14 +623,14 @@ def stop_gracefully(
     """
     router.batch_finished.clear()
     deadline = time.monotonic() + timeout
-    while (
-        query.isActive
-        and query.status.get("isTriggerActive")
-        and not router.batch_finished.wait(0.05)
-        and time.monotonic() < deadline
-    ):
-        pass
-    cut_short = query.isActive and query.status.get("isTriggerActive")
+    finished = False
+    while query.isActive and query.status.get("isTriggerActive"):
+        # Past the router's end of the batch, Spark's trigger is still active while it
+        # commits the batch: that batch is done, not cut short.
+        finished = router.batch_finished.wait(0.05)
+        if finished or time.monotonic() >= deadline:
+            break
+    cut_short = not finished and query.isActive and query.status.get("isTriggerActive")
     query.stop()
     done = "no batch" if router.last_finished is None else f"batch {router.last_finished}"
     if cut_short:

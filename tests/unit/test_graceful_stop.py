@@ -1,0 +1,67 @@
+"""`stop_gracefully`: the stop comes once the batch running has finished, and says so."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from retrylib.job import stop_gracefully
+
+
+class Query:
+    """A streaming query whose trigger stays active for `busy_polls` status reads."""
+
+    def __init__(self, busy_polls: int) -> None:
+        self.isActive = True
+        self.busy_polls = busy_polls
+        self.stopped = False
+
+    @property
+    def status(self) -> dict:
+        self.busy_polls -= 1
+        return {"isTriggerActive": self.busy_polls >= 0}
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+class Router:
+    def __init__(self) -> None:
+        self.batch_finished = threading.Event()
+        self.last_finished: int | None = 6
+
+
+def test_a_batch_that_finished_while_spark_still_commits_it_is_not_cut_short(caplog):
+    query, router = Query(busy_polls=10**6), Router()  # the trigger active throughout
+    threading.Timer(
+        0.2, lambda: (setattr(router, "last_finished", 7), router.batch_finished.set())
+    ).start()
+
+    with caplog.at_level(logging.INFO, logger="retrylib.job"):
+        stop_gracefully(query, router, timeout=30)
+
+    assert query.stopped
+    assert caplog.messages == ["stopped after batch 7; the next start goes on from there"]
+
+
+def test_a_batch_still_running_at_the_bound_is_named_as_cut_short(caplog):
+    query, router = Query(busy_polls=10**6), Router()
+
+    with caplog.at_level(logging.INFO, logger="retrylib.job"):
+        stop_gracefully(query, router, timeout=0.2)
+
+    assert query.stopped
+    assert caplog.messages == [
+        "stopped after batch 6; the batch running did not finish within 0.2s and runs again "
+        "at the next start, committing nothing twice"
+    ]
+
+
+def test_with_no_batch_running_it_stops_at_once(caplog):
+    query, router = Query(busy_polls=0), Router()
+
+    with caplog.at_level(logging.INFO, logger="retrylib.job"):
+        stop_gracefully(query, router, timeout=30)
+
+    assert query.stopped
+    assert caplog.messages == ["stopped after batch 6; the next start goes on from there"]
