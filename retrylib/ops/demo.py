@@ -1,7 +1,8 @@
 """The embedded demo: broker, topic, sample orders, the job, and what landed in Delta.
 
-Runs everything on this machine: an embedded Apache Kafka broker, local Spark with its Kafka
-connector, and Delta tables written by delta-spark under `workdir`. Sample orders include
+Runs everything on this machine: an embedded Apache Kafka broker, local Spark (its tasks
+reading Kafka with retrylib's own source), and Delta tables written by delta-spark under
+`workdir`. Sample orders include
 transient failures (retried after a delay), poison orders (dead-lettered once out of
 attempts) and one unreadable record (dead-lettered at once as non-retryable).
 """
