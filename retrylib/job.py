@@ -614,10 +614,10 @@ def _stop_at_target(query: StreamingQuery, router: BatchRouter, target: Offsets)
 def stop_gracefully(
     query: StreamingQuery, router: BatchRouter, timeout: float = _STOP_WAIT_SECONDS
 ) -> None:
-    """Stop `query` once the batch running now (if any) has done its work, within `timeout`.
+    """Stop `query` once the batch running now (if any) has done its work and Spark has
+    recorded it as done, within `timeout`.
 
-    The stop comes right after the router finishes that batch, before another one starts.
-    Spark may not have recorded the batch as done yet; it is then replayed on restart, which
+    A batch Spark did not record as done (the bound passed) is replayed on restart, which
     reuses its manifest and commits nothing twice. One line says where it stopped, and
     whether a batch was cut short.
     """
@@ -625,11 +625,14 @@ def stop_gracefully(
     deadline = time.monotonic() + timeout
     finished = False
     while query.isActive and query.status.get("isTriggerActive"):
-        # Past the router's end of the batch, Spark's trigger is still active while it
-        # commits the batch: that batch is done, not cut short.
         finished = router.batch_finished.wait(0.05)
         if finished or time.monotonic() >= deadline:
             break
+    if finished:
+        # Past the router's end of the batch Spark writes its commit log; a stop then
+        # interrupts that write and leaves the batch to be replayed.
+        while not _recorded_done(query, router.last_finished) and time.monotonic() < deadline:
+            time.sleep(0.02)
     cut_short = not finished and query.isActive and query.status.get("isTriggerActive")
     query.stop()
     done = "no batch" if router.last_finished is None else f"batch {router.last_finished}"
@@ -642,6 +645,15 @@ def stop_gracefully(
         )
     else:
         log.info("stopped after %s; the next start goes on from there", done)
+
+
+def _recorded_done(query: StreamingQuery, batch_id: int | None) -> bool:
+    """Whether Spark has recorded batch `batch_id` as done (its progress is reported after
+    its commit log is written), or `query` is no longer running."""
+    if not query.isActive:
+        return True
+    progress = query.lastProgress
+    return progress is not None and progress.batchId >= (batch_id or 0)
 
 
 def run(config: Config, *, available_now: bool = False, master: str | None = None) -> int:

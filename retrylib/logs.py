@@ -39,9 +39,12 @@ _ANYWHERE = 6
 _ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
 # Spark's JVM logging when this process launches the JVM itself: warnings only, without the
-# start-up chatter (hostname, native libraries, UI port, AQE-in-streaming notices), and
-# without the stack trace of a failed query: the job reports that failure itself, in one
-# message (RETRYLIB_LOG_LEVEL=DEBUG leaves the JVM's logging as Spark sets it).
+# start-up chatter (hostname, native libraries, UI port, AQE-in-streaming notices, a plan's
+# text truncated); without the stack trace of a failed query (the job reports that failure
+# itself, in one message); without a batch "falling behind" the trigger (each batch's line
+# has its duration), nor what a stop's interrupt of the stream thread leaves behind (a job
+# group already done, a chmod the local file system forks). RETRYLIB_LOG_LEVEL=DEBUG
+# leaves the JVM's logging as Spark sets it.
 _LOG4J2_PROPERTIES = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = stderr
@@ -64,6 +67,24 @@ logger.query.name = org.apache.spark.sql.execution.streaming.MicroBatchExecution
 logger.query.level = off
 logger.query4.name = org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution
 logger.query4.level = off
+logger.behind.name = org.apache.spark.sql.execution.streaming.ProcessingTimeExecutor
+logger.behind.level = error
+logger.behind4.name = org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor
+logger.behind4.level = error
+logger.plan.name = org.apache.spark.util.SparkStringUtils
+logger.plan.level = error
+logger.dag.name = org.apache.spark.scheduler.DAGScheduler
+logger.dag.level = warn
+logger.dag.filter.stop.type = RegexFilter
+logger.dag.filter.stop.regex = Failed to cancel job group .*
+logger.dag.filter.stop.onMatch = DENY
+logger.dag.filter.stop.onMismatch = NEUTRAL
+logger.shell.name = org.apache.hadoop.util.Shell
+logger.shell.level = warn
+logger.shell.filter.stop.type = RegexFilter
+logger.shell.filter.stop.regex = Interrupted while joining on: .*
+logger.shell.filter.stop.onMatch = DENY
+logger.shell.filter.stop.onMismatch = NEUTRAL
 """
 
 

@@ -8,13 +8,24 @@ import threading
 from retrylib.job import stop_gracefully
 
 
-class Query:
-    """A streaming query whose trigger stays active for `busy_polls` status reads."""
+class Progress:
+    def __init__(self, batch_id: int) -> None:
+        self.batchId = batch_id
 
-    def __init__(self, busy_polls: int) -> None:
+
+class Query:
+    """A streaming query whose trigger stays active for `busy_polls` status reads, whose
+    last progress names batch `recorded`."""
+
+    def __init__(self, busy_polls: int, recorded: int = 6) -> None:
         self.isActive = True
         self.busy_polls = busy_polls
         self.stopped = False
+        self.recorded = recorded
+
+    @property
+    def lastProgress(self) -> Progress:
+        return Progress(self.recorded)
 
     @property
     def status(self) -> dict:
@@ -36,12 +47,29 @@ def test_a_batch_that_finished_while_spark_still_commits_it_is_not_cut_short(cap
     threading.Timer(
         0.2, lambda: (setattr(router, "last_finished", 7), router.batch_finished.set())
     ).start()
+    threading.Timer(0.5, lambda: setattr(query, "recorded", 7)).start()
 
     with caplog.at_level(logging.INFO, logger="retrylib.job"):
         stop_gracefully(query, router, timeout=30)
 
     assert query.stopped
     assert caplog.messages == ["stopped after batch 7; the next start goes on from there"]
+
+
+def test_the_stop_waits_for_spark_to_record_the_finished_batch():
+    """Stopping while Spark writes the batch's commit log would interrupt the write and
+    leave the batch to be replayed."""
+    query, router = Query(busy_polls=10**6), Router()
+    router.last_finished = 7
+    router.batch_finished.set()  # cleared by the stop: a batch finishing before it counts not
+    stopped_when_recorded = []
+    query.stop = lambda: stopped_when_recorded.append(query.recorded)
+
+    threading.Timer(0.1, router.batch_finished.set).start()
+    threading.Timer(0.4, lambda: setattr(query, "recorded", 7)).start()
+    stop_gracefully(query, router, timeout=30)
+
+    assert stopped_when_recorded == [7]
 
 
 def test_a_batch_still_running_at_the_bound_is_named_as_cut_short(caplog):
