@@ -90,6 +90,19 @@ def spark(tmp_path_factory):
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory) -> Iterator[str]:
+    """A local Spark Connect server for the whole run (started by the first test that asks
+    for it); yields its `SPARK_REMOTE` URL."""
+    from connect_server import ConnectServer
+
+    server = ConnectServer(tmp_path_factory.mktemp("connect")).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def keep_root_logger() -> Iterator[None]:
     """Put the root logger's handlers and level back after a test that configures logging

@@ -97,6 +97,13 @@ class TableRef:
             return self
         return TableRef(os.path.abspath(self.text), is_path=True)
 
+    @property
+    def sql_name(self) -> str:
+        """The table as Spark SQL names it: ``delta.`<path>` `` for a path, else the name."""
+        if self.is_path:
+            return "delta.`" + self.text.replace("`", "``") + "`"
+        return self.text
+
     def __str__(self) -> str:
         return self.text
 

@@ -18,13 +18,16 @@ table version. `append_once` asks for them before writing, and the write reuses 
 (same cached snapshot), so its own question costs nothing extra; `committed_version` after
 a commit pays for the new version once.
 
-Needs a classic (JVM) Spark session with the Delta extension and catalog configured:
-`committed_version` reads the snapshot's transactions through py4j, as no public API or SQL
-command exposes them.
+Works on a classic session and on a Spark Connect client alike (Delta's SQL extension and
+catalog configured on the Spark side; no Delta Connect plugin needed): tables are created
+through DataFrameWriterV2 and changed through SQL. Only the committed transactions differ:
+no public API or SQL command exposes them, so a classic session reads them through py4j,
+and a Connect client, which has no JVM, from the commits' `userMetadata` (`commit_mark`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -36,12 +39,18 @@ from retrylib.errors import RetrylibError
 
 if TYPE_CHECKING:
     from delta.tables import DeltaTable
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
 log = logging.getLogger(__name__)
 
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
+# How many of a table's last commits are looked at first for the job's own (Spark Connect).
+_RECENT_COMMITS = 100
+# What Spark and Delta say when a table was created by someone else meanwhile.
+_ALREADY_CREATED = ("TABLE_OR_VIEW_ALREADY_EXISTS", "DELTA_PATH_EXISTS", "already exists")
+# What Delta and Spark say of a path that holds no Delta table.
+_NOT_A_DELTA_PATH = ("DELTA_MISSING_DELTA_TABLE", "DELTA_TABLE_ONLY_OPERATION", "PATH_NOT_FOUND")
 
 
 def table_exists(spark: SparkSession, ref: TableRef) -> bool:
@@ -51,11 +60,9 @@ def table_exists(spark: SparkSession, ref: TableRef) -> bool:
     `RetrylibError` when a catalog name exists but is not a Delta table, since creating or
     appending there would fail later with a less clear error.
     """
-    from delta.tables import DeltaTable
-
     target = ref.resolved()
     if target.is_path:
-        return DeltaTable.isDeltaTable(spark, target.text)
+        return latest_version(spark, target) is not None
     if not spark.catalog.tableExists(target.text):
         return False
     provider = _catalog_provider(spark, target.text)
@@ -65,6 +72,28 @@ def table_exists(spark: SparkSession, ref: TableRef) -> bool:
             "name a new table or a Delta table in the config"
         )
     return True
+
+
+def latest_version(spark: SparkSession, ref: TableRef) -> int | None:
+    """The latest version of the Delta table at `ref` (its log's last commit), or None when
+    a path holds no Delta table (missing, empty, or other files).
+
+    Raises Spark's `AnalysisException` when a catalog name is no table.
+    """
+    from pyspark.errors import AnalysisException
+
+    try:
+        return _newest_version(spark, ref.resolved())
+    except AnalysisException as error:
+        if ref.is_path and any(sign in str(error) for sign in _NOT_A_DELTA_PATH):
+            return None
+        raise
+
+
+def _newest_version(spark: SparkSession, ref: TableRef) -> int:
+    """The latest version of the Delta table at `ref`; raises Spark's `AnalysisException`
+    when there is none (DELTA_MISSING_DELTA_TABLE)."""
+    return int(_history(spark, ref, 1).select("version").first()[0])
 
 
 def _catalog_provider(spark: SparkSession, name: str) -> str | None:
@@ -112,8 +141,6 @@ def ensure_table(
     holds a column with another type, listing every difference; and when a catalog name
     holds a non-Delta table.
     """
-    from delta.tables import DeltaTable
-
     target = ref.resolved()
     columns = {field.name.lower() for field in schema.fields}
     unknown = [column for column in partition_by if column.lower() not in columns]
@@ -123,17 +150,7 @@ def ensure_table(
             f"(columns: {', '.join(schema.fieldNames())}); partition by columns of the schema"
         )
     if not table_exists(spark, target):
-        if target.is_path:
-            builder = DeltaTable.createIfNotExists(spark).addColumns(schema)
-            builder = builder.location(target.text)
-            if partition_by:
-                builder = builder.partitionedBy(*partition_by)
-            for name, value in properties.items():
-                builder = builder.property(name, value)
-            # If another process created it meanwhile, this is a no-op; the check below applies.
-            builder.execute()
-        else:
-            _create_catalog_table(spark, target.text, schema, partition_by, properties)
+        _create_table(spark, target, schema, partition_by, properties)
         log.info("created %s table %s", what, target)
     existing = read_table(spark, target).schema
     differences = column_differences(existing, schema, evolve=evolve)
@@ -144,22 +161,24 @@ def ensure_table(
         raise RetrylibError(f"{what} table {ref} {differences}. {fix}")
 
 
-def _create_catalog_table(
+def _create_table(
     spark: SparkSession,
-    name: str,
+    target: TableRef,
     schema: StructType,
     partition_by: Sequence[str],
     properties: Mapping[str, str],
 ) -> None:
-    """Create the Delta table `name` through the catalog's own DDL path.
+    """Create the Delta table `target` (a path or a catalog name) with `schema`.
 
-    DataFrameWriterV2 takes names of any depth (`catalog.db.t`), where Delta's table
-    builder parses at most `db.t`. A table created meanwhile by someone else is left as it is.
+    Through DataFrameWriterV2, which classic and Spark Connect sessions both have, which
+    keeps the schema's NOT NULL columns, and which takes catalog names of any depth
+    (`catalog.db.t`). A table created meanwhile by someone else is left as it is (the
+    caller checks its columns).
     """
     from pyspark.errors import AnalysisException
     from pyspark.sql.functions import col
 
-    writer = spark.createDataFrame([], schema).writeTo(name).using("delta")
+    writer = spark.createDataFrame([], schema).writeTo(target.sql_name).using("delta")
     if partition_by:
         writer = writer.partitionedBy(*(col(column) for column in partition_by))
     for key, value in properties.items():
@@ -167,7 +186,7 @@ def _create_catalog_table(
     try:
         writer.create()
     except AnalysisException as error:
-        if "TABLE_OR_VIEW_ALREADY_EXISTS" not in str(error):
+        if not any(sign in str(error) for sign in _ALREADY_CREATED):
             raise
 
 
@@ -244,7 +263,9 @@ def append_once(
     The commit carries the transaction (`app_id`, `batch_id`); Delta skips the append when the
     table already holds a version >= `batch_id` for `app_id`, so replaying a batch, or an
     older one, changes nothing. An empty `df` still commits, recording the transaction.
-    With `evolve`, columns of `df` the table lacks are added (`mergeSchema`).
+    With `evolve`, columns of `df` the table lacks are added (`mergeSchema`). The commit's
+    `userMetadata` names the app id and batch too (`commit_mark`), where DESCRIBE HISTORY
+    shows it.
 
     Returns True when this call committed a new table version, False when Delta skipped it.
     That assumes one writer per `app_id` at a time, as a streaming query is: another writer
@@ -259,26 +280,34 @@ def append_once(
         raise ValueError(f"batch_id must be >= 0, got {batch_id!r}")
     spark = df.sparkSession
     target = ref.resolved()
+    # The write runs even when the table holds the batch: Delta stays the one that decides,
+    # and a skipped write neither computes `df` nor writes files.
+    writer = (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", str(batch_id))
+        .option("userMetadata", commit_mark(app_id, batch_id))
+    )
+    if evolve:
+        writer = writer.option("mergeSchema", "true")
+    if _is_connect(spark):
+        # No JVM to read the txn map through: the commit is told by its mark.
+        before_version = _newest_version(spark, target)
+        _save(writer, target)
+        committed = _marked_since(spark, target, before_version, commit_mark(app_id, batch_id))
+        if not committed:
+            log.info(
+                "batch %d of %s not appended to %s: the table holds it", batch_id, app_id, target
+            )
+        return committed
     # The outcome is read from the table rather than from the write, which returns nothing.
     # A table version moving on alone is no proof (another app id may commit meanwhile), and
     # the app's txn version alone cannot tell this commit from an earlier one; together they
     # can. Reading the txn map first is free: the write reuses the same snapshot and its state.
     before = _latest_snapshot(spark, target)
     done = _txn_version(before, app_id)
-    # The write runs even when `done` says Delta will skip it: Delta stays the one that
-    # decides, and a skipped write neither computes `df` nor writes files.
-    writer = (
-        df.write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", str(batch_id))
-    )
-    if evolve:
-        writer = writer.option("mergeSchema", "true")
-    if target.is_path:
-        writer.save(target.text)
-    else:
-        writer.saveAsTable(target.text)
+    _save(writer, target)
     if done is not None and done >= batch_id:
         log.info(
             "batch %d of %s not appended to %s: the table holds its batch %d already",
@@ -292,38 +321,86 @@ def append_once(
     return _latest_snapshot(spark, target).version() > before.version()
 
 
+def commit_mark(app_id: str, batch_id: int) -> str:
+    """The `userMetadata` of the commit that appends batch `batch_id` of `app_id`."""
+    return json.dumps({"retrylib_app": app_id, "batch": batch_id}, sort_keys=True)
+
+
+def _save(writer: Any, target: TableRef) -> None:
+    if target.is_path:
+        writer.save(target.text)
+    else:
+        writer.saveAsTable(target.text)
+
+
 def committed_version(spark: SparkSession, ref: TableRef, app_id: str) -> int | None:
     """The last batch id (`txnVersion`) that the table at `ref` holds for `app_id`.
 
     None when the table does not exist or has no transaction of `app_id`. Reads the table's
     latest commit, including commits made by other sessions and processes since this
-    session last looked.
+    session last looked. On Spark Connect, which cannot reach the table's transactions, the
+    answer is the batch of the latest commit marked with `app_id` (`commit_mark`) that the
+    table's history still holds.
 
-    Raises `RetrylibError` on a session without a JVM (Spark Connect), and as
-    `table_exists` does for a non-Delta catalog table.
+    Raises as `table_exists` does for a non-Delta catalog table.
     """
     if not table_exists(spark, ref):
         return None
-    return _txn_version(_latest_snapshot(spark, ref.resolved()), app_id)
+    target = ref.resolved()
+    if _is_connect(spark):
+        return _last_marked_batch(spark, target, app_id)
+    return _txn_version(_latest_snapshot(spark, target), app_id)
+
+
+def _is_connect(spark: SparkSession) -> bool:
+    """Whether `spark` is a Spark Connect session (no JVM on this side)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _history(spark: SparkSession, target: TableRef, limit: int | None = None) -> DataFrame:
+    """The table's DESCRIBE HISTORY, newest first, its last `limit` commits when given."""
+    return spark.sql(f"DESCRIBE HISTORY {target.sql_name}" + (f" LIMIT {limit}" if limit else ""))
+
+
+def _marked_since(spark: SparkSession, target: TableRef, version: int, mark: str) -> bool:
+    """Whether a commit after `version` carries `mark`."""
+    from pyspark.sql import functions as F
+
+    history = _history(spark, target, _RECENT_COMMITS).where(F.col("version") > version)
+    return history.where(F.col("userMetadata") == mark).limit(1).count() > 0
+
+
+def _last_marked_batch(spark: SparkSession, target: TableRef, app_id: str) -> int | None:
+    """The batch of the newest commit marked with `app_id`, looking at the last commits
+    first and at the whole history only when they hold none."""
+    from pyspark.sql import functions as F
+
+    for limit in (_RECENT_COMMITS, None):
+        history = _history(spark, target, limit)
+        marked = (
+            history.where(F.get_json_object("userMetadata", "$.retrylib_app") == app_id)
+            .orderBy(F.col("version").desc())
+            .select(F.get_json_object("userMetadata", "$.batch").cast("long"))
+            .first()
+        )
+        if marked is not None:
+            return int(marked[0])
+        if limit is not None and history.count() < limit:
+            return None
+    return None
 
 
 def _latest_snapshot(spark: SparkSession, target: TableRef) -> Any:
     """The JVM `Snapshot` of the table's latest version, listed afresh from its log.
 
-    No public API or SQL command exposes the transactions a table holds, so this goes through
-    py4j to the same `DeltaLog` the writer uses (stable from Delta 4.0 to 4.4):
-    `DeltaTable.deltaLog` (protected in Scala, public in bytecode) resolves path and catalog
-    tables alike, and `DeltaLog.update(stalenessAcceptable=false, ...)` lists the log
+    No public API or SQL command exposes the transactions a table holds, so a classic
+    session goes through py4j to the same `DeltaLog` the writer uses (stable from Delta 4.0
+    to 4.4): `DeltaTable.deltaLog` (protected in Scala, public in bytecode) resolves path and
+    catalog tables alike, and `DeltaLog.update(stalenessAcceptable=false, ...)` lists the log
     synchronously instead of handing back the snapshot it cached.
     """
-    jdt = getattr(_delta_table(spark, target), "_jdt", None)
-    if jdt is None:
-        raise RetrylibError(
-            f"reading the Delta transactions of {target} needs a classic Spark session with a "
-            "JVM; Spark Connect sessions cannot: run the job on a classic cluster"
-        )
     none = spark._jvm.scala.Option.empty()  # type: ignore[union-attr]
-    return jdt.deltaLog().update(False, none, none)
+    return _delta_table(spark, target)._jdt.deltaLog().update(False, none, none)
 
 
 def _txn_version(snapshot: Any, app_id: str) -> int | None:
@@ -349,7 +426,7 @@ def compact(spark: SparkSession, ref: TableRef) -> tuple[int, int]:
     Spark's `AnalysisException` when there is no such table, and Delta's concurrent
     modification errors when another writer's commit conflicts with the compaction.
     """
-    result = _delta_table(spark, ref.resolved()).optimize().executeCompaction().first()
+    result = spark.sql(f"OPTIMIZE {ref.resolved().sql_name}").first()
     metrics = result["metrics"] if result is not None else None
     if metrics is None:
         return 0, 0
@@ -357,18 +434,18 @@ def compact(spark: SparkSession, ref: TableRef) -> tuple[int, int]:
 
 
 def update_where(
-    spark: SparkSession,
-    ref: TableRef,
-    condition: str,
-    set_values: Mapping[str, Column | str],
+    spark: SparkSession, ref: TableRef, condition: str, set_values: Mapping[str, str]
 ) -> None:
     """Set columns of the rows of the table at `ref` that match `condition`, in one commit.
 
-    `condition` is a SQL predicate; each value in `set_values` is a Column or a SQL
-    expression. Raises Spark's `AnalysisException` when the table does not exist or the
-    condition or a value does not resolve against its columns.
+    `condition` is a SQL predicate; each value in `set_values` is a SQL expression. Raises
+    Spark's `AnalysisException` when the table does not exist or the condition or a value
+    does not resolve against its columns.
     """
-    _delta_table(spark, ref.resolved()).update(condition=condition, set=dict(set_values))
+    assignments = ", ".join(
+        f"`{column.replace('`', '``')}` = {value}" for column, value in set_values.items()
+    )
+    spark.sql(f"UPDATE {ref.resolved().sql_name} SET {assignments} WHERE {condition}")
 
 
 def sql_string(text: str) -> str:

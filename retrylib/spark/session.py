@@ -1,4 +1,8 @@
-"""Building the SparkSession the job runs in, and the one the tools read tables through."""
+"""Building the SparkSession the job runs in, and the one the tools read tables through.
+
+With `SPARK_REMOTE` set (PySpark's own convention: `sc://host:port`) each is a Spark Connect
+client of that server, which brings its own jars and settings.
+"""
 
 from __future__ import annotations
 
@@ -22,23 +26,31 @@ _QUIET_DEFAULTS = {
 }
 
 
+def connect_server() -> str | None:
+    """The Spark Connect server this process's sessions are clients of (`SPARK_REMOTE`), or
+    None for a classic session."""
+    return os.environ.get("SPARK_REMOTE") or None
+
+
 def build_spark_session(
     app_name: str, master: str | None = None, extra: Mapping[str, str] | None = None
 ) -> SparkSession:
     """Get or create the SparkSession, quiet (WARN) and with Python workers on this interpreter.
 
-    `master` is only applied when given (spark-submit and clusters set their own). On a
-    Spark installed from PyPI (a laptop, CI) the session gets Spark's Kafka connector and
-    Delta Lake from `retrylib.spark.jars` (fetched once); a cluster's Spark or spark-submit
-    brings its own. The retrylib Kafka data source is registered on the session.
-    Raises `JarsError` when the jars are needed and cannot be resolved.
+    `master` is only applied when given (spark-submit, clusters and a Spark Connect server
+    set their own). On a Spark installed from PyPI (a laptop, CI) the session gets Spark's
+    Kafka connector and Delta Lake from `retrylib.spark.jars` (fetched once); a cluster's
+    Spark, spark-submit and a Spark Connect server bring their own. The retrylib Kafka data
+    source is registered on the session. Raises `JarsError` when the jars are needed and
+    cannot be resolved.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    if master:
+    remote = connect_server()
+    if master and not remote:
         builder = builder.master(master)
     settings = {**_QUIET_DEFAULTS}
-    if not runs_on_cluster_spark():
+    if not runs_on_cluster_spark() and not (remote and remote.startswith("sc://")):
         settings["spark.jars"] = ",".join(str(jar) for jar in spark_jars())
         settings.update(DELTA_SQL_CONF)
         # Delta rebuilds a table's state (to read its app transactions) in this many tasks;
@@ -47,7 +59,8 @@ def build_spark_session(
     for key, value in {**settings, **dict(extra or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    if not remote:  # a Connect server's log level is its own
+        spark.sparkContext.setLogLevel("WARN")
     from retrylib.kafka.tier_source import KafkaDataSource
 
     spark.dataSource.register(KafkaDataSource)
@@ -59,15 +72,19 @@ def tool_session(app_name: str) -> SparkSession:
 
     The running one when this process has one (a notebook, a test, a caller's job), with
     its settings untouched. Else a new one: under spark-submit or a cluster's Spark with the
-    master that launched it; on a PyPI pyspark `local[1]` without the UI, since one core
+    master that launched it, a client of the Spark Connect server `SPARK_REMOTE` names; on a
+    PyPI pyspark `local[1]` without the UI, since one core
     starts fastest and these reads are small. Raises `JarsError` when Delta's jars are
     needed and cannot be resolved.
     """
     from retrylib.logs import spark_log_conf
 
-    if SparkContext._active_spark_context is not None:
-        return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
-    if runs_on_cluster_spark():
+    running = SparkSession.getActiveSession()
+    if running is None and SparkContext._active_spark_context is not None:
+        running = SparkSession.builder.getOrCreate()
+    if running is not None:
+        return running
+    if runs_on_cluster_spark() or connect_server():
         return build_spark_session(app_name, extra=spark_log_conf())
     local = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"}
     return build_spark_session(app_name, master="local[1]", extra={**local, **spark_log_conf()})

@@ -19,14 +19,20 @@ import io
 import json
 import logging
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
-from helpers import read_table, read_topic, run_cli, write_job_toml
+from helpers import (
+    assert_one_error_line,
+    read_table,
+    read_topic,
+    run_cli,
+    run_retrylib,
+    write_job_toml,
+)
 
 import retrylib.ops.redrive as redrive_module
 from retrylib.config.loader import load_config
@@ -40,7 +46,7 @@ OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset B
 RECORDS = (
     [(f"ok-{i}", "fine") for i in range(4)]
     + [(f"bad-{i}", "broken") for i in range(3)]  # ValueError: non-retryable
-    + [(f"stop-{i}", "halt") for i in range(4)]  # NonRetryable
+    + [(f"stop-{i}", "halt") for i in range(5)]  # NonRetryable
     + [(f"always-{i}", "again") for i in range(3)]  # RuntimeError: waits in tier 1 (30m)
 )
 
@@ -138,10 +144,10 @@ def test_run_exits_0_and_logs_one_metrics_line_per_batch(job):
         for name in ("records_main", "records_retry", "succeeded", "dead_lettered", "retried")
     }
     assert totals == {
-        "records_main": 14,
+        "records_main": 15,
         "records_retry": 0,
         "succeeded": 4,
-        "dead_lettered": 7,
+        "dead_lettered": 8,
         "retried": 3,
     }
     assert [sum(t) for t in zip(*(line["retried_by_tier"] for line in lines), strict=True)] == [
@@ -194,10 +200,10 @@ def test_status_json_reports_tiers_dead_letters_and_batches(job, capsys):
     assert 1200 < first["next_due_in_seconds"] <= 1800
     assert (second["waiting"], second["next_due_at"]) == (0, None)
     classes = {c["error_class"]: c["records"] for c in status["dead_letters"]["by_error_class"]}
-    assert classes == {"builtins.ValueError": 3, "retrylib.errors.NonRetryable": 4}
+    assert classes == {"builtins.ValueError": 3, "retrylib.errors.NonRetryable": 5}
     batches = status["last_batches"]
     assert batches["source"] == "metrics_table"
-    assert sum(b["records_main"] for b in batches["batches"]) == 14
+    assert sum(b["records_main"] for b in batches["batches"]) == 15
 
 
 def test_status_text_is_readable(job, capsys):
@@ -437,36 +443,36 @@ def test_check_tables_names_column_differences(
     assert "point output.table at a new table or migrate this one" in err
 
 
-def test_status_and_redrive_as_a_process_of_their_own(job, bootstrap_servers):
-    """`retrylib status` and `retrylib redrive` as a user runs them: each process starts its
-    own Spark (local[1]) to read the dead-letter table; stdout carries only the JSON.
+@pytest.mark.parametrize("through", ["classic", "connect"])
+def test_status_and_redrive_as_a_process_of_their_own(job, bootstrap_servers, through, request):
+    """`retrylib status`, `redrive` and `check --tables` as a user runs them: each process
+    starts its own Spark (local[1]), or is a client of a Spark Connect server
+    (`SPARK_REMOTE`), to read the tables; stdout carries only the JSON. Through Spark Connect
+    `retrylib run` says in one line that it does not run there yet.
     """
-    chosen = dead_letter_ids(job, "stop-")[3]
-    command = [sys.executable, "-m", "retrylib"]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    index = 3 if through == "classic" else 4
+    chosen = dead_letter_ids(job, "stop-")[index]
+    env = {}
+    if through == "connect":
+        env["SPARK_REMOTE"] = request.getfixturevalue("connect_server")
 
-    status = subprocess.run(
-        [*command, "status", str(job[0]), "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    redriven = subprocess.run(
-        [*command, "redrive", str(job[0]), "--id", chosen, "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    status = run_retrylib("status", str(job[0]), "--json", env=env)
+    redriven = run_retrylib("redrive", str(job[0]), "--id", chosen, "--json", env=env)
+    checked = run_retrylib("check", str(job[0]), "--tables", env=env)
 
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    dead_letter_table = config_of(job).dead_letter.table
+    assert f"ok: dead_letter.table: Delta table {dead_letter_table}" in checked.stdout
+    if through == "connect":  # the job itself does not run through Spark Connect yet
+        ran = run_retrylib("run", str(job[0]), env=env)
+        assert_one_error_line(ran.returncode, ran.stderr, "job 'clitest': SPARK_REMOTE=sc://")
     assert status.returncode == 0, status.stderr[-3000:]
     dead = json.loads(status.stdout)["dead_letters"]
-    assert (dead["exists"], dead["total"]) == (True, 7)
+    assert (dead["exists"], dead["total"]) == (True, 8)
     assert redriven.returncode == 0, redriven.stderr[-3000:]
     report = json.loads(redriven.stdout)
     assert (report["sent"], [row["id"] for row in report["selected"]]) == (1, [chosen])
-    assert len(copies_in_topic(bootstrap_servers, job[1], "stop-3")) == 2
+    assert len(copies_in_topic(bootstrap_servers, job[1], f"stop-{index}")) == 2
     row = next(r for r in dead_letters(job) if r["id"] == chosen)
     assert row["redriven_at"] is not None and row["redrive_topic"] == job[1]
     outputs = status.stdout + status.stderr + redriven.stdout + redriven.stderr
