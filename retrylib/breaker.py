@@ -111,6 +111,7 @@ class Breaker:
 def write_state(path: Path, state: BreakerState) -> None:
     """Replace the state file at `path` in one step (the source may read it at any time)."""
     draft = path.with_name(path.name + ".tmp")
+    draft.parent.mkdir(parents=True, exist_ok=True)  # on a Spark Connect server, made here
     draft.write_text(json.dumps(state.__dict__))
     os.replace(draft, path)
 

@@ -38,6 +38,7 @@ from retrylib.delta.table_ref import is_uri
 from retrylib.errors import DamagedFile, RetrylibError
 from retrylib.kafka.main_reader import READERS, main_reader
 from retrylib.kafka.offsets import PartitionKey
+from retrylib.spark.connect import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -55,7 +56,15 @@ def _is_local(uri: str) -> bool:
 
 
 def _hadoop(spark: SparkSession, uri: str) -> tuple[Any, Any]:
-    """The Hadoop FileSystem holding `uri`, and `uri` as a Hadoop Path."""
+    """The Hadoop FileSystem holding `uri`, and `uri` as a Hadoop Path.
+
+    Raises `RetrylibError` for a Spark Connect session, which has no JVM on this side."""
+    if is_connect(spark):
+        raise RetrylibError(
+            f"{uri}: through Spark Connect the checkpoint (job.checkpoint) must be a path of a "
+            "file system the client and the server share, such as /Volumes/... on Databricks: "
+            "a URI needs Hadoop's FileSystem, which a Spark Connect client cannot reach"
+        )
     jvm = spark.sparkContext._jvm
     path = jvm.org.apache.hadoop.fs.Path(uri)
     return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path

@@ -54,9 +54,11 @@ from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStream
 from retrylib.key_order_store import KeyOrderStore
 from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
 from retrylib.metrics import MetricsRecorder
+from retrylib.progress_watch import follow_progress
 from retrylib.retry.outcomes import Count
-from retrylib.router import BatchResult, BatchRouter
-from retrylib.spark.session import build_spark_session, connect_server
+from retrylib.router import BatchFunction, BatchResult, BatchRouter, task_error
+from retrylib.spark.connect import default_parallelism, is_connect
+from retrylib.spark.session import build_spark_session
 from retrylib.spark.shipping import ship_code
 from retrylib.spark.signals import stop_requests
 from retrylib.task import TaskPlan, run_task
@@ -73,8 +75,12 @@ def builtin_kafka_available(spark: SparkSession) -> bool:
     """True when Spark's own Kafka connector is on the classpath (Databricks, EMR, --packages).
 
     Asks Spark to resolve the "kafka" format as a query would: jars added with `--jars` are
-    loaded by Spark's class loader, which a plain `Class.forName` from Py4J does not see.
+    loaded by Spark's class loader, which a plain `Class.forName` from Py4J does not see. A
+    Spark Connect client asks the server for the schema of a Kafka stream (no broker is
+    asked: the schema is fixed).
     """
+    if is_connect(spark):
+        return _kafka_format_resolves(spark)
     jvm = spark.sparkContext._jvm
     try:
         found = jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
@@ -83,6 +89,22 @@ def builtin_kafka_available(spark: SparkSession) -> bool:
     except Exception:
         return False
     return found.getName() == _BUILTIN_KAFKA
+
+
+def _kafka_format_resolves(spark: SparkSession) -> bool:
+    from pyspark.errors import PySparkException
+
+    kafka = (
+        spark.readStream.format("kafka")
+        .option("subscribe", "retrylib-probe")
+        .option("kafka.bootstrap.servers", "localhost:9")
+    )
+    try:
+        return bool(kafka.load().schema)
+    except PySparkException as error:
+        if error.getCondition() == "DATA_SOURCE_NOT_FOUND":
+            return False
+        raise
 
 
 TIER_CLOCK_ALLOWANCE_MS = 300_000
@@ -259,6 +281,7 @@ def source_frame(
     spark: SparkSession,
     config: Config,
     reader: str,
+    range_groups: int,
     available_now_offsets: Offsets | None = None,
     breaker_file: Path | None = None,
     key_state_file: Path | None = None,
@@ -270,6 +293,7 @@ def source_frame(
     themselves: records skip the JVM, and `maxOffsetsPerTrigger` bounds a batch, retries
     included. "builtin": the main topics come from Spark's Kafka connector as records, in a
     union with one `retrylib_kafka` source for the tiers, emitting records too.
+    `range_groups`: the input partitions of the python reader, one per executor core.
     `available_now_offsets` holds the `retrylib_kafka` source to them (an availableNow run
     on Spark 4.0/4.1); `breaker_file` holds its main topics while the breaker is open;
     `key_state_file` (`retry.key_ordered`) has it plan key groups with those queues.
@@ -288,7 +312,7 @@ def source_frame(
         **_every_topic(config),
         "retrylib.emit": "ranges",
         # One input partition per core: Spark pays a Python round trip per input partition.
-        "retrylib.rangeGroups": str(spark.sparkContext.defaultParallelism),
+        "retrylib.rangeGroups": str(range_groups),
     }
     if breaker_file is not None:
         every_topic["retrylib.breakerFile"] = str(breaker_file)
@@ -458,45 +482,127 @@ def _start_prepared(
     reader = checkpoint.main_reader(
         spark, config.kafka.source, partial(builtin_kafka_available, spark)
     )
-    partitions = prepared.partitions
     output, dead_letter = _prepare_tables(spark, config)
-    app_id = checkpoint.app_id(spark, config.job.name)
+    # The source's planner reads these on the Spark driver: local files, fresh for each run.
+    state_dir = Path(tempfile.mkdtemp(prefix=f"retrylib-{config.job.name}-"))
+    parts = RouterParts(
+        config=config,
+        partitions=prepared.partitions,
+        app_id=checkpoint.app_id(spark, config.job.name),
+        signing_key=checkpoint.signing_key(spark),
+        output=output,
+        dead_letter=dead_letter,
+        units=default_parallelism(spark),
+        breaker_file=state_dir / "breaker.json" if config.breaker is not None else None,
+        key_state_file=state_dir / "key_order.json" if config.retry.key_ordered else None,
+    )
+    router = make_router(parts, spark, on_result=on_result, lease=prepared.lease)
+    connect = is_connect(spark)
+    if connect:
+        if on_result is not None:
+            raise RetrylibError(
+                "on_result is called in the process that runs the batches, which a Spark "
+                "Connect server runs: read the query's progress or the metrics table instead"
+            )
+    else:
+        router.read_tables_ahead(spark)
+    # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
+    # back-to-back triggers instead, the tier source held to the target, until it is reached.
+    target = None
+    if available_now and not ENGINE_LIMITS_PYTHON_SOURCES:
+        target = available_now_target(config)
+        log.info("availableNow on Spark %s: up to %s", spark.version, offsets_to_json(target))
+    source = source_frame(
+        spark, config, reader, parts.units, target, parts.breaker_file, parts.key_state_file
+    )
+    writer = (
+        router.routed(source)
+        .writeStream.queryName(config.job.name)
+        .option("checkpointLocation", checkpoint.spark)
+        # A Spark Connect server pickles the function and runs it in a Python process of its
+        # own, which builds its own router (its Kafka clients, threads, hooks) from the parts.
+        .foreachBatch(BatchFunction(partial(make_router, parts)) if connect else router)
+    )
+    if target is not None:
+        writer = writer.trigger(processingTime="0 seconds")
+    elif available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{config.job.trigger_ms} milliseconds")
+    query = writer.start()
+    if connect:
+        follow_progress(query, router)
+    if target is not None:
+        threading.Thread(
+            target=_stop_at_target,
+            args=(query, router, target),
+            name=f"retrylib-available-now-{config.job.name}",
+            daemon=True,
+        ).start()
+    return query, router
+
+
+@dataclass(frozen=True)
+class RouterParts:
+    """What a job's `BatchRouter` is built from once the topics, tables and checkpoint are
+    ready: plain values, which a Spark Connect server unpickles to build its own."""
+
+    config: Config
+    partitions: dict[str, int]  # of every retry, dead-letter and control topic
+    app_id: str
+    signing_key: bytes
+    output: TableRef | None
+    dead_letter: TableRef | None
+    units: int  # the routing tasks of a batch, one per executor core
+    breaker_file: Path | None
+    key_state_file: Path | None
+
+
+def make_router(
+    parts: RouterParts,
+    spark: SparkSession,
+    *,
+    on_result: Callable[[BatchResult], None] | None = None,
+    lease: RunnerLease | None = None,
+) -> BatchRouter:
+    """The job's `BatchRouter`, with its breaker, key queues, metrics, record limits and
+    compaction, for batches run through `spark`; `lease` is released by its `close()`."""
+    config, checkpoint = parts.config, Checkpoint(parts.config.job.checkpoint)
     breaker = None
-    if config.breaker is not None:
-        # The source's planner reads it on this node: a local file, fresh for each run.
-        state_dir = Path(tempfile.mkdtemp(prefix=f"retrylib-{config.job.name}-breaker-"))
+    if parts.breaker_file is not None and config.breaker is not None:
         breaker = Breaker(
             config.breaker,
-            state_dir / "state.json",
+            parts.breaker_file,
             on_change=partial(_publish_breaker, spark, checkpoint.breaker),
         )
     key_order = None
-    if config.retry.key_ordered:
-        key_order = KeyOrderStore(checkpoint.key_order, config.job.name)
+    if parts.key_state_file is not None:
+        key_order = KeyOrderStore(checkpoint.key_order, parts.key_state_file)
         key_order.load(spark)
-    metrics = MetricsRecorder(config, app_id, forward=on_result, breaker=breaker)
+    metrics = MetricsRecorder(config, parts.app_id, forward=on_result, breaker=breaker)
     metrics.prepare(spark)
-    limits, producer_options = record_limits(config, partitions)
+    limits, producer_options = record_limits(config, parts.partitions)
     compactor = None
+    output, dead_letter = parts.output, parts.dead_letter
     if output is not None and config.output.optimize_every_ms is not None:
         tables = [("output", output), ("dead-letter", dead_letter)]
         if config.metrics.table_ref() is not None:
             tables.append(("metrics", config.metrics.table_ref()))
         compactor = Compactor(checkpoint.compaction, config.output.optimize_every_ms, tables)
-    signing_key = checkpoint.signing_key(spark)
-    router = BatchRouter(
-        task_plan(config, partitions, signing_key),
+    return BatchRouter(
+        task_plan(config, parts.partitions, parts.signing_key),
         checkpoint=checkpoint,
-        app_id=app_id,
+        app_id=parts.app_id,
         kafka_options=producer_options,
         bootstrap_servers=config.kafka.bootstrap_servers,
-        signing_key=signing_key,
+        signing_key=parts.signing_key,
         reader_options=config.kafka.client_options(),
         secret_options=tuple(config.secret_options()),
         output_table=output,
         evolve_output=output is not None and config.output.schema_evolution,
         dead_letter_table=dead_letter,
         record_limits=limits,
+        units=parts.units,
         on_result=(
             metrics.on_result
             if breaker is None
@@ -509,44 +615,8 @@ def _start_prepared(
         task=run_task if config.delay_router is None else run_forwarding_task,
         key_order=key_order,
         later_tables=tuple(filter(None, [config.metrics.table_ref()])),
-        lease=prepared.lease,
+        lease=lease,
     )
-    router.read_tables_ahead(spark)
-    # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
-    # back-to-back triggers instead, the tier source held to the target, until it is reached.
-    target = None
-    if available_now and not ENGINE_LIMITS_PYTHON_SOURCES:
-        target = available_now_target(config)
-        log.info("availableNow on Spark %s: up to %s", spark.version, offsets_to_json(target))
-    source = source_frame(
-        spark,
-        config,
-        reader,
-        target,
-        breaker.state_file if breaker else None,
-        key_order.state_file if key_order else None,
-    )
-    writer = (
-        router.routed(source)
-        .writeStream.queryName(config.job.name)
-        .option("checkpointLocation", checkpoint.spark)
-        .foreachBatch(router)
-    )
-    if target is not None:
-        writer = writer.trigger(processingTime="0 seconds")
-    elif available_now:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=f"{config.job.trigger_ms} milliseconds")
-    query = writer.start()
-    if target is not None:
-        threading.Thread(
-            target=_stop_at_target,
-            args=(query, router, target),
-            name=f"retrylib-available-now-{config.job.name}",
-            daemon=True,
-        ).start()
-    return query, router
 
 
 def _release_taken(preparing: Future[Prepared]) -> None:
@@ -666,15 +736,6 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
     checkpoint (at start, or when it took the lease over while the brokers did not hear
     from this one).
     """
-    remote = connect_server()
-    if remote:
-        # The batch's commit (BatchRouter) runs in this process and keeps state across
-        # batches; a Spark Connect server would run it in a Python worker of its own.
-        raise RetrylibError(
-            f"job {config.job.name!r}: SPARK_REMOTE={remote} asks for Spark Connect, which "
-            "`retrylib run` does not run through yet (status, redrive and check do): unset "
-            "SPARK_REMOTE and run the job with spark-submit or on a dedicated cluster"
-        )
     redact_secrets(config_secrets(config))
     # Topics and lease are made ready while Spark starts: a group's first rebalance waits
     # for the broker's group.initial.rebalance.delay.ms (3 s by default).
@@ -698,7 +759,9 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
                     query.isActive and not stop_requested.is_set() and not lease.taken_over.is_set()
                 ):
                     query.awaitTermination(0.5)
-            except Exception:  # the query failed: Spark's wrapping of what failed the batch
+            except Exception as error:  # the query failed: Spark's wrapping of what failed it
+                if router.failure is None and is_connect(spark):  # the server ran the batch
+                    router.failure = task_error(error)
                 if router.failure is None:
                     raise
             if router.failure is not None:

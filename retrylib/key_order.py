@@ -213,5 +213,6 @@ def write_queues(path: Path, document: dict) -> None:
     """Replace the local file at `path` with `document` in one step: the source's planner
     may read it at any time."""
     draft = path.with_name(path.name + ".tmp")
+    draft.parent.mkdir(parents=True, exist_ok=True)  # on a Spark Connect server, made here
     draft.write_text(json.dumps(document, separators=(",", ":")))
     os.replace(draft, path)

@@ -12,7 +12,6 @@ as the first run would.
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,10 @@ log = logging.getLogger(__name__)
 class KeyOrderStore:
     """The queues in checkpoint folder `folder`, mirrored to `state_file` for the planner."""
 
-    def __init__(self, folder: str, job_name: str) -> None:
+    def __init__(self, folder: str, state_file: Path) -> None:
+        """`state_file`: a local file on the node of the source's planner (Spark's driver)."""
         self.folder = folder
-        # The planner reads it on this node: a local file, fresh for each run.
-        local = Path(tempfile.mkdtemp(prefix=f"retrylib-{job_name}-key-order-"))
-        self.state_file = local / "queues.json"
+        self.state_file = state_file
         self.queues: dict[KeyId, Queue] = {}
         self.batch_id: int | None = None
 

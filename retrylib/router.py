@@ -83,6 +83,7 @@ from retrylib.observed import (
 from retrylib.produce_units import ProducePlan, produce_units
 from retrylib.results import placed, result_struct
 from retrylib.retry.outcomes import Count
+from retrylib.spark.connect import is_connect, set_job_property
 from retrylib.table_checks import TableState, last_appends, manifest_tables, mismatch
 from retrylib.task import TaskPlan, run_task
 
@@ -95,10 +96,11 @@ Task = Callable[[Any, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 _WORKER_DIED = "Python worker exited unexpectedly"
 _COUNTED_KINDS = ("output", "dead_letter", "staged", "key_state")
 """The kinds of result rows (`results`) a manifest counts: what the batch's effects write."""
-_BATCH_PROPERTY = "retrylib.batch"
+_BATCH_PROPERTY = "spark.retrylib.batch"
+"""The Spark local property that carries a batch's id, clock and record limits to its tasks
+(`set_job_property`: its name starts with "spark." for Spark Connect)."""
 _DECISIONS = "retrylib_decisions"
 """The name of the `Observation` of a batch's decisions (`_run_tasks`)."""
-"""The Spark local property that carries a batch's id, clock and record limits to its tasks."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class BatchRouter:
         output_table: TableRef | None,
         dead_letter_table: TableRef | None,
         record_limits: RecordLimits,
+        units: int,
         signing_key: bytes,
         reader_options: Mapping[str, str],
         secret_options: tuple[str, ...] = (),
@@ -146,6 +149,7 @@ class BatchRouter:
     ) -> None:
         """`kafka_options`: the Kafka options of the executors' producers; `reader_options`
         those of the consumers that read the control topic;
+        `units`: the routing tasks of a batch (`routed`), each a produce unit;
         `signing_key` signs the produce markers (the checkpoint's);
         `hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`), each
         call waited for at most `hook_timeout_s`;
@@ -187,7 +191,7 @@ class BatchRouter:
             app_id=app_id,
             secret_options=secret_options,
         )
-        self._units = 1
+        self._units = units
         self._on_result = on_result
         self.failure: RetrylibError | None = None
         """The error that failed the last batch when retrylib detected it itself (a table it
@@ -203,15 +207,13 @@ class BatchRouter:
         """The id of the last batch that did all its work in this run."""
 
     def routed(self, source: DataFrame) -> DataFrame:
-        """The streaming query's frame: `source` routed by this router's tasks, one per
-        executor core, their result rows observed as `observed` describes."""
+        """The streaming query's frame: `source` routed by this router's tasks, `units` of
+        them, their result rows observed as `observed` describes."""
         # One task per executor core rather than one per Kafka range: a small batch (retries
         # trickling in over many partitions) then costs a few task start-ups, not dozens.
         # (coalesce never adds partitions, so a batch with fewer ranges is left as it is.)
-        slots = max(1, source.sparkSession.sparkContext.defaultParallelism)
-        self._units = slots  # the routing tasks' partitions, each a produce unit
         template = self._template
-        results = source.coalesce(slots).mapInArrow(
+        results = source.coalesce(self._units).mapInArrow(
             partial(_batch_task, self._task, template), result_struct(template.output_schema)
         )
         return results.observe(OBSERVATION, *observed_columns(OBSERVED_COUNTERS, self._tiers))
@@ -234,7 +236,9 @@ class BatchRouter:
         if manifest is None:
             # The tables are read while the handler runs; the decisions are claimed after.
             routed, _ = _all_at_once(
-                partial(self._route, df, batch_id), partial(self._read_tables, spark, batch_id)
+                spark,
+                partial(self._route, df, batch_id),
+                partial(self._read_tables, spark, batch_id),
             )
             manifest = claim_json(spark, manifest_uri, routed)
             replayed = manifest is not routed
@@ -267,7 +271,7 @@ class BatchRouter:
         (`_check_tables_agree`). Cold, that read costs seconds of Spark jobs per table, and the
         first batch would wait for it: started before the query, the query's own start
         overlaps it."""
-        self._tables_read = _Started(partial(self._committed_batches, spark))
+        self._tables_read = _Started(spark, partial(self._committed_batches, spark))
 
     def _committed_batches(self, spark: SparkSession) -> list[TableState]:
         """The output and dead-letter tables the batch appends to, each with the last batch
@@ -376,7 +380,7 @@ class BatchRouter:
         # at once: a batch then waits for the slowest (a Delta append, whose idempotent-write
         # check rebuilds the table's state) instead of for their sum.
         (produced, opened), output_committed, dead_committed = _all_at_once(
-            produce, append_output, append_dead_letters
+            spark, produce, append_output, append_dead_letters
         )
         counters = Counter(manifest["counters"])
         if opened:
@@ -490,6 +494,25 @@ class BatchRouter:
             self.lease.release()
 
 
+class BatchFunction:
+    """The `foreachBatch` function of a Spark Connect client's query.
+
+    The server pickles it and calls it in a Python process of its own for the life of the
+    query. It builds the job's `BatchRouter` there, on the first batch, with `build` (given
+    that process's session), so the router's Kafka clients, threads and hooks belong to the
+    process that runs the batches.
+    """
+
+    def __init__(self, build: Callable[[SparkSession], BatchRouter]) -> None:
+        self._build = build
+        self._router: BatchRouter | None = None
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        if self._router is None:
+            self._router = self._build(df.sparkSession)
+        self._router(df, batch_id)
+
+
 def _run_tasks(
     df: DataFrame, plan: Plan, staging: str, decisions: list[Column], *, isolate: bool = False
 ) -> dict[str, Any]:
@@ -506,8 +529,8 @@ def _run_tasks(
     responsible fails alone, as a `HandlerCrashed` attempt, instead of failing every
     replay of the batch.
     """
-    context = df.sparkSession.sparkContext
-    context.setLocalProperty(_BATCH_PROPERTY, _batch_property(plan, isolate))
+    spark = df.sparkSession
+    set_job_property(spark, _BATCH_PROPERTY, _batch_property(plan, isolate))
     observed = Observation(_DECISIONS)  # one per write: an Observation is filled once
     try:
         df.observe(observed, *decisions).write.mode("overwrite").parquet(staging)
@@ -516,7 +539,7 @@ def _run_tasks(
         if isolate or plan.isolated() is None or _WORKER_DIED not in str(error):
             raise
     finally:
-        context.setLocalProperty(_BATCH_PROPERTY, None)
+        set_job_property(spark, _BATCH_PROPERTY, None)
     log.warning(
         "batch %d: a Python worker died while handling records; running the batch again "
         "with each handler call in its own process",
@@ -541,11 +564,11 @@ def _manifest_in_flight(spark: SparkSession, uri: str, batch_id: int) -> dict[st
         ) from error
 
 
-def _all_at_once(*calls: Callable[[], Any]) -> list[Any]:
+def _all_at_once(spark: SparkSession | None, *calls: Callable[[], Any]) -> list[Any]:
     """Run `calls` at once, the first in this thread and each other in a thread of its own
     (`_Started`); returns their results in order once all have ended. When calls fail, the
     first one's error (in the order given) is raised, after every call has ended."""
-    started = [_Started(call) for call in calls[1:]]
+    started = [_Started(spark, call) for call in calls[1:]]
     try:
         first = calls[0]()
     finally:
@@ -558,13 +581,15 @@ class _Started:
     """A call running in a thread of its own, started at once.
 
     The thread carries the starting thread's Spark local properties (inside a batch, the
-    streaming query's job group), so stopping the query cancels its jobs too.
+    streaming query's job group), so stopping the query cancels its jobs too; in a Spark
+    Connect session, `spark`'s tags.
     """
 
-    def __init__(self, call: Callable[[], Any]) -> None:
+    def __init__(self, spark: SparkSession | None, call: Callable[[], Any]) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
-        self._thread = InheritableThread(self._run, args=(call,))
+        session = spark if is_connect(spark) else None
+        self._thread = InheritableThread(self._run, args=(call,), session=session)
         self._thread.start()
 
     def _run(self, call: Callable[[], Any]) -> None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from retrylib.delta.table_ref import TableRef
 from retrylib.errors import RetrylibError
+from retrylib.spark.connect import is_connect
 
 if TYPE_CHECKING:
     from delta.tables import DeltaTable
@@ -291,7 +292,7 @@ def append_once(
     )
     if evolve:
         writer = writer.option("mergeSchema", "true")
-    if _is_connect(spark):
+    if is_connect(spark):
         # No JVM to read the txn map through: the commit is told by its mark.
         before_version = _newest_version(spark, target)
         _save(writer, target)
@@ -347,14 +348,9 @@ def committed_version(spark: SparkSession, ref: TableRef, app_id: str) -> int | 
     if not table_exists(spark, ref):
         return None
     target = ref.resolved()
-    if _is_connect(spark):
+    if is_connect(spark):
         return _last_marked_batch(spark, target, app_id)
     return _txn_version(_latest_snapshot(spark, target), app_id)
-
-
-def _is_connect(spark: SparkSession) -> bool:
-    """Whether `spark` is a Spark Connect session (no JVM on this side)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def _history(spark: SparkSession, target: TableRef, limit: int | None = None) -> DataFrame:

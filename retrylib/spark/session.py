@@ -49,16 +49,21 @@ def build_spark_session(
     remote = connect_server()
     if master and not remote:
         builder = builder.master(master)
-    settings = {**_QUIET_DEFAULTS}
-    if not runs_on_cluster_spark() and not (remote and remote.startswith("sc://")):
+    settings = {**_QUIET_DEFAULTS, **dict(extra or {})}
+    server = remote is not None and remote.startswith("sc://")
+    if not runs_on_cluster_spark() and not server:
         settings["spark.jars"] = ",".join(str(jar) for jar in spark_jars())
         settings.update(DELTA_SQL_CONF)
         # Delta rebuilds a table's state (to read its app transactions) in this many tasks;
         # its default of 50 is sized for clusters and costs local runs a second per append.
         settings["spark.databricks.delta.snapshotPartitions"] = "2"
-    for key, value in {**settings, **dict(extra or {})}.items():
+    for key, value in ({} if server else settings).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if server:  # a running server takes only the settings a session may change
+        for key, value in settings.items():
+            if spark.conf.isModifiable(key):
+                spark.conf.set(key, value)
     if not remote:  # a Connect server's log level is its own
         spark.sparkContext.setLogLevel("WARN")
     from retrylib.kafka.tier_source import KafkaDataSource

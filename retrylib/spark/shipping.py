@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 
 from retrylib.config.model import RECORD_HOOKS, Config
 from retrylib.errors import ConfigError
+from retrylib.spark.connect import is_connect
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,20 @@ def _ship(spark: SparkSession, source: Path) -> None:
     if "site-packages" in source.parts:
         return
     if source.is_file():
-        spark.sparkContext.addPyFile(str(source))
+        _add_py_file(spark, source)
     else:
         bundle = Path(tempfile.mkdtemp(prefix="retrylib-code-")) / f"{source.name}.zip"
         with zipfile.ZipFile(bundle, "w") as archive:
             for path in sorted(source.rglob("*.py")):
                 archive.write(path, path.relative_to(source.parent))
-        spark.sparkContext.addPyFile(str(bundle))
+        _add_py_file(spark, bundle)
     log.info("shipped %s to the executors", source)
+
+
+def _add_py_file(spark: SparkSession, path: Path) -> None:
+    """Put `path` on the Python path of every executor: a Spark Connect client uploads it to
+    its server as an artifact of the session."""
+    if is_connect(spark):
+        spark.addArtifacts(str(path), pyfile=True)
+    else:
+        spark.sparkContext.addPyFile(str(path))
