@@ -52,7 +52,12 @@ from retrylib.kafka.source_options import (
 )
 from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
 from retrylib.key_order_store import KeyOrderStore
-from retrylib.logs import config_secrets, redact_secrets, spark_log_conf
+from retrylib.logs import (
+    config_secrets,
+    configure_worker_logging,
+    redact_secrets,
+    spark_log_conf,
+)
 from retrylib.metrics import MetricsRecorder
 from retrylib.progress_watch import follow_progress
 from retrylib.retry.outcomes import Count
@@ -521,7 +526,7 @@ def _start_prepared(
         .option("checkpointLocation", checkpoint.spark)
         # A Spark Connect server pickles the function and runs it in a Python process of its
         # own, which builds its own router (its Kafka clients, threads, hooks) from the parts.
-        .foreachBatch(BatchFunction(partial(make_router, parts)) if connect else router)
+        .foreachBatch(BatchFunction(partial(_router_on_server, parts)) if connect else router)
     )
     if target is not None:
         writer = writer.trigger(processingTime="0 seconds")
@@ -556,6 +561,14 @@ class RouterParts:
     units: int  # the routing tasks of a batch, one per executor core
     breaker_file: Path | None
     key_state_file: Path | None
+
+
+def _router_on_server(parts: RouterParts, spark: SparkSession) -> BatchRouter:
+    """`make_router` in the Python process a Spark Connect server runs the batches in: its
+    log lines go to that process's stderr (the server's log), the config's secrets masked."""
+    configure_worker_logging()
+    redact_secrets(config_secrets(parts.config))
+    return make_router(parts, spark)
 
 
 def make_router(
@@ -717,13 +730,13 @@ def stop_gracefully(
         log.info("stopped after %s; the next start goes on from there", done)
 
 
-def _recorded_done(query: StreamingQuery, batch_id: int | None) -> bool:
+def _recorded_done(query: StreamingQuery, batch_id: int) -> bool:
     """Whether Spark has recorded batch `batch_id` as done (its progress is reported after
     its commit log is written), or `query` is no longer running."""
     if not query.isActive:
         return True
     progress = query.lastProgress
-    return progress is not None and progress.batchId >= (batch_id or 0)
+    return progress is not None and progress.batchId >= batch_id
 
 
 def run(config: Config, *, available_now: bool = False, master: str | None = None) -> int:

@@ -44,6 +44,7 @@ def _follow(query: StreamingQuery, router: BatchRouter) -> None:
             log.debug("reading the query's progress failed: %s", error)
             return
         if finished is not None and finished != router.last_finished:
+            log.info("batch %d done on the Spark Connect server", finished)
             router.last_finished = finished
             router.batch_finished.set()
         if not active:

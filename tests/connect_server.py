@@ -17,15 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from retrylib.kafka.broker import free_port
 from retrylib.spark.jars import DELTA_SQL_CONF, spark_jars
 
 _SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ConnectServer:
@@ -33,7 +28,7 @@ class ConnectServer:
     `SPARK_REMOTE` of its clients."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"sc://127.0.0.1:{self.port}"
         self.log_path = workdir / "connect-server.log"
         self._workdir = workdir
@@ -86,6 +81,13 @@ class ConnectServer:
                 return True
         except OSError:
             return False
+
+    def kill(self) -> None:
+        """End the server at once (SIGKILL), as a machine's crash would: its Python workers
+        go with it when their connection to it closes."""
+        assert self._process is not None
+        self._process.kill()
+        self._process.wait()
 
     def stop(self) -> None:
         if self._process is None or self._process.poll() is not None:

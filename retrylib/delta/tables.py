@@ -371,19 +371,32 @@ def _last_marked_batch(spark: SparkSession, target: TableRef, app_id: str) -> in
     first and at the whole history only when they hold none."""
     from pyspark.sql import functions as F
 
-    for limit in (_RECENT_COMMITS, None):
-        history = _history(spark, target, limit)
-        marked = (
-            history.where(F.get_json_object("userMetadata", "$.retrylib_app") == app_id)
-            .orderBy(F.col("version").desc())
-            .select(F.get_json_object("userMetadata", "$.batch").cast("long"))
-            .first()
-        )
-        if marked is not None:
-            return int(marked[0])
-        if limit is not None and history.count() < limit:
-            return None
-    return None
+    recent = _history(spark, target, _RECENT_COMMITS).select("version", "userMetadata").collect()
+    recent.sort(key=lambda row: row.version, reverse=True)
+    batches = [_marked_batch(row.userMetadata, app_id) for row in recent]
+    found = next((batch for batch in batches if batch is not None), None)
+    if found is not None or len(recent) < _RECENT_COMMITS:
+        return found
+    marked = (
+        _history(spark, target)
+        .where(F.get_json_object("userMetadata", "$.retrylib_app") == app_id)
+        .orderBy(F.col("version").desc())
+        .select(F.get_json_object("userMetadata", "$.batch").cast("long"))
+        .first()
+    )
+    return None if marked is None else int(marked[0])
+
+
+def _marked_batch(user_metadata: str | None, app_id: str) -> int | None:
+    """The batch a commit's `userMetadata` marks as written by `app_id` (`commit_mark`)."""
+    try:
+        mark = json.loads(user_metadata or "")
+    except ValueError:
+        return None
+    if not isinstance(mark, dict) or mark.get("retrylib_app") != app_id:
+        return None
+    batch = mark.get("batch")
+    return batch if isinstance(batch, int) else None
 
 
 def _latest_snapshot(spark: SparkSession, target: TableRef) -> Any:

@@ -58,7 +58,8 @@ _KEYSTORE_PASSWORD = "embedded-broker"  # guards nothing: a throwaway test key
 _JVM_OPTIONS = ["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port no one listens on at `host` now."""
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -104,11 +105,11 @@ class EmbeddedBroker:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="retrylib-broker-"))
         self.host = host
-        self.port = port or _free_port(host)
-        self.controller_port = _free_port(host)
+        self.port = port or free_port(host)
+        self.controller_port = free_port(host)
         self.sasl_users = dict(sasl_users or {})
-        self.sasl_port = _free_port(host) if self.sasl_users else None
-        self.sasl_ssl_port = _free_port(host) if self.sasl_users else None
+        self.sasl_port = free_port(host) if self.sasl_users else None
+        self.sasl_ssl_port = free_port(host) if self.sasl_users else None
         self.ca_file = self.data_dir / "ca.pem"
         self.log_path = self.data_dir / "broker.log"
         self._process: subprocess.Popen[bytes] | None = None

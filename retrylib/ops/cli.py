@@ -274,12 +274,16 @@ def _redrive(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _stops_new_spark() -> Iterator[None]:
     """Stop the SparkSession the block started (status, redrive and check --tables read
-    tables through one), and only that: a session running before it is left as it was.
+    tables through one), and only that: a session running before it (a classic one, or a
+    Spark Connect one such as a Databricks notebook's) is left as it was.
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    ran_before = SparkContext._active_spark_context is not None
+    ran_before = (
+        SparkContext._active_spark_context is not None
+        or SparkSession.getActiveSession() is not None
+    )
     try:
         yield
     finally:

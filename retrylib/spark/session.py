@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from retrylib.spark.connect import is_connect
 from retrylib.spark.jars import DELTA_SQL_CONF, runs_on_cluster_spark, spark_jars
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def build_spark_session(
         for key, value in settings.items():
             if spark.conf.isModifiable(key):
                 spark.conf.set(key, value)
-    if not remote:  # a Connect server's log level is its own
+    if not is_connect(spark):  # a Connect server's log level is its own
         spark.sparkContext.setLogLevel("WARN")
     from retrylib.kafka.tier_source import KafkaDataSource
 
@@ -77,10 +78,9 @@ def tool_session(app_name: str) -> SparkSession:
 
     The running one when this process has one (a notebook, a test, a caller's job), with
     its settings untouched. Else a new one: under spark-submit or a cluster's Spark with the
-    master that launched it, a client of the Spark Connect server `SPARK_REMOTE` names; on a
-    PyPI pyspark `local[1]` without the UI, since one core
-    starts fastest and these reads are small. Raises `JarsError` when Delta's jars are
-    needed and cannot be resolved.
+    master that launched it; a client of the Spark Connect server `SPARK_REMOTE` names; on
+    a PyPI pyspark `local[1]` without the UI, since one core starts fastest and these reads
+    are small. Raises `JarsError` when Delta's jars are needed and cannot be resolved.
     """
     from retrylib.logs import spark_log_conf
 

@@ -31,6 +31,8 @@ from typing import Any
 from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
+from retrylib.spark.connect import is_connect
+
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -90,11 +92,9 @@ def stop_requests(spark: SparkSession) -> Iterator[threading.Event]:
 def _install_jvm_handlers(
     spark: SparkSession, request: Callable[[str], None]
 ) -> list[_JvmSignalHandler]:
-    try:
-        context = spark.sparkContext
-    except Exception:  # Spark Connect: no driver JVM in reach
-        log.warning("no driver JVM in reach: only signals to this process stop the job")
+    if is_connect(spark):  # the server's JVM is no child of this process: nothing to catch
         return []
+    context = spark.sparkContext
     jvm = context._jvm
     command = str(jvm.java.lang.System.getProperty("sun.java.command") or "")
     if not command.startswith(_LAUNCHER_MAIN_CLASSES):

@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 from delta.tables import DeltaTable
 from helpers import (
-    assert_one_error_line,
     read_table,
     read_topic,
     run_cli,
@@ -447,8 +446,7 @@ def test_check_tables_names_column_differences(
 def test_status_and_redrive_as_a_process_of_their_own(job, bootstrap_servers, through, request):
     """`retrylib status`, `redrive` and `check --tables` as a user runs them: each process
     starts its own Spark (local[1]), or is a client of a Spark Connect server
-    (`SPARK_REMOTE`), to read the tables; stdout carries only the JSON. Through Spark Connect
-    `retrylib run` says in one line that it does not run there yet.
+    (`SPARK_REMOTE`), to read the tables; stdout carries only the JSON.
     """
     index = 3 if through == "classic" else 4
     chosen = dead_letter_ids(job, "stop-")[index]
@@ -463,9 +461,6 @@ def test_status_and_redrive_as_a_process_of_their_own(job, bootstrap_servers, th
     assert checked.returncode == 0, checked.stderr[-3000:]
     dead_letter_table = config_of(job).dead_letter.table
     assert f"ok: dead_letter.table: Delta table {dead_letter_table}" in checked.stdout
-    if through == "connect":  # the job itself does not run through Spark Connect yet
-        ran = run_retrylib("run", str(job[0]), env=env)
-        assert_one_error_line(ran.returncode, ran.stderr, "job 'clitest': SPARK_REMOTE=sc://")
     assert status.returncode == 0, status.stderr[-3000:]
     dead = json.loads(status.stdout)["dead_letters"]
     assert (dead["exists"], dead["total"]) == (True, 8)

@@ -6,10 +6,14 @@ its cluster share /Volumes.
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import pytest
-from helpers import produce, read_table, run_retrylib
+from connect_server import ConnectServer
+from helpers import produce, read_table, run_retrylib, running_job, wait_for
+from test_entrypoints import child_env
 
 
 @pytest.mark.every_spark
@@ -34,3 +38,43 @@ def test_a_job_routes_retries_and_dead_letters_through_spark_connect(
     )
     dead = read_table(config.dead_letter.table).to_pylist()
     assert [(row["key"], row["error_class"]) for row in dead] == [(b"bad-b", "builtins.ValueError")]
+
+
+def test_a_job_whose_client_or_server_is_killed_writes_each_record_once(
+    bootstrap_servers, make_topic, write_config, tmp_path
+):
+    """SIGKILL the client mid-run: its query runs on in the server, and the client started
+    again takes the job over (the lease, then Spark stops the earlier run of the query).
+    Then kill the server mid-run: a new server and client finish the job. Every record is
+    in the output once."""
+    topic = make_topic("connectcrash", partitions=2)
+    keys = [f"ok-{i}" for i in range(240)]
+    produce(bootstrap_servers, topic, [(key, "v") for key in keys])
+    config = write_config([topic], name="connectcrash", kafka={"max_offsets_per_trigger": 20})
+    command = [sys.executable, "-m", "retrylib", "run", config.source_path]
+
+    def written() -> int:
+        return read_table(config.output.table).num_rows if Path(config.output.table).exists() else 0
+
+    server = ConnectServer(tmp_path).start()
+    try:
+        env = {**child_env(), "SPARK_REMOTE": server.url}
+        with running_job(command, env, tmp_path / "client-1.log") as client:
+            wait_for(client, lambda: written() > 0, timeout=180)
+            client.kill()
+        with running_job(command, env, tmp_path / "client-2.log") as client:
+            before = written()
+            wait_for(client, lambda: written() > before, timeout=180)
+            server.kill()
+            assert client.wait(120) == 1
+        server = ConnectServer(tmp_path).start()
+        done = run_retrylib(
+            "run", config.source_path, "--available-now", env={"SPARK_REMOTE": server.url}
+        )
+    finally:
+        server.stop()
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert 0 < before < len(keys)
+    output = read_table(config.output.table).column("key").to_pylist()
+    assert sorted(output) == sorted(keys)

@@ -26,7 +26,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,8 @@ from pathlib import Path
 import pyspark
 import pytest
 from helpers import JVM_OPTIONS
+
+from retrylib.kafka.broker import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "faults"))
@@ -55,12 +56,6 @@ TIMEOUT = 400.0  # from the start to the drain: a guard against hangs on a busy 
 
 
 _TASK_LINE = re.compile(r"Executor: (Running|Finished) task \S+ in stage \S+ \(TID (\d+)\)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pgid(pid: int) -> int | None:
@@ -186,7 +181,7 @@ def standalone_cluster(tmp_path_factory) -> Iterator[StandaloneCluster]:
     """A master and two workers (1 core, 1 GiB each), stopped with everything they started."""
     base = tmp_path_factory.mktemp("standalone")
     spark_class = str(Path(sys.executable).parent / "spark-class")
-    port, web_port = _free_port(), _free_port()
+    port, web_port = free_port(), free_port()
     processes: list[subprocess.Popen] = []
 
     def start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
