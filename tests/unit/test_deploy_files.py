@@ -8,7 +8,9 @@ documentation requires of each file:
   `type: whl`, `path` and `build`, `targets`, `resources.jobs`, `spark_python_task`,
   `libraries`, `job_clusters`/`new_cluster`, `continuous`, `spark_env_vars`):
   https://docs.databricks.com/en/dev-tools/bundles/reference.html
-  https://docs.databricks.com/dev-tools/bundles/library-dependencies.html
+  https://docs.databricks.com/dev-tools/bundles/library-dependencies.html; a relative
+  library path is uploaded, an absolute one taken as remote: databricks/cli
+  bundle/libraries/local_path.go
 - Continuous jobs: one run at a time, a new run after a failure with exponential backoff,
   no retry policies: https://docs.databricks.com/jobs/continuous.html
 - `aws emr add-steps --steps file://step.json` reads the CLI's step form (`Type`,
@@ -110,7 +112,8 @@ def test_the_artifact_builds_the_repository_wheel():
 def test_every_wheel_the_job_installs_is_built_by_an_artifact_or_by_the_user():
     """A local wheel must come out of an artifact's build (`<path>/dist/<project>-*.whl`);
     the only other one is the handler's, a variable with no default that the user must
-    pass, documented as built by them."""
+    pass, documented as built by them. The CLI uploads a relative path and takes an
+    absolute one as a workspace path, so the handler's is a /Volumes or /Workspace path."""
     bundle = _bundle()
     built = set()
     for artifact in bundle["artifacts"].values():
@@ -125,6 +128,7 @@ def test_every_wheel_the_job_installs_is_built_by_an_artifact_or_by_the_user():
     handler = bundle["variables"]["handler_wheel"]
     assert "default" not in handler
     assert "you build" in handler["description"]
+    assert "/Volumes/" in handler["description"]
     assert "handler_wheel" in (DEPLOY / "README.md").read_text()
 
 
