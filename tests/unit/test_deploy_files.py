@@ -28,11 +28,13 @@ documentation requires of each file:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from retrylib.config.loader import collect_config_errors
@@ -80,6 +82,14 @@ DATA_SECURITY_MODES = {
 CREDENTIAL_VARIABLES = re.compile(
     r"^(AWS_|AZURE_|GOOGLE_|DELTA_DYNAMO|ARM_)|SECRET_ACCESS_KEY|ACCESS_KEY_ID|LOCKING_PROVIDER"
 )
+
+
+def _run_job():
+    """deploy/databricks/src/run_job.py as a module (its __main__ part does not run)."""
+    spec = importlib.util.spec_from_file_location("run_job", BUNDLE / "src" / "run_job.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_bundle_uses_only_documented_top_level_keys_and_names_itself():
@@ -185,6 +195,29 @@ def test_the_bundle_config_is_valid_with_the_cluster_environment(monkeypatch):
     env = set(_job()["job_clusters"][0]["new_cluster"]["spark_env_vars"])
     used = set(re.findall(r"\$\{env:([A-Z_]+)\}", (BUNDLE / "conf" / "orders.toml").read_text()))
     assert used <= env
+
+
+def test_run_job_sets_the_leading_environment_arguments_and_passes_the_rest_on():
+    run_job = _run_job()
+    env: dict[str, str] = {}
+    secrets = []
+
+    def secret(scope: str, key: str) -> str:
+        secrets.append((scope, key))
+        return "pw"
+
+    rest = run_job.set_environment(
+        ["--env=A=x=y", "--secret-env=B=scope/key", "c.toml", "--env=C=z", "--available-now"],
+        env,
+        secret,
+    )
+    assert env == {"A": "x=y", "B": "pw"}
+    assert secrets == [("scope", "key")]
+    assert rest == ["c.toml", "--env=C=z", "--available-now"]
+    for bad in ("--env=A", "--env==hunter2", "--env=1A=hunter2", "--secret-env=B=hunter2"):
+        with pytest.raises(run_job.UsageError) as raised:
+            run_job.set_environment([bad], {}, secret)
+        assert "hunter2" not in str(raised.value)
 
 
 # --- Every file in deploy/ ---------------------------------------------------------------
