@@ -8,9 +8,43 @@ documentation requires of each file:
   `type: whl`, `path` and `build`, `targets`, `resources.jobs`, `spark_python_task`,
   `libraries`, `job_clusters`/`new_cluster`, `continuous`, `spark_env_vars`):
   https://docs.databricks.com/en/dev-tools/bundles/reference.html
-  https://docs.databricks.com/dev-tools/bundles/library-dependencies.html
+  https://docs.databricks.com/dev-tools/bundles/library-dependencies.html; a relative
+  library path is uploaded, an absolute one taken as remote: databricks/cli
+  bundle/libraries/local_path.go
 - Continuous jobs: one run at a time, a new run after a failure with exponential backoff,
   no retry policies: https://docs.databricks.com/jobs/continuous.html
+- Jobs on serverless compute: no cluster; a Python script task needs `environment_key`,
+  naming one of the job's `environments` (`environment_key`, `spec`):
+  https://docs.databricks.com/dev-tools/bundles/resource-examples.html; the spec's fields
+  (`environment_version`, or `base_environment`; `client` is deprecated for
+  `environment_version`; `dependencies` are pip requirement lines, wheel paths among them):
+  https://databricks.github.io/sdk-js/api/interfaces/_databricks_sdk-jobs.v2.Environment.html;
+  the bundle CLI uploads a local wheel (a relative path or glob) named in `dependencies` as
+  in `libraries`: databricks/cli acceptance/bundle/environments/dependencies.
+  Environment versions (4: Python 3.12, Databricks Connect 17):
+  https://docs.databricks.com/aws/release-notes/serverless/environment-version
+- Serverless streaming runs only incremental batches (no default or time-based trigger),
+  Spark Connect APIs only, Unity Catalog for storage:
+  https://docs.databricks.com/compute/serverless/limitations.html
+- Environment variables for serverless jobs exist only as a Beta (a workspace preview,
+  environment version 5 or newer, set through the Jobs API): not used; the task passes
+  them as parameters: https://docs.databricks.com/aws/en/jobs/environment-variables;
+  secrets in a Python task: dbutils.secrets.get, as in databricks/bundle-examples
+  knowledge_base/job_read_secret; `databricks.sdk.runtime.dbutils`:
+  https://databricks-sdk-py.readthedocs.io/en/latest/dbutils.html
+- `schedule` (`quartz_cron_expression` and `timezone_id` required, `pause_status` PAUSED or
+  UNPAUSED): https://docs.databricks.com/jobs/scheduled.html,
+  https://databricks.github.io/sdk-js/api/interfaces/_databricks_sdk-jobs.v2.CronSchedule.html;
+  Quartz cron fields (seconds first; `?` in day-of-month or day-of-week):
+  http://www.quartz-scheduler.org/documentation/quartz-2.3.0/tutorials/crontrigger.html
+- `max_concurrent_runs` (one active run by default; a run over the limit is skipped):
+  https://docs.databricks.com/jobs/triggers
+- `data_security_mode` values (DATA_SECURITY_MODE_STANDARD, with USER_ISOLATION its legacy
+  alias; DATA_SECURITY_MODE_DEDICATED, with SINGLE_USER):
+  https://databricks.github.io/sdk-js/api/types/_databricks_sdk-jobs.v2.DataSecurityMode.html
+- Standard access mode: no spark-submit tasks, no SparkContext (Spark Connect):
+  https://docs.databricks.com/compute/access-mode-limitations.html,
+  https://learn.microsoft.com/en-us/azure/databricks/error-messages/unsupported-connect-feature-error-class
 - `aws emr add-steps --steps file://step.json` reads the CLI's step form (`Type`,
   `Name`, `ActionOnFailure`, `Jar` required for CUSTOM_JAR, `Args`), which it turns into
   the API's StepConfig (`HadoopJarStep.Jar/Args`): aws-cli
@@ -26,11 +60,13 @@ documentation requires of each file:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from retrylib.config.loader import collect_config_errors
@@ -45,20 +81,47 @@ def _yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
 
 
+def _merge(into: dict, new: dict, where: str) -> None:
+    """Merge `new` into `into` key by key; a value defined twice is an error, as for the CLI."""
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value, f"{where}.{key}")
+        else:
+            assert key not in into, f"{where}.{key} is defined twice"
+            into[key] = value
+
+
 def _bundle() -> dict:
     """databricks.yml with its `include`d files merged in, as the CLI reads them."""
     root = _yaml(BUNDLE / "databricks.yml")
     for pattern in root.get("include", []):
         for path in sorted(BUNDLE.glob(pattern)):
-            for key, value in _yaml(path).items():
-                root.setdefault(key, {}).update(value)
+            _merge(root, _yaml(path), path.name)
     return root
 
 
-def _job() -> dict:
+# The same job on three kinds of compute: the key of each, and how it runs.
+DEDICATED = "retrylib_orders"
+STANDARD = "retrylib_orders_standard"
+SERVERLESS = "retrylib_orders_serverless"
+CLUSTER_JOBS = (DEDICATED, STANDARD)  # continuous, on a job cluster of their own
+
+
+def _job(name: str = DEDICATED) -> dict:
     jobs = _bundle()["resources"]["jobs"]
-    assert list(jobs) == ["retrylib_orders"]
-    return jobs["retrylib_orders"]
+    assert set(jobs) == {DEDICATED, STANDARD, SERVERLESS}
+    return jobs[name]
+
+
+def _task(name: str) -> dict:
+    (task,) = _job(name)["tasks"]
+    return task
+
+
+def _default(value: str) -> str:
+    """`value` with each ${var.NAME} replaced by the variable's default."""
+    variables = _bundle()["variables"]
+    return re.sub(r"\$\{var\.([a-z_]+)\}", lambda m: variables[m[1]]["default"], value)
 
 
 # --- Databricks asset bundle -------------------------------------------------------------
@@ -74,10 +137,53 @@ DATA_SECURITY_MODES = {
     "NONE", "SINGLE_USER", "USER_ISOLATION", "DATA_SECURITY_MODE_DEDICATED",
     "DATA_SECURITY_MODE_STANDARD", "DATA_SECURITY_MODE_AUTO",
 }  # fmt: skip
+DEDICATED_MODES = {"DATA_SECURITY_MODE_DEDICATED", "SINGLE_USER"}
+STANDARD_MODES = {"DATA_SECURITY_MODE_STANDARD", "USER_ISOLATION"}
+ENVIRONMENT_SPEC_KEYS = {
+    "environment_version", "base_environment", "client", "dependencies", "java_dependencies",
+}  # fmt: skip
+SCHEDULE_KEYS = {"quartz_cron_expression", "timezone_id", "pause_status"}
+# A task runs on the cluster these name, or on serverless compute when it names none.
+CLUSTER_KEYS = {"job_cluster_key", "new_cluster", "existing_cluster_id"}
+WHEELS = ["../../../dist/retrylib-*.whl", "${var.handler_wheel}"]
+SYNCED_CONFIG = re.compile(r"\$\{workspace\.file_path\}/(conf/[\w.-]+\.toml)")
 # delta-rs needed these in the Python processes; Spark's Delta writer uses the cluster's own.
 CREDENTIAL_VARIABLES = re.compile(
     r"^(AWS_|AZURE_|GOOGLE_|DELTA_DYNAMO|ARM_)|SECRET_ACCESS_KEY|ACCESS_KEY_ID|LOCKING_PROVIDER"
 )
+SECRET_REFERENCE = re.compile(r"\{\{secrets/[^/]+/[^/]+\}\}")
+
+
+def _run_job():
+    """deploy/databricks/src/run_job.py as a module (its __main__ part does not run)."""
+    spec = importlib.util.spec_from_file_location("run_job", BUNDLE / "src" / "run_job.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _wheels(name: str) -> list[str]:
+    """What a job installs: its task's libraries on a cluster, the dependencies of its
+    task's environment on serverless compute."""
+    task = _task(name)
+    if "environment_key" not in task:
+        return [library["whl"] for library in task["libraries"]]
+    environments = _job(name)["environments"]
+    (spec,) = [e["spec"] for e in environments if e["environment_key"] == task["environment_key"]]
+    return spec["dependencies"]
+
+
+def _environment(name: str) -> tuple[dict[str, str], list[str]]:
+    """The environment a job's `retrylib run` gets (a secret read by run_job.py shows as
+    `secret:SCOPE/KEY`), and the arguments run_job.py passes on to it."""
+    task = _task(name)
+    parameters = task["spark_python_task"]["parameters"]
+    if "environment_key" not in task:
+        (cluster,) = _job(name)["job_clusters"]
+        return dict(cluster["new_cluster"]["spark_env_vars"]), parameters
+    env: dict[str, str] = {}
+    rest = _run_job().set_environment(parameters, env, lambda scope, key: f"secret:{scope}/{key}")
+    return env, rest
 
 
 def test_bundle_uses_only_documented_top_level_keys_and_names_itself():
@@ -107,69 +213,158 @@ def test_the_artifact_builds_the_repository_wheel():
     assert artifact["build"].split() == ["python", "-m", "build", "--wheel"]
 
 
-def test_every_wheel_the_job_installs_is_built_by_an_artifact_or_by_the_user():
+def test_every_wheel_a_job_installs_is_built_by_an_artifact_or_by_the_user():
     """A local wheel must come out of an artifact's build (`<path>/dist/<project>-*.whl`);
     the only other one is the handler's, a variable with no default that the user must
-    pass, documented as built by them."""
+    pass, documented as built by them. The CLI uploads a relative path and takes an
+    absolute one as a workspace path, so the handler's is a /Volumes or /Workspace path."""
     bundle = _bundle()
     built = set()
     for artifact in bundle["artifacts"].values():
         project = (BUNDLE / artifact["path"]).resolve()
         name = tomllib.loads((project / "pyproject.toml").read_text())["project"]["name"]
         built.add(project / "dist" / f"{name.replace('-', '_')}-*.whl")
-    (task,) = _job()["tasks"]
-    wheels = [library["whl"] for library in task["libraries"]]
-    assert wheels == ["../../../dist/retrylib-*.whl", "${var.handler_wheel}"]
-    resources = BUNDLE / "resources"
-    assert (resources / wheels[0]).resolve() in built
+    for job in (DEDICATED, STANDARD, SERVERLESS):
+        wheels = _wheels(job)
+        assert wheels == WHEELS, job
+        assert (BUNDLE / "resources" / wheels[0]).resolve() in built
     handler = bundle["variables"]["handler_wheel"]
     assert "default" not in handler
     assert "you build" in handler["description"]
+    assert "/Volumes/" in handler["description"]
     assert "handler_wheel" in (DEPLOY / "README.md").read_text()
 
 
-def test_the_task_runs_the_entry_point_with_the_synced_config():
-    (task,) = _job()["tasks"]
-    python_task = task["spark_python_task"]
-    assert set(python_task) <= {"python_file", "parameters", "source"}
-    entry = (BUNDLE / "resources" / python_task["python_file"]).resolve()
-    assert entry == BUNDLE / "src" / "run_job.py"
-    assert "retrylib.ops.cli import main" in entry.read_text()
-    assert python_task["parameters"] == ["${workspace.file_path}/conf/orders.toml"]
-    assert (BUNDLE / "conf" / "orders.toml").is_file()
+def test_every_task_runs_the_entry_point_with_a_synced_config():
+    """A Python file task (standard access mode runs no spark-submit task) running
+    run_job.py with a config the bundle syncs; the serverless one with --available-now."""
+    for job in (DEDICATED, STANDARD, SERVERLESS):
+        task = _task(job)
+        assert "spark_submit_task" not in task
+        python_task = task["spark_python_task"]
+        assert set(python_task) <= {"python_file", "parameters", "source"}
+        entry = (BUNDLE / "resources" / python_task["python_file"]).resolve()
+        assert entry == BUNDLE / "src" / "run_job.py"
+        assert "retrylib.ops.cli import main" in entry.read_text()
+        config, *flags = _environment(job)[1]
+        assert flags == (["--available-now"] if job == SERVERLESS else []), job
+        synced = SYNCED_CONFIG.fullmatch(config)
+        assert synced, f"{job}: {config} is not a config synced with the bundle"
+        assert (BUNDLE / synced[1]).is_file(), job
 
 
-def test_the_job_cluster_is_a_documented_new_cluster_without_storage_credentials():
-    job = _job()
-    (cluster,) = job["job_clusters"]
-    (task,) = job["tasks"]
-    assert task["job_cluster_key"] == cluster["job_cluster_key"]
-    new_cluster = cluster["new_cluster"]
-    assert NEW_CLUSTER_REQUIRED <= set(new_cluster)
-    assert "num_workers" in new_cluster or "autoscale" in new_cluster
-    assert new_cluster["data_security_mode"] in DATA_SECURITY_MODES
-    env = new_cluster["spark_env_vars"]
-    assert not [name for name in env if CREDENTIAL_VARIABLES.search(name)]
-    secret = env["RETRYLIB_KAFKA_PASSWORD"]
-    assert re.fullmatch(r"\{\{secrets/[^/]+/[^/]+\}\}", secret.replace("${var.secret_scope}", "s"))
+def test_the_job_clusters_are_documented_new_clusters_without_storage_credentials():
+    for job in CLUSTER_JOBS:
+        (cluster,) = _job(job)["job_clusters"]
+        assert _task(job)["job_cluster_key"] == cluster["job_cluster_key"]
+        new_cluster = cluster["new_cluster"]
+        assert NEW_CLUSTER_REQUIRED <= set(new_cluster)
+        assert "num_workers" in new_cluster or "autoscale" in new_cluster
+        assert new_cluster["data_security_mode"] in DATA_SECURITY_MODES
+        env = new_cluster["spark_env_vars"]
+        assert not [name for name in env if CREDENTIAL_VARIABLES.search(name)]
+        secret = env["RETRYLIB_KAFKA_PASSWORD"].replace("${var.secret_scope}", "s")
+        assert SECRET_REFERENCE.fullmatch(secret), job
+    mode = {
+        job: _job(job)["job_clusters"][0]["new_cluster"]["data_security_mode"]
+        for job in CLUSTER_JOBS
+    }
+    assert mode[DEDICATED] in DEDICATED_MODES
+    assert mode[STANDARD] in STANDARD_MODES
+
+
+def test_the_standard_job_is_the_dedicated_one_in_standard_access_mode():
+    """Same task, libraries, cluster and trigger: only the name and the access mode differ."""
+
+    def without_mode(job: str) -> dict:
+        settings = json.loads(json.dumps(_job(job)))
+        del settings["name"]
+        for cluster in settings["job_clusters"]:
+            del cluster["new_cluster"]["data_security_mode"]
+        return settings
+
+    assert _job(STANDARD)["name"] != _job(DEDICATED)["name"]
+    assert without_mode(STANDARD) == without_mode(DEDICATED)
 
 
 def test_a_failed_run_is_restarted_by_the_continuous_trigger():
     """Continuous: the platform restarts failed runs; retry policies are not allowed with it
-    and neither is a schedule. Deployed paused, running once unpaused in prod."""
-    job = _job()
-    assert job["continuous"]["pause_status"] in {"PAUSED", "UNPAUSED"}
-    assert not {"schedule", "trigger"} & set(job)
-    (task,) = job["tasks"]
-    assert not {"max_retries", "min_retry_interval_millis", "depends_on"} & set(task)
-    prod = _bundle()["targets"]["prod"]
-    assert prod["mode"] == "production"
-    assert prod["resources"]["jobs"]["retrylib_orders"]["continuous"] == {
-        "pause_status": "UNPAUSED"
+    and neither is a schedule. Deployed paused."""
+    for job in CLUSTER_JOBS:
+        settings = _job(job)
+        assert settings["continuous"] == {"pause_status": "PAUSED"}, job
+        assert not {"schedule", "trigger"} & set(settings)
+        task = _task(job)
+        assert not {"max_retries", "min_retry_interval_millis", "depends_on"} & set(task)
+
+
+def test_the_serverless_job_names_no_cluster_and_a_documented_environment():
+    job = _job(SERVERLESS)
+    task = _task(SERVERLESS)
+    assert "job_clusters" not in job
+    assert not CLUSTER_KEYS & set(task)
+    assert "libraries" not in task  # installed through the environment
+    assert "spark_env_vars" not in json.dumps(job)
+    keys = [environment["environment_key"] for environment in job["environments"]]
+    assert len(keys) == len(set(keys))
+    assert task["environment_key"] in keys
+    for environment in job["environments"]:
+        assert set(environment) == {"environment_key", "spec"}
+        spec = environment["spec"]
+        assert set(spec) <= ENVIRONMENT_SPEC_KEYS
+        assert "client" not in spec  # deprecated: environment_version
+        version = _default(spec["environment_version"])
+        # 4 and newer: Python 3.12 and a Spark 4 client, as retrylib needs.
+        assert version.isdigit() and int(version) >= 4, version
+
+
+def test_the_serverless_job_runs_available_now_on_a_quartz_schedule():
+    """Serverless streaming takes availableNow only: each run ends, the schedule starts the
+    next. Quartz: seconds minutes hours day-of-month month day-of-week [year], with `?` in
+    exactly one of the two days. Deployed paused."""
+    job = _job(SERVERLESS)
+    assert not {"continuous", "trigger"} & set(job)
+    assert "--available-now" in _task(SERVERLESS)["spark_python_task"]["parameters"]
+    schedule = job["schedule"]
+    assert set(schedule) == SCHEDULE_KEYS
+    assert schedule["pause_status"] == "PAUSED"
+    assert schedule["timezone_id"] == "UTC"
+    fields = _default(schedule["quartz_cron_expression"]).split()
+    assert len(fields) in (6, 7), fields
+    assert (fields[3] == "?") != (fields[5] == "?"), fields
+    assert fields[:3] == ["0", "0/15", "*"], "the default: every 15 minutes"
+
+
+def test_every_job_runs_one_copy_at_a_time():
+    for job in (DEDICATED, STANDARD, SERVERLESS):
+        assert _job(job)["max_concurrent_runs"] == 1, job
+
+
+def test_each_prod_target_unpauses_one_job_and_dev_none():
+    """The three jobs share a config, so a checkpoint: a prod target starts one of them."""
+    targets = _bundle()["targets"]
+    assert targets["dev"] == {"mode": "development", "default": True}
+    unpaused = {
+        "prod": (DEDICATED, "continuous"),
+        "prod-standard": (STANDARD, "continuous"),
+        "prod-serverless": (SERVERLESS, "schedule"),
     }
+    assert set(targets) == {"dev", *unpaused}
+    for target, (job, trigger) in unpaused.items():
+        assert targets[target]["mode"] == "production"
+        assert targets[target]["resources"] == {
+            "jobs": {job: {trigger: {"pause_status": "UNPAUSED"}}}
+        }, target
 
 
-def test_the_bundle_config_is_valid_with_the_cluster_environment(monkeypatch):
+def test_the_bundle_config_is_valid_with_each_jobs_environment(monkeypatch):
+    used = set(re.findall(r"\$\{env:([A-Z_]+)\}", (BUNDLE / "conf" / "orders.toml").read_text()))
+    for job in (DEDICATED, STANDARD, SERVERLESS):
+        env = _environment(job)[0]
+        assert used <= set(env), job
+        password = env["RETRYLIB_KAFKA_PASSWORD"].replace("${var.secret_scope}", "s")
+        assert SECRET_REFERENCE.fullmatch(password) or password == "secret:s/kafka-password"
+        assert env["RETRYLIB_LOG_FORMAT"] == "json"
     for name, value in {
         "RETRYLIB_KAFKA_BOOTSTRAP_SERVERS": "broker-1:9092",
         "RETRYLIB_STORAGE_ROOT": "s3://bucket/retrylib/orders",
@@ -178,9 +373,29 @@ def test_the_bundle_config_is_valid_with_the_cluster_environment(monkeypatch):
         monkeypatch.setenv(name, value)
     monkeypatch.syspath_prepend(str(ROOT))
     assert collect_config_errors(BUNDLE / "conf" / "orders.toml") == []
-    env = set(_job()["job_clusters"][0]["new_cluster"]["spark_env_vars"])
-    used = set(re.findall(r"\$\{env:([A-Z_]+)\}", (BUNDLE / "conf" / "orders.toml").read_text()))
-    assert used <= env
+
+
+def test_run_job_sets_the_leading_environment_arguments_and_passes_the_rest_on():
+    run_job = _run_job()
+    env: dict[str, str] = {}
+    secrets = []
+
+    def secret(scope: str, key: str) -> str:
+        secrets.append((scope, key))
+        return "pw"
+
+    rest = run_job.set_environment(
+        ["--env=A=x=y", "--secret-env=B=scope/key", "c.toml", "--env=C=z", "--available-now"],
+        env,
+        secret,
+    )
+    assert env == {"A": "x=y", "B": "pw"}
+    assert secrets == [("scope", "key")]
+    assert rest == ["c.toml", "--env=C=z", "--available-now"]
+    for bad in ("--env=A", "--env==hunter2", "--env=1A=hunter2", "--secret-env=B=hunter2"):
+        with pytest.raises(run_job.UsageError) as raised:
+            run_job.set_environment([bad], {}, secret)
+        assert "hunter2" not in str(raised.value)
 
 
 # --- Every file in deploy/ ---------------------------------------------------------------
