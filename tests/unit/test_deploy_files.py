@@ -359,18 +359,24 @@ def test_each_prod_target_unpauses_one_job_and_dev_none():
 
 def test_the_bundle_config_is_valid_with_each_jobs_environment(monkeypatch):
     used = set(re.findall(r"\$\{env:([A-Z_]+)\}", (BUNDLE / "conf" / "orders.toml").read_text()))
+    checkpoints = set()
     for job in (DEDICATED, STANDARD, SERVERLESS):
         env = _environment(job)[0]
         assert used <= set(env), job
+        checkpoints.add(env["RETRYLIB_CHECKPOINT_ROOT"])
         password = env["RETRYLIB_KAFKA_PASSWORD"].replace("${var.secret_scope}", "s")
         assert SECRET_REFERENCE.fullmatch(password) or password == "secret:s/kafka-password"
         assert env["RETRYLIB_LOG_FORMAT"] == "json"
     for name, value in {
         "RETRYLIB_KAFKA_BOOTSTRAP_SERVERS": "broker-1:9092",
         "RETRYLIB_STORAGE_ROOT": "s3://bucket/retrylib/orders",
+        "RETRYLIB_CHECKPOINT_ROOT": "/Volumes/main/retrylib/checkpoints",
         "RETRYLIB_KAFKA_PASSWORD": "secret",
     }.items():
         monkeypatch.setenv(name, value)
+    # One checkpoint for the three (their lease keeps a second copy from running), on a
+    # volume: a Spark Connect client (standard, serverless) reaches no object-store URI.
+    assert checkpoints == {"${var.checkpoint_root}"}
     monkeypatch.syspath_prepend(str(ROOT))
     assert collect_config_errors(BUNDLE / "conf" / "orders.toml") == []
 
