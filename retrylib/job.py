@@ -463,7 +463,8 @@ def start_query(
     given, before anything else is written; `router.close()` releases the lease. Every
     batch's metrics are logged, and
     stored when `[metrics] table` is set (`retrylib.metrics`); `on_result` is then called
-    with the batch's `BatchResult`.
+    with the batch's `BatchResult` (in a classic session: a Spark Connect server ends the
+    batches in a process of its own, so there `on_result` raises `RetrylibError`).
     """
     if prepared is None:
         prepared = prepare_to_run(config)
@@ -482,6 +483,12 @@ def _start_prepared(
     on_result: Callable[[BatchResult], None] | None,
 ) -> tuple[StreamingQuery, BatchRouter]:
     """`start_query` once the topics are ready and the lease is held."""
+    connect = is_connect(spark)
+    if connect and on_result is not None:
+        raise RetrylibError(
+            "on_result is called in the process that runs the batches, which a Spark Connect "
+            "server runs: read the query's progress or the metrics table instead"
+        )
     checkpoint = Checkpoint(config.job.checkpoint)
     checkpoint.check_offsets_log(spark)
     reader = checkpoint.main_reader(
@@ -502,14 +509,7 @@ def _start_prepared(
         key_state_file=state_dir / "key_order.json" if config.retry.key_ordered else None,
     )
     router = make_router(parts, spark, on_result=on_result, lease=prepared.lease)
-    connect = is_connect(spark)
-    if connect:
-        if on_result is not None:
-            raise RetrylibError(
-                "on_result is called in the process that runs the batches, which a Spark "
-                "Connect server runs: read the query's progress or the metrics table instead"
-            )
-    else:
+    if not connect:
         router.read_tables_ahead(spark)
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
     # back-to-back triggers instead, the tier source held to the target, until it is reached.
