@@ -28,7 +28,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
 from retrylib.spark.connect import is_connect
@@ -134,6 +133,8 @@ class _JvmSignalHandler:
             previous, self._previous = self._previous, None
         if previous is None:
             return
+        from py4j.protocol import Py4JError  # a classic session's; pyspark-client has no py4j
+
         try:
             self._jvm.sun.misc.Signal.handle(self._signal, previous)
         except Py4JError as e:  # the JVM is already going (a second signal): nothing to restore
