@@ -40,6 +40,7 @@ def test_a_job_routes_retries_and_dead_letters_through_spark_connect(
     assert [(row["key"], row["error_class"]) for row in dead] == [(b"bad-b", "builtins.ValueError")]
 
 
+@pytest.mark.every_spark
 def test_a_job_whose_client_or_server_is_killed_writes_each_record_once(
     bootstrap_servers, make_topic, write_config, tmp_path
 ):
