@@ -18,12 +18,19 @@ from test_entrypoints import child_env
 
 @pytest.mark.every_spark
 def test_a_job_routes_retries_and_dead_letters_through_spark_connect(
-    connect_server, bootstrap_servers, make_topic, write_config
+    connect_server, bootstrap_servers, make_topic, write_config, tmp_path
 ):
+    """Two availableNow runs: the first routes the main topic, the second the retry then
+    due; each batch's metrics row is written by the server's process."""
     topic = make_topic("connect", partitions=2)
     records = [(f"ok-{i}", "v") for i in range(20)] + [("flaky1-a", "v"), ("bad-b", "v")]
     produce(bootstrap_servers, topic, records)
-    config = write_config([topic], name="connectjob", retry={"delays": ["1s"]})
+    config = write_config(
+        [topic],
+        name="connectjob",
+        retry={"delays": ["1s"]},
+        metrics={"table": f"{tmp_path}/metrics"},
+    )
     env = {"SPARK_REMOTE": connect_server}
 
     first = run_retrylib("run", config.source_path, "--available-now", env=env)
@@ -38,6 +45,9 @@ def test_a_job_routes_retries_and_dead_letters_through_spark_connect(
     )
     dead = read_table(config.dead_letter.table).to_pylist()
     assert [(row["key"], row["error_class"]) for row in dead] == [(b"bad-b", "builtins.ValueError")]
+    metrics = read_table(config.metrics.table).to_pylist()
+    assert sum(row["records_main"] for row in metrics) == len(records)
+    assert sum(row["records_retry"] for row in metrics) == 1
 
 
 @pytest.mark.every_spark
