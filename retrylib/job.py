@@ -59,7 +59,6 @@ from retrylib.logs import (
     spark_log_conf,
 )
 from retrylib.metrics import MetricsRecorder
-from retrylib.progress_watch import follow_progress
 from retrylib.retry.outcomes import Count
 from retrylib.router import BatchFunction, BatchResult, BatchRouter, task_error
 from retrylib.spark.connect import default_parallelism, is_connect
@@ -536,7 +535,7 @@ def _start_prepared(
         writer = writer.trigger(processingTime=f"{config.job.trigger_ms} milliseconds")
     query = writer.start()
     if connect:
-        follow_progress(query, router)
+        router.follow(query)
     if target is not None:
         threading.Thread(
             target=_stop_at_target,

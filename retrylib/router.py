@@ -55,6 +55,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark import InheritableThread, TaskContext
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from retrylib import errors
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
@@ -81,6 +82,7 @@ from retrylib.observed import (
     rows_metric,
 )
 from retrylib.produce_units import ProducePlan, produce_units
+from retrylib.progress_watch import ProgressWatch
 from retrylib.results import placed, result_struct
 from retrylib.retry.outcomes import Count
 from retrylib.spark.connect import is_connect, set_job_property
@@ -205,6 +207,7 @@ class BatchRouter:
         """Set whenever a batch has done all its work (a graceful stop waits for it)."""
         self.last_finished: int | None = None
         """The id of the last batch that did all its work in this run."""
+        self._watch: ProgressWatch | None = None
 
     def routed(self, source: DataFrame) -> DataFrame:
         """The streaming query's frame: `source` routed by this router's tasks, `units` of
@@ -486,9 +489,20 @@ class BatchRouter:
             if isinstance(manifest, dict):
                 yield earlier, manifest
 
+    def follow(self, query: StreamingQuery) -> None:
+        """Learn from `query`'s progress which batch a Spark Connect server's copy of this
+        router (`BatchFunction`) finished, for `batch_finished` and `last_finished`."""
+        self._watch = ProgressWatch(query, self._finished_elsewhere)
+
+    def _finished_elsewhere(self, batch_id: int) -> None:
+        self.last_finished = batch_id
+        self.batch_finished.set()
+
     def close(self) -> None:
         """Let go of the Kafka clients this process keeps (the control topic's reader) and
-        of the runner lease."""
+        of the runner lease; log the batches a Spark Connect server finished last."""
+        if self._watch is not None:
+            self._watch.stop()
         worker_clients.close_all()
         if self.lease is not None:
             self.lease.release()

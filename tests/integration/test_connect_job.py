@@ -6,6 +6,7 @@ its cluster share /Volumes.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
@@ -48,6 +49,11 @@ def test_a_job_routes_retries_and_dead_letters_through_spark_connect(
     metrics = read_table(config.metrics.table).to_pylist()
     assert sum(row["records_main"] for row in metrics) == len(records)
     assert sum(row["records_retry"] for row in metrics) == 1
+    # The client logs each batch the server finished (from the query's progress).
+    logged = re.findall(
+        r"batch (\d+) done on the Spark Connect server", first.stderr + second.stderr
+    )
+    assert sorted(map(int, logged)) == sorted(row["batch_id"] for row in metrics)
 
 
 @pytest.mark.every_spark
