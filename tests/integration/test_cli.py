@@ -442,7 +442,9 @@ def test_check_tables_names_column_differences(
     assert "point output.table at a new table or migrate this one" in err
 
 
-@pytest.mark.parametrize("through", ["classic", "connect"])
+@pytest.mark.parametrize(
+    "through", ["classic", pytest.param("connect", marks=pytest.mark.every_spark)]
+)
 def test_status_and_redrive_as_a_process_of_their_own(job, bootstrap_servers, through, request):
     """`retrylib status`, `redrive` and `check --tables` as a user runs them: each process
     starts its own Spark (local[1]), or is a client of a Spark Connect server
