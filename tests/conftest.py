@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from helpers import JVM_OPTIONS
+from helpers import JVM_OPTIONS, build_tests_session
 
 from retrylib.kafka.clients import ensure_topics, make_admin
 
@@ -73,19 +72,7 @@ def make_topic(bootstrap_servers: str) -> Callable[..., str]:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from retrylib.spark.session import build_spark_session
-
-    session = build_spark_session(
-        "retrylib-tests",
-        master="local[2]",
-        extra={
-            "spark.sql.shuffle.partitions": "2",
-            "spark.ui.enabled": "false",
-            "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse")),
-        },
-    )
+    session = build_tests_session(warehouse=tmp_path_factory.mktemp("warehouse"))
     yield session
     session.stop()
 

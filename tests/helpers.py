@@ -209,26 +209,38 @@ def assert_one_error_line(code: int, err: str, start: str, *parts: str) -> None:
     assert len(err.splitlines()) < 20, err[-3000:]
 
 
+def retrylib_command(*args: str) -> list[str]:
+    """The command line of `retrylib ARGS` as a user runs it, on this interpreter
+    (`python -m retrylib`)."""
+    return [sys.executable, "-m", "retrylib", *args]
+
+
+def job_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job process the tests start: this process's, with Spark's
+    Python workers on this interpreter, and `extra` added."""
+    return {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        **(extra or {}),
+    }
+
+
 def run_retrylib(
     *args: str,
     env: Mapping[str, str] | None = None,
     timeout: float = 600,
     new_session: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """`retrylib ARGS` as a user runs it (`python -m retrylib`), in a process of its own, with
-    `env` added to the environment and Spark's Python workers on this interpreter.
+    """`retrylib ARGS` in a process of its own (`retrylib_command`), with `env` added to the
+    environment (`job_env`).
 
     With `new_session` it leads a process group of its own, so that a crash point
     (`retrylib.faults`) kills its Spark JVM and workers with it.
     """
     return subprocess.run(
-        [sys.executable, "-m", "retrylib", *args],
-        env={
-            **os.environ,
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
-            **(env or {}),
-        },
+        retrylib_command(*args),
+        env=job_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -251,6 +263,30 @@ def running_job(
                 job.kill()
 
 
+def logged_metrics(log: str) -> list[dict]:
+    """The metrics of each batch a `retrylib run` logged, from its text lines
+    (`retrylib.metrics: {...}`) or its JSON ones (`RETRYLIB_LOG_FORMAT=json`)."""
+    rows = []
+    for line in log.splitlines():
+        if line.startswith("{") and '"logger": "retrylib.metrics"' in line:
+            entry = json.loads(line)
+            if "metrics" in entry:
+                rows.append(entry["metrics"])
+        elif "retrylib.metrics: " in line:
+            rows.append(json.loads(line.split("retrylib.metrics: ", 1)[1]))
+    return rows
+
+
+def metrics_totals(log: str) -> dict[str, int]:
+    """The counters of a `retrylib run`, summed over the metrics its batches logged."""
+    totals: dict[str, int] = {}
+    for row in logged_metrics(log):
+        for name, value in row.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                totals[name] = totals.get(name, 0) + value
+    return totals
+
+
 def wait_for(job: subprocess.Popen, done: Callable[[], bool], timeout: float) -> None:
     """Wait until `done()`, failing if `job` exits or `timeout` seconds pass first."""
     deadline = time.monotonic() + timeout
@@ -261,10 +297,14 @@ def wait_for(job: subprocess.Popen, done: Callable[[], bool], timeout: float) ->
 
 
 def run_job_available_now(
-    path: str | Path, *, env: Mapping[str, str] | None = None, new_session: bool = False
+    path: str | Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    new_session: bool = False,
+    timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
     """`retrylib run PATH --available-now --master local[2]` as a user runs it (see
-    `run_retrylib` for `env` and `new_session`)."""
+    `run_retrylib` for `env`, `new_session` and `timeout`)."""
     return run_retrylib(
         "run",
         str(path),
@@ -273,6 +313,7 @@ def run_job_available_now(
         "local[2]",
         env=env,
         new_session=new_session,
+        timeout=timeout,
     )
 
 
@@ -314,18 +355,30 @@ def settled_count(config: Config) -> int:
     return read_table(config.output.table).num_rows + read_table(config.dead_letter.table).num_rows
 
 
-def tests_session() -> SparkSession:
-    """The test process's SparkSession (the `spark` fixture's, or one made like it)."""
+def build_tests_session(warehouse: str | Path | None = None) -> SparkSession:
+    """A SparkSession as the tests use it: local[2], two shuffle partitions, no UI, Spark's
+    Python workers on this interpreter; its warehouse in `warehouse` when given."""
     from retrylib.spark.session import build_spark_session
 
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    return build_spark_session(
-        "retrylib-tests",
-        master="local[2]",
-        extra={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
-    )
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    extra = {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
+    if warehouse is not None:
+        extra["spark.sql.warehouse.dir"] = str(warehouse)
+    return build_spark_session("retrylib-tests", master="local[2]", extra=extra)
+
+
+def tests_session() -> SparkSession:
+    """The test process's SparkSession (the `spark` fixture's, or one made like it)."""
+    return SparkSession.getActiveSession() or build_tests_session()
+
+
+def read_table_rows(path: str) -> int:
+    """The rows of the Delta table at `path`; 0 until the job has created it."""
+    try:
+        return read_table(path).num_rows
+    except Exception:  # the table does not exist until the job has started
+        return 0
 
 
 def read_table(table: str) -> pa.Table:

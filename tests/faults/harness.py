@@ -46,8 +46,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-
 from retrylib.faults import CRASH_POINTS
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
@@ -55,7 +53,7 @@ from retrylib.retry.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, re
 
 # tests/, for the helpers shared by the tests, when this file runs as a script
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import JVM_OPTIONS, read_topic, write_job_toml
+from helpers import JVM_OPTIONS, read_table, read_topic, tests_session, write_job_toml
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -720,20 +718,6 @@ def _suppress_lookup() -> Iterator[None]:
         pass
 
 
-def read_table(path: str) -> pa.Table:
-    """The Delta table at `path`, read through Spark (the test's session when there is one)."""
-    return _local_spark().read.format("delta").load(path).toArrow()
-
-
-def _local_spark():
-    from retrylib.spark.session import build_spark_session
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return build_spark_session(
-        "fault-harness-check", master="local[1]", extra={"spark.ui.enabled": "false"}
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -766,7 +750,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     with FaultHarness(workdir, args.seed, wave_size=args.wave_size) as harness:
         report = harness.run(plan)
-        spark = _local_spark()
+        spark = tests_session()
         try:
             harness.check(spark)
         except AssertionError as e:

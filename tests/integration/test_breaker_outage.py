@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 
-from helpers import produce, read_table, run_retrylib, running_job, wait_for
-from test_entrypoints import child_env, read_table_rows
+from helpers import (
+    job_env,
+    logged_metrics,
+    produce,
+    read_table,
+    read_table_rows,
+    retrylib_command,
+    run_retrylib,
+    running_job,
+    wait_for,
+)
 
 RECORDS = 60
 
@@ -30,12 +38,8 @@ def test_an_outage_trips_the_breaker_and_nothing_is_dead_lettered(
     down = tmp_path / "dependency-down"
     down.touch()
     log_path = tmp_path / "job.log"
-    command = [sys.executable, "-m", "retrylib", "run", config.source_path, "--master", "local[2]"]
-    env = {
-        **child_env(),
-        "RETRYLIB_TEST_DEPENDENCY_DOWN": str(down),
-        "RETRYLIB_LOG_FORMAT": "json",
-    }
+    command = retrylib_command("run", config.source_path, "--master", "local[2]")
+    env = job_env({"RETRYLIB_TEST_DEPENDENCY_DOWN": str(down), "RETRYLIB_LOG_FORMAT": "json"})
     with running_job(command, env, log_path) as job:
         wait_for(job, lambda: "breaker open" in log_path.read_text(), 180)
         # The outage goes on while status looks: probes fail, retries wait in their tiers.
@@ -50,7 +54,7 @@ def test_an_outage_trips_the_breaker_and_nothing_is_dead_lettered(
     output = read_table(config.output.table).column("key").to_pylist()
     assert sorted(output) == sorted(f"dep-{i}" for i in range(RECORDS))  # each once
     assert read_table_rows(config.dead_letter.table) == 0
-    lines = metrics_lines(log)
+    lines = logged_metrics(log)
     states = [line["breaker"] for line in lines]
     assert states[0] == "open" and states[-1] == "closed"
     while_open = [line for line in lines if line["breaker"] == "open"]
@@ -69,14 +73,3 @@ def status(config_path: str) -> dict:
     done = run_retrylib("status", config_path, "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
-
-
-def metrics_lines(log: str) -> list[dict]:
-    """The metrics of each batch, from the job's JSON log lines."""
-    lines = []
-    for text in log.splitlines():
-        if text.startswith("{") and '"logger": "retrylib.metrics"' in text:
-            line = json.loads(text)
-            if "metrics" in line:
-                lines.append(line["metrics"])
-    return lines

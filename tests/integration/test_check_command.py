@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from helpers import write_noop_job
+from helpers import run_retrylib, write_noop_job
 
 from retrylib.ops.cli import EXIT_CONFIG, EXIT_OK, main
 
@@ -46,12 +43,7 @@ def test_check_as_a_user_runs_it_lists_each_late_failure_as_a_config_error(tmp_p
         handler={"parallelism": 100000},
     )
 
-    done = subprocess.run(
-        [sys.executable, "-m", "retrylib", "check", str(path), "--timeout", "1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_retrylib("check", str(path), "--timeout", "1", timeout=120)
 
     assert done.returncode == EXIT_CONFIG, done.stderr
     for key in (

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from delta.tables import DeltaTable
 from helpers import (
+    logged_metrics,
     read_table,
     read_topic,
     run_cli,
@@ -131,11 +132,7 @@ def copies_in_topic(bootstrap: str, topic: str, key: str) -> list[list[tuple[str
 def test_run_exits_0_and_logs_one_metrics_line_per_batch(job):
     _, _, code, _, err = job
     assert code == 0
-    lines = [
-        json.loads(line.split("retrylib.metrics: ", 1)[1])
-        for line in err.splitlines()
-        if "retrylib.metrics: " in line
-    ]
+    lines = logged_metrics(err)
     assert lines, err
     assert len({line["batch_id"] for line in lines}) == len(lines)
     totals = {

@@ -7,14 +7,20 @@ its cluster share /Volumes.
 from __future__ import annotations
 
 import re
-import sys
 import time
 
 import pytest
 from connect_server import ConnectServer
-from helpers import produce, read_table, run_retrylib, running_job, wait_for
+from helpers import (
+    job_env,
+    produce,
+    read_table,
+    retrylib_command,
+    run_retrylib,
+    running_job,
+    wait_for,
+)
 from pyspark.errors import AnalysisException
-from test_entrypoints import child_env
 
 
 @pytest.mark.every_spark
@@ -68,7 +74,7 @@ def test_a_job_whose_client_or_server_is_killed_writes_each_record_once(
     keys = [f"ok-{i}" for i in range(240)]
     produce(bootstrap_servers, topic, [(key, "v") for key in keys])
     config = write_config([topic], name="connectcrash", kafka={"max_offsets_per_trigger": 20})
-    command = [sys.executable, "-m", "retrylib", "run", config.source_path]
+    command = retrylib_command("run", config.source_path)
 
     def written() -> int:
         try:
@@ -78,7 +84,7 @@ def test_a_job_whose_client_or_server_is_killed_writes_each_record_once(
 
     server = ConnectServer(tmp_path).start()
     try:
-        env = {**child_env(), "SPARK_REMOTE": server.url}
+        env = job_env({"SPARK_REMOTE": server.url})
         with running_job(command, env, tmp_path / "client-1.log") as client:
             wait_for(client, lambda: written() > 0, timeout=180)
             client.kill()

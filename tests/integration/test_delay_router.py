@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Message
-from helpers import read_topic, run_job_available_now, run_retrylib
+from helpers import logged_metrics, metrics_totals, read_topic, run_job_available_now, run_retrylib
 
 from retrylib.kafka.clients import make_producer
 
@@ -58,14 +58,7 @@ def run_router(path: Path, *, crash_at: str | None = None) -> subprocess.Complet
 
 def metrics(done: subprocess.CompletedProcess[str]) -> dict[str, int]:
     """The run's counters, summed over its batches' metrics lines."""
-    totals: dict[str, int] = {}
-    for line in done.stderr.splitlines():
-        if "retrylib.metrics: " in line:
-            row = json.loads(line.split("retrylib.metrics: ", 1)[1])
-            for name, value in row.items():
-                if isinstance(value, int) and not isinstance(value, bool):
-                    totals[name] = totals.get(name, 0) + value
-    return totals
+    return metrics_totals(done.stderr)
 
 
 def wait_until_due(sent_s: int) -> None:
@@ -225,8 +218,7 @@ def test_with_no_fallback_a_record_with_no_destination_is_logged_and_counted(
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert (metrics(done)["forwarded"], metrics(done)["unroutable"]) == (1, 1)
-    last = [line for line in done.stderr.splitlines() if "retrylib.metrics: " in line][-1]
-    lag = json.loads(last.split("retrylib.metrics: ", 1)[1])["input_lag"]
+    lag = logged_metrics(done.stderr)[-1]["input_lag"]
     assert lag == {delay_topic: {"lag": 0, "not_due": 0}}
     [line] = [line for line in done.stderr.splitlines() if "not forwarded" in line]
     assert " ERROR " in line

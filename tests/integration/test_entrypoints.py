@@ -3,26 +3,30 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_error_line, produce, read_table, run_cli, running_job, wait_for
+from helpers import (
+    assert_one_error_line,
+    job_env,
+    produce,
+    read_table,
+    read_table_rows,
+    retrylib_command,
+    run_cli,
+    running_job,
+    wait_for,
+)
 
 from retrylib.config.loader import load_config
 from retrylib.errors import TopicError
 from retrylib.job import start_query
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def child_env() -> dict[str, str]:
-    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
 @pytest.mark.every_spark
@@ -38,7 +42,7 @@ def test_spark_submit_available_now_exits_zero(
         f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{events} "
         "--conf spark.eventLog.compress=false --conf spark.eventLog.rolling.enabled=false"
     )
-    env = {**child_env(), "SPARK_SUBMIT_OPTS_EXTRA": f"--master local[2] {event_log}"}
+    env = job_env({"SPARK_SUBMIT_OPTS_EXTRA": f"--master local[2] {event_log}"})
 
     done = subprocess.run(
         [str(REPO / "spark-submit.sh"), config.source_path, "--available-now"],
@@ -83,8 +87,8 @@ def test_sigterm_stops_after_the_batch_and_exits_zero(
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
     config = write_config([topic], kafka={"max_offsets_per_trigger": 50})  # a long backlog
     job = subprocess.Popen(
-        [sys.executable, "-m", "retrylib", "run", config.source_path, "--master", "local[2]"],
-        env=child_env(),
+        retrylib_command("run", config.source_path, "--master", "local[2]"),
+        env=job_env(),
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -130,7 +134,7 @@ def test_sigterm_to_the_spark_submit_jvm_stops_after_the_batch_and_exits_zero(
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
     config = write_config([topic], kafka={"max_offsets_per_trigger": 50})  # a long backlog
-    env = {**child_env(), "SPARK_SUBMIT_OPTS_EXTRA": "--master local[2]"}
+    env = job_env({"SPARK_SUBMIT_OPTS_EXTRA": "--master local[2]"})
     log_path = tmp_path / "job.log"
     with running_job([str(REPO / "spark-submit.sh"), config.source_path], env, log_path) as job:
         wait_for(job, lambda: read_table_rows(config.output.table) > 0, 240)
@@ -150,13 +154,6 @@ def test_sigterm_to_the_spark_submit_jvm_stops_after_the_batch_and_exits_zero(
     ]
     logged = {line["batch_id"]: line.get("output_rows", 0) for line in lines}
     assert read_table_rows(config.output.table) == sum(logged.values()) < 2000
-
-
-def read_table_rows(path: str) -> int:
-    try:
-        return read_table(path).num_rows
-    except Exception:  # the table does not exist until the job has started
-        return 0
 
 
 @pytest.mark.every_spark

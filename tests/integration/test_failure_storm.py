@@ -33,13 +33,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from helpers import job_env
 
 from retrylib.kafka.clients import make_consumer, topic_partitions
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd, watermarks
@@ -137,12 +137,7 @@ def test_a_failure_storm_stages_every_record_to_the_first_tier_once(
         retry={"delays": ["1h", "2h"], "max_attempts": 3},
     )
     assert config.kafka.max_offsets_per_trigger is None  # the backlog is one batch
-    env = {
-        **os.environ,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_SUBMIT_OPTS_EXTRA": f"--master local[2] --driver-memory {DRIVER_MEMORY}",
-    }
+    env = job_env({"SPARK_SUBMIT_OPTS_EXTRA": f"--master local[2] --driver-memory {DRIVER_MEMORY}"})
     log_path = tmp_path / "job.log"
     with log_path.open("w") as log:
         done = subprocess.run(

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -17,8 +15,8 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
+from helpers import job_env, retrylib_command, running_job, write_job_toml
 from helpers import produce as produce_pairs
-from helpers import running_job, write_job_toml
 from helpers import wait_for as wait_for_job
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -728,8 +726,8 @@ def test_python_workers_keep_their_kafka_clients_across_tasks_and_batches(
     # Every 8th record fails once: its retry is read back from the tier in a later batch.
     records = [(f"{'flaky1' if i % 8 == 0 else 'ok'}-{i}", "v") for i in range(5 * partitions)]
     produce_pairs(bootstrap_servers, topic, records, partitions=partitions)
-    command = [sys.executable, "-m", "retrylib", "run", str(path), "--master", "local[2]"]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    command = retrylib_command("run", str(path), "--master", "local[2]")
+    env = job_env()
     log_path = tmp_path / "job.log"
 
     def handled() -> int:

@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from helpers import produce, read_table, run_retrylib, running_job, wait_for
-from test_breaker_outage import metrics_lines
-from test_entrypoints import child_env, read_table_rows
+from helpers import (
+    job_env,
+    logged_metrics,
+    produce,
+    read_table,
+    read_table_rows,
+    retrylib_command,
+    run_retrylib,
+    running_job,
+    wait_for,
+)
 
 # key -> values in the order produced; "fail:N" fails N times first, "never" always fails.
 RECORDS = {
@@ -55,11 +62,9 @@ def ordered_job(bootstrap_servers, make_topic, write_config, tmp_path, **section
         retry={"delays": ["1s", "2s"], "max_attempts": 3, "key_ordered": True},
         **sections,
     )
-    env = {
-        **child_env(),
-        "RETRYLIB_TEST_CALL_LOG": str(tmp_path / "calls.jsonl"),
-        "RETRYLIB_LOG_FORMAT": "json",
-    }
+    env = job_env(
+        {"RETRYLIB_TEST_CALL_LOG": str(tmp_path / "calls.jsonl"), "RETRYLIB_LOG_FORMAT": "json"}
+    )
     return config, env
 
 
@@ -68,7 +73,7 @@ def run_until_done(
 ) -> str:
     """Run the job until every record of `records` that can succeed is in the output; its
     log."""
-    command = [sys.executable, "-m", "retrylib", "run", config.source_path, "--master", "local[2]"]
+    command = retrylib_command("run", config.source_path, "--master", "local[2]")
     expected = sum(len(values) for values in records.values()) - 1  # "never" is dead-lettered
     with running_job(command, env, log_path) as job:
         wait_for(job, lambda: read_table_rows(config.output.table) >= expected, 240)
@@ -121,7 +126,7 @@ def test_a_keys_records_wait_behind_its_retry(
     if not sections:  # all read in one batch: "c" did not wait for "a"'s retries
         by_key = successes(tmp_path / "calls.jsonl")
         assert by_key["c"][-1]["time"] < by_key["a"][0]["time"]
-    held = sum(line["held_behind_key"] for line in metrics_lines(log))
+    held = sum(line["held_behind_key"] for line in logged_metrics(log))
     assert held >= 5  # a1, a2, a4, b1, b2 at least once each
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from chispa import assert_df_equality
 from confluent_kafka import TopicPartition
-from helpers import produce, run_job_available_now, run_retrylib, write_job_toml
+from helpers import metrics_totals, produce, run_job_available_now, run_retrylib, write_job_toml
 
 from retrylib.kafka.clients import ensure_topics, make_admin
 
@@ -47,14 +47,6 @@ def assert_output_keys(spark, tmp_path: Path, keys: list[str]) -> None:
     output = spark.read.format("delta").load(str(tmp_path / "out")).select("key")
     expected = spark.createDataFrame([(key,) for key in keys], output.schema)
     assert_df_equality(output, expected, ignore_row_order=True)
-
-
-def metrics_total(stderr: str, counter: str) -> int:
-    return sum(
-        json.loads(line.split("retrylib.metrics: ", 1)[1])[counter]
-        for line in stderr.splitlines()
-        if "retrylib.metrics: " in line
-    )
 
 
 @pytest.mark.parametrize("source", ON_EVERY_SPARK)
@@ -103,7 +95,7 @@ def test_records_deleted_before_the_read_are_skipped_with_a_warning_when_asked(
     assert done.returncode == 0, done.stderr[-3000:]
     assert_output_keys(spark, tmp_path, [f"ok-{i}" for i in range(4, 10)])
     if source == "python":
-        assert metrics_total(done.stderr, "records_lost") == 4
+        assert metrics_totals(done.stderr)["records_lost"] == 4
         assert f"records {topic}[0]@0..3 were deleted from Kafka" in done.stderr
 
 

@@ -7,16 +7,10 @@ traceback). Once the log is writable again, a rerun writes every record once.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from chispa import assert_df_equality
-from helpers import produce, refusing_writes, run_retrylib
-
-
-def run_job(config_path: str) -> subprocess.CompletedProcess[str]:
-    """`retrylib run CONFIG --available-now` as a user runs it, in a process of its own."""
-    return run_retrylib("run", config_path, "--available-now", "--master", "local[2]", timeout=300)
+from helpers import produce, refusing_writes, run_job_available_now
 
 
 def test_a_read_only_delta_log_is_one_clear_error_and_recovery_is_exactly_once(
@@ -27,13 +21,13 @@ def test_a_read_only_delta_log_is_one_clear_error_and_recovery_is_exactly_once(
     produce(bootstrap_servers, topic, first, partitions=2)
     config = write_config([topic], name="rotable")
     output = Path(config.output.table)
-    done = run_job(config.source_path)
+    done = run_job_available_now(config.source_path, timeout=300)
     assert done.returncode == 0, done.stderr[-5000:]
 
     second = [(f"ok-b{i}", "v") for i in range(20)]
     produce(bootstrap_servers, topic, second, partitions=2)
     with refusing_writes(output / "_delta_log"):
-        failed = run_job(config.source_path)
+        failed = run_job_available_now(config.source_path, timeout=300)
 
     assert failed.returncode == 1, failed.stderr[-3000:]
     last = failed.stderr.strip().splitlines()[-1]
@@ -44,7 +38,7 @@ def test_a_read_only_delta_log_is_one_clear_error_and_recovery_is_exactly_once(
     assert "\x1b[" not in failed.stderr  # no terminal colour codes
     assert len(failed.stderr.splitlines()) < 20, failed.stderr[-3000:]
 
-    rerun = run_job(config.source_path)
+    rerun = run_job_available_now(config.source_path, timeout=300)
 
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     expected = spark.createDataFrame([(key,) for key, _ in first + second], "key STRING")
