@@ -5,13 +5,15 @@ Every test here is marked `slow` (`pytest -m slow` runs them all).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import write_job_toml
+from helpers import JVM_OPTIONS, write_job_toml
+from jvm_class_archive import archive_options
 
 from retrylib.config.loader import load_config
 from retrylib.config.model import Config
@@ -25,6 +27,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spark_class_archive() -> None:
+    """Every Spark JVM started through spark-submit from here on maps its classes from the
+    virtualenv's class archive (`jvm_class_archive`), unless SPARK_SUBMIT_OPTS is the
+    caller's own."""
+    if os.environ.get("SPARK_SUBMIT_OPTS") == JVM_OPTIONS:
+        os.environ["SPARK_SUBMIT_OPTS"] = archive_options(JVM_OPTIONS)
 
 
 @pytest.fixture(autouse=True)
