@@ -47,6 +47,7 @@ from retrylib.errors import ConfigError
 _ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _REFERENCE_START = "${"
 _REQUIRED_SECTIONS = ("job", "kafka", "handler", "output")
+_OPTIONAL_SECTIONS = ("retry", "dead_letter", "metrics", "hooks", "breaker")
 
 
 def load_config(
@@ -79,6 +80,30 @@ def collect_config_errors(
 ) -> list[str]:
     """Every problem `load_config` would report for `path`, as a list (empty when valid)."""
     return _parse(path, overrides or {}, check_imports)[1]
+
+
+def accepted_keys(*, delay_router: bool = False) -> frozenset[str]:
+    """Every dotted key a handler job's config file may set ("job.name",
+    "kafka.security.protocol", ...), or with `delay_router` a delay router's: the keys its
+    readers ask for when every table is present ([kafka.security] is read only when it sets
+    something). A table of free-form entries ("kafka.options", "dead_letter.routes",
+    "delay_router.topics") counts as one key.
+    """
+    sections = _ROUTER_SECTIONS if delay_router else (*_REQUIRED_SECTIONS, *_OPTIONAL_SECTIONS)
+    document: dict[str, Any] = {name: {} for name in sections}
+    document["kafka"] = {"security": {"protocol": "PLAINTEXT"}}
+    root = Table(Problems(), "", document)
+    _build(root, check_imports=False, source_path="")
+    return frozenset(_leaf_keys(root))
+
+
+def _leaf_keys(t: Table) -> list[str]:
+    """The keys `t` asked for, a sub-table's by its own keys when it asked for any."""
+    keys = []
+    for key in t.known:
+        sub = t.tables.get(key)
+        keys += _leaf_keys(sub) if sub is not None and sub.known else [t.path(key)]
+    return keys
 
 
 def _parse(
@@ -233,7 +258,7 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
         return _build_router(root, source_path)
     tables = {
         name: root.table(name, f"a [{name}] table", required=name in _REQUIRED_SECTIONS)
-        for name in (*_REQUIRED_SECTIONS, "retry", "dead_letter", "metrics", "hooks", "breaker")
+        for name in (*_REQUIRED_SECTIONS, *_OPTIONAL_SECTIONS)
     }
     root.finish()
     job = read_job(tables["job"])

@@ -208,6 +208,7 @@ class Table:
         self.data = data if data is not None else {}
         self.broken = data is None
         self.known: list[str] = []
+        self.tables: dict[str, Table] = {}  # the sub-tables read through `table`, by key
         self.values: dict[str, Any] = {}
         self.first_problem = len(problems.entries)
 
@@ -224,7 +225,8 @@ class Table:
         or when not a table (both reported).
         """
         data = self.get(key, _TABLE, example, _REQUIRED if required else {})
-        return Table(self.problems, self.path(key), data)
+        self.tables[key] = Table(self.problems, self.path(key), data)
+        return self.tables[key]
 
     def get(self, key: str, kind: Kind, example: str, default: object = _REQUIRED) -> Any:
         """The value of `key` if it is of `kind`, else None; `default` when absent."""

@@ -39,7 +39,7 @@ DEAD_LETTER_SCHEMA = pa.schema(
 """Columns of the dead-letter Delta table. Times are UTC; `headers` are the record's own
 headers without retrylib's; `attempts` counts handler calls made (0 when never handled,
 e.g. an unverified retry record); `reason` is one of those listed for
-`retrylib.dead_letter.reason` in the README; `source_topic` is the topic the failing copy was
+`retrylib.dead_letter.reason` in docs/retries.md; `source_topic` is the topic the failing copy was
 read from.
 
 The last three are null until `retrylib redrive` sends the record back: `redrive_id` and

@@ -5,20 +5,29 @@ reading Kafka with retrylib's own source), and Delta tables written by delta-spa
 `workdir`. Sample orders include
 transient failures (retried after a delay), poison orders (dead-lettered once out of
 attempts) and one unreadable record (dead-lettered at once as non-retryable).
+
+The console tells that story: one line per batch in words, then the tables. Everything else
+the processes write (retrylib's log with each batch's JSON metrics line, Spark's JVM and its
+Python workers, which inherit this process's stderr) goes to `demo.log` in `workdir`, whose
+path the demo prints first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
+import sys
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from retrylib.config.loader import load_config
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
-from retrylib.retry.outcomes import Count
+from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count, retried_tier
 from retrylib.router import BatchResult
 
 log = logging.getLogger(__name__)
@@ -88,7 +97,9 @@ def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float
     root = Path(workdir).resolve()
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    with EmbeddedBroker(data_dir=root / "broker") as broker:
+    log_path = root / "demo.log"
+    print(f"log (Spark's warnings, each batch's metrics): {log_path}")
+    with _stderr_to(log_path), EmbeddedBroker(data_dir=root / "broker") as broker:
         config_path = root / "demo.toml"
         config_path.write_text(
             _DEMO_CONFIG.format(
@@ -106,7 +117,8 @@ def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float
         def count(result: BatchResult) -> None:
             settled[0] += result.counters.get(Count.SUCCEEDED, 0)
             settled[0] += result.counters.get(Count.DEAD_LETTERED, 0)
-            print(f"batch {result.batch_id}: {json.dumps(result.counters, sort_keys=True)}")
+            if story := batch_story(result.counters):
+                print(f"batch {result.batch_id}: {story}", flush=True)
 
         spark = build_spark_session("retrylib-demo", master="local[2]")
         query, router = start_query(spark, config, on_result=count)
@@ -124,11 +136,49 @@ def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float
         missing, doubled = set(wanted) - set(landed), len(landed) - len(set(landed))
         print(
             f"demo did not settle: {len(wanted) - len(missing)} of {len(wanted)} orders "
-            f"accounted for, {doubled} written twice"
+            f"accounted for, {doubled} written twice (see {log_path})"
         )
         return 1
     print(f"all {len(orders)} orders accounted for: output or dead letter, each exactly once")
     return 0
+
+
+def batch_story(counters: Mapping[str, int]) -> str:
+    """A batch's counters in words ("200 new orders read; 165 handled, 34 sent to retry tier 1,
+    1 dead-lettered"); empty for a batch that read nothing."""
+    read = [
+        f"{counters[name]} {what} read"
+        for name, what in ((Count.RECORDS_MAIN, "new orders"), (Count.RECORDS_RETRY, "retries"))
+        if counters.get(name)
+    ]
+    if not read:
+        return ""
+    outcomes = [f"{counters.get(Count.SUCCEEDED, 0)} handled"]
+    tiers = sorted(
+        int(name[len(RETRIED_TIER_PREFIX) :])
+        for name in counters
+        if name.startswith(RETRIED_TIER_PREFIX)
+    )
+    outcomes += [f"{counters[retried_tier(tier)]} sent to retry tier {tier + 1}" for tier in tiers]
+    if counters.get(Count.DEAD_LETTERED):
+        outcomes.append(f"{counters[Count.DEAD_LETTERED]} dead-lettered")
+    return f"{' and '.join(read)}; {', '.join(outcomes)}"
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """Send this process's stderr (file descriptor 2) to `path` meanwhile: log lines, and what
+    the JVM and Spark's Python workers started meanwhile write there for their whole life."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log_file:
+        os.dup2(log_file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _print_results(spark, output_table: str, dead_letter_table: str) -> list[str]:
