@@ -218,8 +218,8 @@ def run_retrylib(
     """`retrylib ARGS` as a user runs it (`python -m retrylib`), in a process of its own, with
     `env` added to the environment and Spark's Python workers on this interpreter.
 
-    With `new_session` it leads a process group of its own, so that a crash point
-    (`retrylib.faults`) kills its Spark JVM and workers with it.
+    With `new_session` it leads a process group of its own, so that a crash (`env` from
+    `crash_env`, tests/faults/crash/) kills its Spark JVM and workers with it.
     """
     return subprocess.run(
         [sys.executable, "-m", "retrylib", *args],
