@@ -31,7 +31,7 @@ from pathlib import Path
 
 from retrylib.steps import STEPS, set_listener
 
-HOOK_DIR = Path(__file__).resolve().parent
+_HOOK_DIR = Path(__file__).resolve().parent
 _AT = "RETRYLIB_CRASH_AT"
 _BATCH = "RETRYLIB_CRASH_BATCH"
 _SKIP = "RETRYLIB_CRASH_SKIP"
@@ -45,9 +45,9 @@ def crash_env(
     """The environment that makes a job started with it crash at step `at` (see the module
     docstring): this folder first on PYTHONPATH, and every setting, the ones not given
     empty (so that none is inherited)."""
-    path = [str(HOOK_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+    inherited = os.environ.get("PYTHONPATH")
     return {
-        "PYTHONPATH": os.pathsep.join(path),
+        "PYTHONPATH": f"{_HOOK_DIR}{os.pathsep}{inherited}" if inherited else str(_HOOK_DIR),
         _AT: at,
         _BATCH: "" if batch is None else str(batch),
         _SKIP: "" if skip is None else str(skip),
