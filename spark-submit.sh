@@ -4,10 +4,13 @@
 #   ./spark-submit.sh conf/orders.toml [--available-now]
 #
 # Ships the retrylib package to the executors with --py-files (the handler's own package
-# is shipped by the job itself). With a Spark installed from PyPI into a virtualenv (the
-# project's .venv: spark-submit beside the interpreter, pyvenv.cfg above it) it adds Spark's
-# Kafka connector and Delta Lake, resolved once by `python -m retrylib.spark.jars`; any other
-# spark-submit (a cluster's, on PATH) brings its own and gets none. Extra spark-submit flags
+# is shipped by the job itself), without what runs on neither side of the job: the
+# embedded broker (demo, tests), the jar resolver and the demo. The driver's modules stay:
+# spark-submit puts the bundle first on the driver's Python path too, so the driver runs
+# from it. With a Spark installed from PyPI into a virtualenv (the project's .venv:
+# spark-submit beside the interpreter, pyvenv.cfg above it) it adds Spark's Kafka connector
+# and Delta Lake, resolved once by `python -m retrylib.spark.jars`; any other spark-submit
+# (a cluster's, on PATH) brings its own and gets none. Extra spark-submit flags
 # go in SPARK_SUBMIT_OPTS_EXTRA, e.g. SPARK_SUBMIT_OPTS_EXTRA="--master yarn".
 set -euo pipefail
 
@@ -47,9 +50,11 @@ bundle="$here/build/retrylib-py.zip"
 mkdir -p "$here/build"
 (cd "$here" && "$PYSPARK_PYTHON" -c "
 import sys, zipfile, pathlib
+left_out = {'retrylib/kafka/broker.py', 'retrylib/spark/jars.py', 'retrylib/ops/demo.py'}
 with zipfile.ZipFile(sys.argv[1], 'w') as z:
     for path in sorted(pathlib.Path('retrylib').rglob('*.py')):
-        z.write(path)
+        if path.as_posix() not in left_out:
+            z.write(path)
 " "$bundle")
 
 # shellcheck disable=SC2086

@@ -64,7 +64,6 @@ from retrylib.delta.compaction import Compactor
 from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once, committed_version
 from retrylib.errors import DamagedFile, RetrylibError, TableWriteError
-from retrylib.faults import crash_point
 from retrylib.forwarding import ForwardPlan
 from retrylib.hooks import DriverHooks
 from retrylib.kafka import worker_clients
@@ -86,6 +85,7 @@ from retrylib.progress_watch import ProgressWatch
 from retrylib.results import placed, result_struct
 from retrylib.retry.outcomes import Count
 from retrylib.spark.connect import is_connect, set_job_property
+from retrylib.steps import reached
 from retrylib.table_checks import TableState, last_appends, manifest_tables, mismatch
 from retrylib.task import TaskPlan, run_task
 
@@ -247,15 +247,15 @@ class BatchRouter:
             replayed = manifest is not routed
             if replayed:
                 log.warning("batch %d was routed concurrently; using the other run's", batch_id)
-            crash_point("after_manifest", batch_id)
+            reached("after_manifest", batch_id)
         elif not self._checked_tables:
             self._read_tables(spark, batch_id)
         result = self._apply(spark, manifest, batch_id, replayed, started)
         if self._key_order is not None:
             self._key_order.after_batch(spark, manifest, batch_id)
-        crash_point("before_batch_end", batch_id)
+        reached("before_batch_end", batch_id)
         self._checkpoint.clean_up(spark, batch_id)
-        crash_point("after_cleanup", batch_id)
+        reached("after_cleanup", batch_id)
         self._hooks.call("on_batch_end", batch_id, dict(result.counters))
         if self._hook_errors:
             counters = Counter(result.counters)
@@ -317,7 +317,7 @@ class BatchRouter:
         )
         staging = self._checkpoint.staged(batch_id)
         decided = _run_tasks(df, plan, staging, decision_columns(_COUNTED_KINDS, self._tiers))
-        crash_point("after_handler", batch_id)
+        reached("after_handler", batch_id)
         counters: Counter[str] = Counter()
         for text in json.loads(decided["counters"]):
             counters.update(json.loads(text))
@@ -358,7 +358,7 @@ class BatchRouter:
 
         def produce() -> tuple[int, int]:
             sent = self._produce(staged, manifest, batch_id) if rows["staged"] else (0, 0)
-            crash_point("after_produce", batch_id)
+            reached("after_produce", batch_id)
             return sent
 
         def append_output() -> bool:
@@ -369,14 +369,14 @@ class BatchRouter:
                 batch_id,
                 self._evolve_output,
             )
-            crash_point("after_output_commit", batch_id)
+            reached("after_output_commit", batch_id)
             return committed
 
         def append_dead_letters() -> bool:
             committed = bool(rows["dead_letter"]) and self._append(
                 of_kind("dead_letter"), "dead_letter.table", self._dead_letter_table, batch_id
             )
-            crash_point("after_dead_letter_commit", batch_id)
+            reached("after_dead_letter_commit", batch_id)
             return committed
 
         # The three effects are each idempotent and need nothing of each other, so they run

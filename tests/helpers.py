@@ -235,8 +235,8 @@ def run_retrylib(
     """`retrylib ARGS` in a process of its own (`retrylib_command`), with `env` added to the
     environment (`job_env`).
 
-    With `new_session` it leads a process group of its own, so that a crash point
-    (`retrylib.faults`) kills its Spark JVM and workers with it.
+    With `new_session` it leads a process group of its own, so that a crash (`env` from
+    `crash_env`, tests/faults/crash/) kills its Spark JVM and workers with it.
     """
     return subprocess.run(
         retrylib_command(*args),

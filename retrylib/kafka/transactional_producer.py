@@ -46,12 +46,12 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from retrylib.config.topics import produced_topic
 from retrylib.errors import MarkerReadError, ProduceError, RetrylibError
-from retrylib.faults import crash_point
 from retrylib.kafka.clients import make_producer
 from retrylib.kafka.markers import marker_value, unit_produced
 from retrylib.kafka.reading import produce, serve
 from retrylib.kafka.staged_records import Deliveries, StagedRecords, produce_staged
 from retrylib.kafka.worker_clients import note_opened
+from retrylib.steps import reached
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ class StagedProducer:
                 timestamp_ms=int(time.time() * 1000),
                 on_delivery=deliveries,
             )
-            crash_point("in_produce", batch_id)
+            reached("in_produce", batch_id)
             producer.commit_transaction(_COMMIT_TIMEOUT_S)
         except BaseException as error:
             # A failed abort leaves the transaction to the next producer's init_transactions.
@@ -249,7 +249,7 @@ class StagedProducer:
                     raise abort_error from error
             raise
         self._known_last = batch_id
-        crash_point("after_unit_commit", batch_id)
+        reached("after_unit_commit", batch_id)
         log.info(
             "produced %d record(s) of batch %d unit %d in one transaction",
             count,

@@ -213,16 +213,6 @@ def kafka_jars() -> list[Path]:
     return resolve("kafka", kafka_coordinates())
 
 
-def runs_on_cluster_spark() -> bool:
-    """True when this process runs on a Spark it did not install from PyPI, which brings its
-    own connector and Delta (Databricks, EMR), or was started by spark-submit (which was
-    given the jars already)."""
-    if os.environ.get("PYSPARK_GATEWAY_PORT"):
-        return True
-    home = os.environ.get("SPARK_HOME")
-    return bool(home) and Path(home).resolve() != _pyspark_home().resolve()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m retrylib.spark.jars [spark|kafka ...] [--classpath]`: resolve, print the jars."""
     parser = argparse.ArgumentParser(prog="python -m retrylib.spark.jars", description=main.__doc__)

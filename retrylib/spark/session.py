@@ -10,12 +10,13 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
+import pyspark
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from retrylib.spark.connect import is_connect
-from retrylib.spark.jars import DELTA_SQL_CONF, runs_on_cluster_spark, spark_jars
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,16 @@ def connect_server() -> str | None:
     """The Spark Connect server this process's sessions are clients of (`SPARK_REMOTE`), or
     None for a classic session."""
     return os.environ.get("SPARK_REMOTE") or None
+
+
+def runs_on_cluster_spark() -> bool:
+    """True when this process runs on a Spark it did not install from PyPI, which brings its
+    own connector and Delta (Databricks, EMR), or was started by spark-submit (which was
+    given the jars already)."""
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return True
+    home = os.environ.get("SPARK_HOME")
+    return bool(home) and Path(home).resolve() != Path(pyspark.__file__).parent.resolve()
 
 
 def build_spark_session(
@@ -53,6 +64,10 @@ def build_spark_session(
     settings = {**_QUIET_DEFAULTS, **dict(extra or {})}
     server = remote is not None and remote.startswith("sc://")
     if not runs_on_cluster_spark() and not server:
+        # Imported here: spark-submit.sh leaves the jar resolver out of what it ships, and
+        # under spark-submit (which runs the driver from that bundle) it is never needed.
+        from retrylib.spark.jars import DELTA_SQL_CONF, spark_jars
+
         settings["spark.jars"] = ",".join(str(jar) for jar in spark_jars())
         settings.update(DELTA_SQL_CONF)
         # Delta rebuilds a table's state (to read its app transactions) in this many tasks;

@@ -5,8 +5,8 @@ the 2nd or 3rd call, failures that always fail, non-retryable failures), then ru
 as a subprocess (`python -m retrylib run CONF --master local[2]`, processing-time
 trigger) from the same checkpoint, and ends it in one of three ways:
 
-- point: RETRYLIB_CRASH_AT names a crash point; the job SIGKILLs its whole process group
-  (driver, JVM, Python workers) when a batch gets there.
+- point: the crash listener (tests/faults/crash/) SIGKILLs the job's whole process group
+  (driver, JVM, Python workers) when a batch reaches the named step (`retrylib.steps`).
 - random: the harness SIGKILLs the process group at a random moment.
 - broker: the harness stops the embedded broker and starts it again on the same port and
   data dir while the job runs; the job must ride through or exit non-zero (never 0 with
@@ -46,13 +46,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from retrylib.faults import CRASH_POINTS
+import pyarrow as pa
+
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.retry.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, record_id
+from retrylib.steps import STEPS
 
 # tests/, for the helpers shared by the tests, when this file runs as a script
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from faults.crash.crash_points import crash_env
 from helpers import JVM_OPTIONS, read_table, read_topic, tests_session, write_job_toml
 
 HERE = Path(__file__).resolve().parent
@@ -133,7 +136,7 @@ def plan_rounds(
     seed: int,
     *,
     rounds: int | None = None,
-    points: Sequence[str] = CRASH_POINTS,
+    points: Sequence[str] = STEPS,
     random_kills: int = 3,
     broker_restarts: int = 1,
 ) -> list[Round]:
@@ -502,9 +505,6 @@ class FaultHarness:
             "RETRYLIB_FAULTS_CALL_LOG": str(self.calls_log),
             **env,
         }
-        for name in ("RETRYLIB_CRASH_AT", "RETRYLIB_CRASH_BATCH", "RETRYLIB_CRASH_SKIP"):
-            if name not in env:
-                full_env.pop(name, None)
         command = [
             sys.executable,
             "-m",
@@ -559,7 +559,7 @@ class FaultHarness:
     def run_round(self, index: int, spec: Round) -> Outcome:
         self.produce_wave()
         log = self.workdir / f"round-{index:02d}-{spec.point or spec.kind}.log"
-        env = {"RETRYLIB_CRASH_AT": spec.point} if spec.kind == "point" else {}
+        env = crash_env(spec.point) if spec.point is not None else {}
         started = time.monotonic()
         process = self._start_job(log, env)
         note = ""
@@ -634,7 +634,7 @@ class FaultHarness:
     ) -> Outcome:
         """Run the job until every input is in the output or dead-lettered and nothing
         changes for `settle` seconds (longer than the longest retry delay); `env` may ask for
-        faults the job rides through (a crash point with RETRYLIB_CRASH_ONCE)."""
+        faults the job rides through (`crash_env(..., once=...)`)."""
         index = len(self.report.outcomes)
         log = self.workdir / f"round-{index:02d}-drain.log"
         started = time.monotonic()
@@ -742,7 +742,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = plan_rounds(
         args.seed,
         rounds=args.rounds,
-        points=args.points.split(",") if args.points else CRASH_POINTS,
+        points=args.points.split(",") if args.points else STEPS,
         random_kills=args.random_kills,
         broker_restarts=args.broker_restarts,
     )

@@ -1,6 +1,6 @@
-"""Exactly-once effects across crashes: crash points, produce-once, and the fault harness.
+"""Exactly-once effects across crashes: the crash listener, produce-once, and the fault harness.
 
-The harness test runs the real job as a subprocess, kills it at every crash point and at
+The harness test runs the real job as a subprocess, kills it at every step of a batch and at
 random moments, restarts the broker under it, and checks the tables and topics with chispa
 (see tests/faults/harness.py; run it by hand with --rounds N --seed S for a soak).
 """
@@ -24,7 +24,6 @@ from helpers import read_topic
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
 from retrylib.config.topics import produced_topic
 from retrylib.errors import ProduceError
-from retrylib.faults import CRASH_POINTS
 from retrylib.kafka import transactional_producer
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.kafka.markers import ControlTopic, read_marker
@@ -35,20 +34,20 @@ FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 REPO = FAULTS_DIR.parents[1]
 sys.path.insert(0, str(FAULTS_DIR))
 
+from faults.crash.crash_points import crash_env  # noqa: E402
 from harness import FaultHarness, plan_rounds  # noqa: E402
 
 SEED = 20261123
 KEY = b"k" * 32  # a checkpoint's signing key
 
 
-# -- crash points -------------------------------------------------------------------------
+# -- the crash listener -------------------------------------------------------------------
 
 
-def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RETRYLIB_CRASH")}
+def _python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code],
-        env={**clean, **env},
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=60,
@@ -57,9 +56,9 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 CALL_POINT = (
-    "from retrylib.faults import crash_point\n"
+    "from retrylib.steps import reached\n"
     "for batch in range(3):\n"
-    "    crash_point('after_produce', batch)\n"
+    "    reached('after_produce', batch)\n"
     "    print('passed', batch, flush=True)\n"
 )
 
@@ -67,32 +66,25 @@ CALL_POINT = (
 @pytest.mark.every_spark
 def test_crash_points_are_off_unless_asked():
     assert _python(CALL_POINT).stdout.split("\n")[:3] == ["passed 0", "passed 1", "passed 2"]
-    other = _python(CALL_POINT, RETRYLIB_CRASH_AT="after_manifest")
+    other = _python(CALL_POINT, crash_env("after_manifest"))
     assert other.returncode == 0 and "passed 2" in other.stdout
 
 
 @pytest.mark.every_spark
 def test_crash_point_kills_at_the_named_batch_and_hit():
-    by_batch = _python(CALL_POINT, RETRYLIB_CRASH_AT="after_produce", RETRYLIB_CRASH_BATCH="1")
+    by_batch = _python(CALL_POINT, crash_env("after_produce", batch=1))
     assert by_batch.returncode == -9
     assert by_batch.stdout.split() == ["passed", "0"]
     assert "crash at after_produce in batch 1" in by_batch.stderr
-    skipped = _python(CALL_POINT, RETRYLIB_CRASH_AT="after_produce", RETRYLIB_CRASH_SKIP="2")
+    skipped = _python(CALL_POINT, crash_env("after_produce", skip=2))
     assert skipped.returncode == -9 and skipped.stdout.split() == ["passed", "0", "passed", "1"]
 
 
 @pytest.mark.every_spark
-def test_a_misspelt_crash_point_fails_at_import():
-    typo = _python(CALL_POINT, RETRYLIB_CRASH_AT="after_prodcue")
-    assert typo.returncode == 1
-    assert "RETRYLIB_CRASH_AT='after_prodcue' is not a crash point" in typo.stderr
-
-
-@pytest.mark.every_spark
-def test_every_crash_point_is_placed_once():
-    source = (REPO / "retrylib" / "router.py").read_text()
-    source += (REPO / "retrylib" / "kafka" / "transactional_producer.py").read_text()
-    assert sorted(re.findall(r'crash_point\("(\w+)"', source)) == sorted(CRASH_POINTS)
+def test_a_misspelt_crash_point_fails_the_process_at_its_start():
+    typo = _python(CALL_POINT, crash_env("after_prodcue"))
+    assert typo.returncode == 1 and "passed" not in typo.stdout
+    assert "RETRYLIB_CRASH_AT='after_prodcue' is not a step" in typo.stderr
 
 
 # -- the manifest -------------------------------------------------------------------------
@@ -251,7 +243,7 @@ def _produce_and_crash(
         f"p = StagedProducer({job!r}, 'app-1', 0, {bootstrap!r}, {{}}, signing_key={KEY!r})\n"
         f"p.produce_once({batch_id}, "
         "lambda: [pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)], 0)\n",
-        RETRYLIB_CRASH_AT=point,
+        crash_env(point),
     )
 
 
@@ -420,7 +412,7 @@ def test_a_python_worker_lost_after_its_units_commit_is_run_again_once(tmp_path,
     ) as harness:
         harness.produce_wave()
         once = tmp_path / "crashed-once"
-        outcome = harness.drain(env={"RETRYLIB_CRASH_AT": point, "RETRYLIB_CRASH_ONCE": str(once)})
+        outcome = harness.drain(env=crash_env(point, once=once))
         text = outcome.log.read_text(errors="replace")
         assert once.exists() and f"crash at {point} in batch" in text, harness.log_tails()
         assert outcome.returncode == 0, harness.log_tails()

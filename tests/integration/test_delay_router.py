@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Message
+from faults.crash.crash_points import crash_env
 from helpers import logged_metrics, metrics_totals, read_topic, run_job_available_now, run_retrylib
 
 from retrylib.kafka.clients import make_producer
@@ -52,7 +53,7 @@ def write_router(tmp_path: Path, bootstrap: str, delay_topic: str, fallback: str
 
 
 def run_router(path: Path, *, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {"RETRYLIB_CRASH_AT": crash_at} if crash_at else None
+    env = crash_env(crash_at) if crash_at else None
     return run_job_available_now(path, env=env, new_session=True)
 
 

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,13 @@ def test_spark_submit_available_now_exits_zero(
         for name in ("records_main", "succeeded", "output_rows", "dead_lettered")
     ]
     assert totals == [200, 200, 200, 0]
+    # What it shipped to the executors (and ran the driver from): the job without the
+    # embedded broker, the jar resolver and the demo.
+    with zipfile.ZipFile(REPO / "build" / "retrylib-py.zip") as bundle:
+        shipped = set(bundle.namelist())
+    assert {"retrylib/router.py", "retrylib/task.py", "retrylib/kafka/tier_source.py"} <= shipped
+    left_out = {"retrylib/kafka/broker.py", "retrylib/spark/jars.py", "retrylib/ops/demo.py"}
+    assert not shipped & left_out
 
 
 def names(observed: dict) -> list[str]:

@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from faults.crash.crash_points import crash_env
 from helpers import (
     job_env,
     logged_metrics,
@@ -142,7 +143,7 @@ def test_the_queues_survive_crashes_on_either_side_of_their_update(
             config.source_path,
             "--master",
             "local[2]",
-            env={**env, "RETRYLIB_CRASH_AT": point, "RETRYLIB_CRASH_BATCH": "0"},
+            env={**env, **crash_env(point, batch=0)},
             new_session=True,
         )
         assert f"crash at {point} in batch 0" in crashed.stderr, crashed.stderr[-3000:]

@@ -1,0 +1,57 @@
+"""The named steps of a batch, and the one listener told when a process reaches one.
+
+`router` and `kafka.transactional_producer` call `reached(step, batch_id)` at each step;
+with no listener set that costs one comparison. A listener is set from outside the job
+(the fault tests' crash listener kills the process at a step: tests/faults/crash/), in
+every process it should hear from: the driver reaches the driver's steps, a Python worker
+the executor's. A listener runs inline and may raise; what it raises fails the step.
+
+The steps, in the order a batch reaches them:
+
+- after_handler: every task routed its records and wrote its files; no manifest yet.
+- after_manifest: the batch's decisions are recorded; nothing produced or committed.
+- in_produce (executor): a produce unit's records and marker were sent inside its Kafka
+  transaction, not committed.
+- after_unit_commit (executor): a produce unit's transaction is committed; its task has not
+  returned.
+- after_produce: every unit's transaction is committed; no Delta commit yet.
+- after_output_commit: the output table holds the batch; the dead-letter table not yet.
+- after_dead_letter_commit: both tables hold the batch; staged files not yet removed.
+- before_batch_end: the batch's effects are all done (the same state as the step
+  before, reached one step later); staged files not yet removed.
+- after_cleanup: staged files removed, `foreachBatch` about to return (Spark has not yet
+  written the batch to its commit log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+STEPS = (
+    "after_handler",
+    "after_manifest",
+    "in_produce",
+    "after_unit_commit",
+    "after_produce",
+    "after_output_commit",
+    "after_dead_letter_commit",
+    "before_batch_end",
+    "after_cleanup",
+)
+
+StepListener = Callable[[str, int], None]
+"""Called with the step's name (one of `STEPS`) and the batch id."""
+
+_listener: StepListener | None = None
+
+
+def set_listener(listener: StepListener | None) -> None:
+    """Make `listener` the one this process tells of each step it reaches; None for none."""
+    global _listener
+    _listener = listener
+
+
+def reached(step: str, batch_id: int) -> None:
+    """Tell the listener, if one is set, that this process reached `step` of `batch_id`."""
+    if _listener is not None:
+        _listener(step, batch_id)
