@@ -20,10 +20,10 @@ from pyspark.sql.streaming import StreamingQuery
 from retrylib.breaker import OPEN, Breaker, BreakerState
 from retrylib.checkpoint import Checkpoint, replace_json
 from retrylib.config.model import BATCH_HOOKS, RECORD_HOOKS, Config, KafkaConfig
-from retrylib.config.topics import produced_topic
+from retrylib.config.table_ref import TableRef
+from retrylib.config.topics import produced_topic, subscribed
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.dead_letter import dead_letter_struct
-from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import ensure_table
 from retrylib.errors import LeaseHeld, RetrylibError, TopicError
 from retrylib.forwarding import ForwardPlan, run_forwarding_task
@@ -41,7 +41,6 @@ from retrylib.kafka.offsets import (
     offsets_to_json,
     progress_end_offsets,
     reached,
-    subscribed,
 )
 from retrylib.kafka.record_size import producer_batch_bytes
 from retrylib.kafka.runner_lease import RunnerLease, runner_group, take_lease

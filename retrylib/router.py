@@ -59,9 +59,9 @@ from pyspark.sql.streaming import StreamingQuery
 
 from retrylib import errors
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
+from retrylib.config.table_ref import TableRef
 from retrylib.config.topics import produced_topic
 from retrylib.delta.compaction import Compactor
-from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once, committed_version
 from retrylib.errors import DamagedFile, RetrylibError, TableWriteError
 from retrylib.faults import crash_point

@@ -13,16 +13,18 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any
 
+from retrylib.config.client_security import java_security, librdkafka_security
 from retrylib.config.schema import OutputSchema
-from retrylib.delta.table_ref import TableRef
-from retrylib.kafka.clients import is_secret_key
-from retrylib.kafka.security import java_security, librdkafka_security
-from retrylib.retry.policy import ANY_TOPIC
+from retrylib.config.secrets import is_secret_key
+from retrylib.config.table_ref import TableRef
 
 OPTION_TABLES = ("kafka.options", "kafka.java_options", "kafka.librdkafka_options")
 """The dotted keys of the Kafka client option tables: below each, the rest of a key is one
 option name ("sasl.mechanism")."""
 _SECRET_KEYS = frozenset({"kafka.security.password"})
+ANY_TOPIC = "*"
+"""The main-topic key of the retry tiers of a job reading `kafka.topic_pattern`: one set of
+tiers for every topic it matches ("*" is no Kafka topic name)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class KafkaConfig(_ReadOnlyMappings):
 
     The job runs two kinds of Kafka client: Spark's connector (Java) for the main topics and
     librdkafka's for everything else. `security` is written for both (see
-    `retrylib.kafka.security`); `options` go to both as they are; `java_options` and
+    `retrylib.config.client_security`); `options` go to both as they are; `java_options` and
     `librdkafka_options` go to one kind each and win over the rest.
 
     With `fail_on_data_loss` false, records deleted from Kafka before the job read them

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from retrylib.config.importing import import_object
+from retrylib.config.kafka_options import JOB_OWNED_OPTIONS, option_problem
 from retrylib.config.locations import check_table_name
 from retrylib.config.model import (
     ANY_TOPIC,
@@ -59,7 +60,6 @@ from retrylib.config.values import (
     instant_ms,
     is_topic,
 )
-from retrylib.kafka.clients import JOB_OWNED_OPTIONS, option_problem
 
 _DEFAULT_DELAYS = ("10s", "1m", "10m")
 # A retry due within this of a batch's start is read in that batch and waits in its task, so

@@ -10,7 +10,7 @@ import time
 
 from helpers import produce, read_table
 
-from retrylib.delta.table_ref import TableRef
+from retrylib.config.table_ref import TableRef
 from retrylib.delta.tables import append_once
 from retrylib.job import start_query, stop_gracefully
 from retrylib.metrics import METRICS_SCHEMA, metrics_struct, table_row
