@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from retrylib.batch_result import BatchResult
 from retrylib.breaker import OPEN, Breaker, BreakerState
 from retrylib.checkpoint import Checkpoint, replace_json
 from retrylib.config.model import BATCH_HOOKS, RECORD_HOOKS, Config, KafkaConfig
@@ -59,7 +60,7 @@ from retrylib.logs import (
 )
 from retrylib.metrics import MetricsRecorder
 from retrylib.retry.outcomes import Count
-from retrylib.router import BatchFunction, BatchResult, BatchRouter, task_error
+from retrylib.router import BatchFunction, BatchRouter, task_error
 from retrylib.spark.connect import default_parallelism, is_connect
 from retrylib.spark.session import build_spark_session
 from retrylib.spark.shipping import ship_code

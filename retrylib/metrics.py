@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from retrylib.batch_result import BatchResult
 from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import Config
 from retrylib.delta.tables import append_once, ensure_table
@@ -67,7 +68,7 @@ from retrylib.retry.policy import due_timestamp_ms
 
 if TYPE_CHECKING:
     from retrylib.breaker import Breaker
-    from retrylib.router import BatchResult
+
 
 log = logging.getLogger(__name__)  # "retrylib.metrics": the batch lines and the warnings
 

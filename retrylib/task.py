@@ -45,7 +45,7 @@ from retrylib.results import ResultRows, output_batch
 from retrylib.retry.headers import without_reserved
 from retrylib.retry.outcomes import Count
 from retrylib.retry.policy import RetryPolicy
-from retrylib.retry_records import Delivery, RetryRecords
+from retrylib.retry_records import Delivery, RetryPlan, RetryRecords
 from retrylib.vectorized import (
     as_output_table,
     carries_reserved_headers,
@@ -112,6 +112,22 @@ def _tier_index(retry_topics: Mapping[str, tuple[str, ...]]) -> dict[str, int]:
     return {topic: tier for topics in retry_topics.values() for tier, topic in enumerate(topics)}
 
 
+def _retry_plan(plan: TaskPlan) -> RetryPlan:
+    return RetryPlan(
+        job=plan.job,
+        batch_id=plan.batch_id,
+        now_ms=plan.now_ms,
+        read_ahead_ms=plan.read_ahead_ms,
+        signing_key=plan.signing_key,
+        retry_topics=plan.retry_topics,
+        tier_delays_ms=plan.tier_delays_ms,
+        dead_letter_topic=plan.dead_letter_topic,
+        dead_letter_routes=plan.dead_letter_routes,
+        partition_counts=plan.partition_counts,
+        max_record_bytes=plan.max_record_bytes,
+    )
+
+
 def _policy(plan: TaskPlan) -> RetryPolicy:
     return _cached_policy(
         plan.tier_delays_ms,
@@ -159,7 +175,9 @@ class TaskRouter:
         # Successful calls whose rows are not yet written: (record, its Delivery if it
         # has one, rows). Written together; a record whose rows do not fit fails alone.
         self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
-        self.retries = RetryRecords(plan, _policy(plan), self.tier_of, self.counters, self.hooks)
+        self.retries = RetryRecords(
+            _retry_plan(plan), _policy(plan), self.tier_of, self.counters, self.hooks
+        )
         self.waiting = WaitingRetries()  # retries read ahead, until due by `clock`
         self.clock = DueClock(plan.now_ms)
         self.key_order: KeyOrder | None = None

@@ -23,6 +23,7 @@ import pytest
 from confluent_kafka import Message
 from pyspark.sql import DataFrame, SparkSession
 
+from retrylib.batch_result import BatchResult
 from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.config.model import Config
 from retrylib.errors import ConfigError
@@ -35,7 +36,6 @@ from retrylib.kafka.source_options import parse_source_options
 from retrylib.kafka.tier_source import KafkaStreamReader
 from retrylib.ops.cli import main
 from retrylib.results import KINDS, result_schema
-from retrylib.router import BatchResult
 from retrylib.task import TaskPlan, run_task
 
 REPO = Path(__file__).resolve().parents[1]

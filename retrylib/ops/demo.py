@@ -15,11 +15,11 @@ import shutil
 import time
 from pathlib import Path
 
+from retrylib.batch_result import BatchResult
 from retrylib.config.loader import load_config
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.retry.outcomes import Count
-from retrylib.router import BatchResult
 
 log = logging.getLogger(__name__)
 
