@@ -53,7 +53,6 @@ from retrylib.kafka.source_options import (
 from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
 from retrylib.key_order_store import KeyOrderStore
 from retrylib.logs import (
-    config_secrets,
     configure_worker_logging,
     redact_secrets,
     spark_log_conf,
@@ -566,7 +565,7 @@ def _router_on_server(parts: RouterParts, spark: SparkSession) -> BatchRouter:
     """`make_router` in the Python process a Spark Connect server runs the batches in: its
     log lines go to that process's stderr (the server's log), the config's secrets masked."""
     configure_worker_logging()
-    redact_secrets(config_secrets(parts.config))
+    redact_secrets(parts.config.secret_values())
     return make_router(parts, spark)
 
 
@@ -748,7 +747,7 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
     checkpoint (at start, or when it took the lease over while the brokers did not hear
     from this one).
     """
-    redact_secrets(config_secrets(config))
+    redact_secrets(config.secret_values())
     # Topics and lease are made ready while Spark starts: a group's first rebalance waits
     # for the broker's group.initial.rebalance.delay.ms (3 s by default).
     with ThreadPoolExecutor(1, thread_name_prefix="retrylib-prepare") as pool:

@@ -28,9 +28,9 @@ from retrylib.config.model import (
     OutputConfig,
     RetryConfig,
     RetryTier,
-    is_hidden,
 )
 from retrylib.config.schema import OutputSchema, parse_schema
+from retrylib.config.secrets import MASK, is_hidden
 from retrylib.config.security import check_security, read_security
 from retrylib.config.topics import (
     check_dead_letter_topics,
@@ -214,7 +214,7 @@ def _kafka_options(t: Table, *, librdkafka: bool = True) -> dict[str, str]:
         if reason is None:
             continue
         if is_hidden(key, t.problems.from_env) and value:
-            reason = reason.replace(value, "***")
+            reason = reason.replace(value, MASK)
         if reason.startswith(("Invalid value", "Unsupported value")):
             fix = "give a value librdkafka accepts"
         elif name.startswith("kafka."):
