@@ -29,7 +29,7 @@ from retrylib.delta.tables import ensure_table
 from retrylib.errors import LeaseHeld, RetrylibError, TopicError
 from retrylib.forwarding import ForwardPlan, run_forwarding_task
 from retrylib.kafka.clients import (
-    TIER_CLIENT_OPTIONS,
+    READ_COMMITTED,
     RecordLimits,
     connected_admin,
     ensure_topics,
@@ -206,9 +206,9 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
         # A partition with no record from then on starts at its end, not fails the query.
         main["startingOffsetsByTimestampStrategy"] = "latest"
     tiers = {
-        **_client_options(kafka.client_options()),
-        # The source's offset look-ups: a tier's end must not pass an open transaction.
-        **{f"kafka.{key}": value for key, value in TIER_CLIENT_OPTIONS.items()},
+        # read_committed over the user's options: the source's offset look-ups too must stop
+        # a tier's end before an open transaction.
+        **_client_options({**kafka.client_options(), **READ_COMMITTED}),
         **common,
         "subscribe": ",".join(sorted(delays)),
         "retrylib.topicDelaysMs": json.dumps(delays),
@@ -244,10 +244,7 @@ def _client_options(options: dict[str, str]) -> dict[str, str]:
     Records of aborted transactions (a failed `retrylib redrive`, a user's transactional
     producer) are never handed to the handler, unless the user's options say otherwise.
     """
-    return {
-        "kafka.isolation.level": "read_committed",
-        **{f"kafka.{key}": value for key, value in options.items()},
-    }
+    return {f"kafka.{key}": value for key, value in {**READ_COMMITTED, **options}.items()}
 
 
 def _every_topic(config: Config) -> dict[str, str]:

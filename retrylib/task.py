@@ -34,7 +34,7 @@ from retrylib.handler import (
 from retrylib.hooks import Hooks
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
-from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
+from retrylib.kafka.clients import READ_COMMITTED
 from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
 from retrylib.key_order import KeyOrder
 from retrylib.lanes import Lanes
@@ -211,7 +211,7 @@ class TaskRouter:
         """
         options = dict(self.plan.client_options)
         if topic in self.tier_of:
-            options.update(TIER_CLIENT_OPTIONS)
+            options.update(READ_COMMITTED)
         part = KafkaInputPartition(
             topic,
             partition,

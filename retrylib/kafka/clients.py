@@ -42,8 +42,9 @@ _CONSUMER_DEFAULTS = {
     "enable.partition.eof": False,
     "fetch.wait.max.ms": 100,
 }
-TIER_CLIENT_OPTIONS = {"isolation.level": "read_committed"}
-"""Consumer settings for retry tiers: their records are produced in transactions, so a read
+READ_COMMITTED = {"isolation.level": "read_committed"}
+"""The consumer setting of every read of records produced in transactions (retry tiers,
+delay topics, control topics; main topics unless the user's options say otherwise): a read
 stops at the last stable offset (never past an open transaction) and skips the records of
 aborted ones."""
 
