@@ -373,6 +373,31 @@ def refusing_writes(directory: str | Path) -> Iterator[None]:
         os.chmod(directory, mode)
 
 
+def java_murmur2(key: bytes) -> int:
+    """Kafka's `Utils.murmur2` of `key`: a signed 32-bit int, as Java returns it."""
+    m = 0x5BD1E995
+    h = (0x9747B28C ^ len(key)) & 0xFFFFFFFF
+    whole = len(key) - len(key) % 4
+    for i in range(0, whole, 4):
+        k = (int.from_bytes(key[i : i + 4], "little") * m) & 0xFFFFFFFF
+        k = ((k ^ (k >> 24)) * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    tail = key[whole:]
+    for shift, byte in reversed(list(enumerate(tail))):
+        h ^= byte << (8 * shift)
+    if tail:
+        h = (h * m) & 0xFFFFFFFF
+    h = ((h ^ (h >> 13)) * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def java_partition(key: bytes, partitions: int) -> int:
+    """The partition Kafka's Java producer picks for `key`: `toPositive(murmur2(key))` modulo
+    `partitions`, as its partitioner (and librdkafka's `murmur2_random`) does."""
+    return (java_murmur2(key) & 0x7FFFFFFF) % partitions
+
+
 def read_topic(
     bootstrap: str, topic: str, *, isolation: str = "read_committed", timeout_s: float = 60.0
 ) -> list[Message]:
