@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from retrylib.delta.table_ref import is_uri
+from retrylib.config.table_ref import is_uri
 from retrylib.errors import DamagedFile, RetrylibError
 from retrylib.kafka.main_reader import READERS, main_reader
 from retrylib.kafka.offsets import PartitionKey

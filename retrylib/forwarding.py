@@ -39,7 +39,7 @@ from retrylib.config.durations import format_duration
 from retrylib.config.topics import CONTROL_TOPIC_PREFIX
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
-from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
+from retrylib.kafka.clients import READ_COMMITTED
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
 from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.logs import configure_worker_logging
@@ -194,7 +194,7 @@ class ForwardingTask:
             start,
             end,
             plan.bootstrap_servers,
-            {**plan.client_options, **TIER_CLIENT_OPTIONS},
+            {**plan.client_options, **READ_COMMITTED},
             plan.secret_options,
             plan.fail_on_data_loss,
         )

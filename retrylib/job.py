@@ -17,18 +17,19 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from retrylib.batch_result import BatchResult
 from retrylib.breaker import OPEN, Breaker, BreakerState
 from retrylib.checkpoint import Checkpoint, replace_json
 from retrylib.config.model import BATCH_HOOKS, RECORD_HOOKS, Config, KafkaConfig
-from retrylib.config.topics import produced_topic
+from retrylib.config.table_ref import TableRef
+from retrylib.config.topics import produced_topic, subscribed
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.dead_letter import dead_letter_struct
-from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import ensure_table
 from retrylib.errors import LeaseHeld, RetrylibError, TopicError
 from retrylib.forwarding import ForwardPlan, run_forwarding_task
 from retrylib.kafka.clients import (
-    TIER_CLIENT_OPTIONS,
+    READ_COMMITTED,
     RecordLimits,
     connected_admin,
     ensure_topics,
@@ -41,7 +42,6 @@ from retrylib.kafka.offsets import (
     offsets_to_json,
     progress_end_offsets,
     reached,
-    subscribed,
 )
 from retrylib.kafka.record_size import producer_batch_bytes
 from retrylib.kafka.runner_lease import RunnerLease, runner_group, take_lease
@@ -53,14 +53,13 @@ from retrylib.kafka.source_options import (
 from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
 from retrylib.key_order_store import KeyOrderStore
 from retrylib.logs import (
-    config_secrets,
     configure_worker_logging,
     redact_secrets,
     spark_log_conf,
 )
 from retrylib.metrics import MetricsRecorder
 from retrylib.retry.outcomes import Count
-from retrylib.router import BatchFunction, BatchResult, BatchRouter, task_error
+from retrylib.router import BatchFunction, BatchRouter, task_error
 from retrylib.spark.connect import default_parallelism, is_connect
 from retrylib.spark.session import build_spark_session
 from retrylib.spark.shipping import ship_code
@@ -207,9 +206,9 @@ def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
         # A partition with no record from then on starts at its end, not fails the query.
         main["startingOffsetsByTimestampStrategy"] = "latest"
     tiers = {
-        **_client_options(kafka.client_options()),
-        # The source's offset look-ups: a tier's end must not pass an open transaction.
-        **{f"kafka.{key}": value for key, value in TIER_CLIENT_OPTIONS.items()},
+        # read_committed over the user's options: the source's offset look-ups too must stop
+        # a tier's end before an open transaction.
+        **_client_options({**kafka.client_options(), **READ_COMMITTED}),
         **common,
         "subscribe": ",".join(sorted(delays)),
         "retrylib.topicDelaysMs": json.dumps(delays),
@@ -245,10 +244,7 @@ def _client_options(options: dict[str, str]) -> dict[str, str]:
     Records of aborted transactions (a failed `retrylib redrive`, a user's transactional
     producer) are never handed to the handler, unless the user's options say otherwise.
     """
-    return {
-        "kafka.isolation.level": "read_committed",
-        **{f"kafka.{key}": value for key, value in options.items()},
-    }
+    return {f"kafka.{key}": value for key, value in {**READ_COMMITTED, **options}.items()}
 
 
 def _every_topic(config: Config) -> dict[str, str]:
@@ -566,7 +562,7 @@ def _router_on_server(parts: RouterParts, spark: SparkSession) -> BatchRouter:
     """`make_router` in the Python process a Spark Connect server runs the batches in: its
     log lines go to that process's stderr (the server's log), the config's secrets masked."""
     configure_worker_logging()
-    redact_secrets(config_secrets(parts.config))
+    redact_secrets(parts.config.secret_values())
     return make_router(parts, spark)
 
 
@@ -748,7 +744,7 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
     checkpoint (at start, or when it took the lease over while the brokers did not hear
     from this one).
     """
-    redact_secrets(config_secrets(config))
+    redact_secrets(config.secret_values())
     # Topics and lease are made ready while Spark starts: a group's first rebalance waits
     # for the broker's group.initial.rebalance.delay.ms (3 s by default).
     with ThreadPoolExecutor(1, thread_name_prefix="retrylib-prepare") as pool:

@@ -3,7 +3,7 @@ never written.
 
 Lines go to stderr as text (`time level logger: message`) or, with RETRYLIB_LOG_FORMAT=json,
 as one JSON object per line. Every line passes a `RedactingFilter` that replaces the secret
-values of the loaded config (see `config_secrets`) with "***", tracebacks included; the CLI
+values of the loaded config (`Config.secret_values`) with "***", tracebacks included; the CLI
 runs what it prints through `redact` too. Processes where nothing sets logging up (Spark's
 Python workers) mask as well: the same filter sits on librdkafka's logger and on Python's
 last-resort handler, and `retrylib.kafka.clients` registers each client's secret options.
@@ -20,23 +20,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import fields, is_dataclass
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from retrylib.config.secrets import MASK
 from retrylib.errors import RetrylibError
-
-if TYPE_CHECKING:  # every Kafka client imports this module; the config parser is not needed
-    from retrylib.config.model import Config
 
 _QUIET = ("py4j", "pyspark", "urllib3")
 _PY4J_CALLBACKS = "py4j.clientserver"
 KAFKA_CLIENT_LOGGER = "retrylib.kafka.librdkafka"
 """Where the command-line tools send librdkafka's own log lines (quiet unless DEBUG)."""
-_MASK = "***"
 _ANYWHERE = 6
-_ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
 # Spark's JVM logging when this process launches the JVM itself: warnings only, without the
 # start-up chatter (hostname, native libraries, UI port, AQE-in-streaming notices, a plan's
@@ -115,7 +110,7 @@ class RedactingFilter(logging.Filter):
             self._pattern = re.compile("|".join(alternatives))
 
     def redact(self, text: str) -> str:
-        return text if self._pattern is None else self._pattern.sub(_MASK, text)
+        return text if self._pattern is None else self._pattern.sub(MASK, text)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if self._pattern is None:
@@ -303,21 +298,6 @@ def redact(text: str) -> str:
     return _REDACTOR.redact(text)
 
 
-def config_secrets(config: Config) -> set[str]:
-    """The raw secret values of `config`: those `Config.redacted()` hides (values from
-    ${env:...} and secret-looking Kafka options), and each environment variable the config
-    file refers to with ${env:NAME}, in case it is only part of a value.
-    """
-    secrets = set(_hidden_values(_raw(config), config.redacted()))
-    try:
-        with open(config.source_path, encoding="utf-8") as f:
-            names = _ENV_REFERENCE.findall(f.read())
-    except OSError:
-        names = []
-    secrets.update(os.environ[name] for name in names if os.environ.get(name))
-    return {s for s in secrets if s}
-
-
 def spark_log_conf() -> dict[str, str]:
     """Spark settings that keep the JVM's start-up chatter out of the terminal.
 
@@ -342,26 +322,3 @@ def spark_log_conf() -> dict[str, str]:
             f.write(_LOG4J2_PROPERTIES)
         os.replace(temporary, path)
     return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}"}
-
-
-def _raw(value: Any) -> Any:
-    """`value` as plain dicts and lists, shaped like `Config.redacted()` but unmasked."""
-    if is_dataclass(value):
-        return {f.name: _raw(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, Mapping):
-        return {k: _raw(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [_raw(v) for v in value]
-    return value
-
-
-def _hidden_values(raw: Any, masked: Any) -> Iterable[str]:
-    """The leaves of `raw` whose counterpart in `masked` is "***"."""
-    if isinstance(masked, dict) and isinstance(raw, dict):
-        for key, value in masked.items():
-            yield from _hidden_values(raw.get(key), value)
-    elif isinstance(masked, list) and isinstance(raw, list):
-        for raw_item, masked_item in zip(raw, masked, strict=False):
-            yield from _hidden_values(raw_item, masked_item)
-    elif masked == _MASK and raw is not None and raw != _MASK:
-        yield str(raw)

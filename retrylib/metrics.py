@@ -6,11 +6,13 @@ one line on the `retrylib.metrics` logger whose message is a JSON object:
 
     {"job": "orders", "batch_id": 7, "replayed": false, "finished_at": "2026-...Z",
      "duration_ms": 812, "records_main": 100, "records_retry": 4, "succeeded": 97,
-     "output_rows": 97, "retried": 5, "retried_by_tier": [4, 1], "dead_lettered": 2,
+     "main_failed": 3, "output_rows": 97, "dead_lettered": 2,
      "dead_lettered_too_large": 0, "dead_letter_truncated": 0, "duplicates_skipped": 0,
      "requeued_not_due": 0, "skipped_other_job": 0, "skipped_by_handler": 0,
      "held_behind_key": 0, "records_lost": 0, "reserved_headers_removed": 0, "hook_errors": 0,
-     "handler_ms": 40, "kafka_clients_opened": 0, "produced": 7,
+     "records_delayed": 0, "forwarded": 0, "forwarded_to_fallback": 0, "unroutable": 0,
+     "timestamp_header_missing": 0, "handler_ms": 40, "kafka_clients_opened": 0,
+     "retried": 5, "retried_by_tier": [4, 1], "produced": 7,
      "lateness_p50_ms_by_tier": [212, null], "lateness_p99_ms_by_tier": [870, null],
      "oldest_waiting_ms_by_tier": [4100, 61000], "breaker": null,
      "input_lag": {"orders": {"lag": 0, "not_due": 0},
@@ -56,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from retrylib.batch_result import BatchResult
 from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import Config
 from retrylib.delta.tables import append_once, ensure_table
@@ -67,40 +70,20 @@ from retrylib.retry.policy import due_timestamp_ms
 
 if TYPE_CHECKING:
     from retrylib.breaker import Breaker
-    from retrylib.router import BatchResult
+
 
 log = logging.getLogger(__name__)  # "retrylib.metrics": the batch lines and the warnings
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
-_COUNTERS = (
-    Count.RECORDS_MAIN,
-    Count.RECORDS_RETRY,
-    Count.SUCCEEDED,
-    Count.MAIN_FAILED,
-    Count.OUTPUT_ROWS,
-    "retried",  # the tiers' retried_tier_N summed
-    Count.DEAD_LETTERED,
-    Count.DEAD_LETTERED_TOO_LARGE,
-    Count.DEAD_LETTER_TRUNCATED,
-    Count.DUPLICATES_SKIPPED,
-    Count.REQUEUED_NOT_DUE,
-    Count.SKIPPED_OTHER_JOB,
-    Count.SKIPPED_BY_HANDLER,
-    Count.HELD_BEHIND_KEY,
-    Count.RECORDS_LOST,
-    Count.RESERVED_HEADERS_REMOVED,
-    Count.HOOK_ERRORS,
-    Count.RECORDS_DELAYED,
-    Count.FORWARDED,
-    Count.FORWARDED_TO_FALLBACK,
-    Count.UNROUTABLE,
-    Count.TIMESTAMP_HEADER_MISSING,
-    Count.HANDLER_MS,
-    Count.KAFKA_CLIENTS_OPENED,
-    "produced",  # records the batch produced to tiers and dead-letter topics
-)
-OBSERVED_COUNTERS = tuple(name for name in _COUNTERS if name != "produced")
-"""The counters the routing tasks count (`observed`): all but the driver's `produced`."""
+_REPORTED_COUNTS = tuple(count for count in Count if count is not Count.KAFKA_READ_MS)
+"""The routing tasks' counters the metrics carry: every one but `kafka_read_ms`, which only
+the batch's own log line shows (README, "Metrics")."""
+OBSERVED_COUNTERS = (*_REPORTED_COUNTS, "retried")
+"""The counters the routing tasks count (`observed`): theirs, and `retried`, the tiers'
+`retried_tier_N` summed."""
+_COUNTERS = (*OBSERVED_COUNTERS, "produced")
+"""Every counter of the metrics: the observed ones, and the records the batch produced to
+tiers and dead-letter topics (known on the driver only)."""
 METRICS_SCHEMA = pa.schema(
     [
         pa.field("job", pa.string()),
@@ -234,7 +217,7 @@ def metrics_row(
         ),
         "duration_ms": result.duration_ms,
     }
-    for name in _COUNTERS:
+    for name in _REPORTED_COUNTS:
         row[name] = int(counters.get(name, 0))
     row["retried"] = sum(by_tier)
     row["retried_by_tier"] = by_tier

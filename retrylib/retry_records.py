@@ -48,11 +48,33 @@ from retrylib.retry.policy import (
 if TYPE_CHECKING:
     from retrylib.hooks import Hooks
     from retrylib.key_order import KeyOrder
-    from retrylib.task import TaskPlan
 
 log = logging.getLogger(__name__)
 
 _HELD_MESSAGE = "held behind an earlier record of its key (retry.key_ordered)"
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    """What a task's retry and dead-letter records need of its batch's plan (`TaskPlan`).
+
+    `now_ms` is the batch's time; retries due up to `read_ahead_ms` after it are handled in
+    the batch. `retry_topics` maps a main topic to the topic of each tier, whose delays are
+    `tier_delays_ms`; `partition_counts` and `max_record_bytes` are of the retry and
+    dead-letter topics (a topic missing from `max_record_bytes` is not checked).
+    """
+
+    job: str
+    batch_id: int
+    now_ms: int
+    read_ahead_ms: int
+    signing_key: bytes
+    retry_topics: Mapping[str, tuple[str, ...]]
+    tier_delays_ms: tuple[int, ...]
+    dead_letter_topic: str
+    dead_letter_routes: tuple[tuple[str, str], ...]  # (exception class name, topic)
+    partition_counts: Mapping[str, int]
+    max_record_bytes: Mapping[str, int]
 
 
 @dataclass
@@ -83,7 +105,7 @@ class RetryRecords:
 
     def __init__(
         self,
-        plan: TaskPlan,
+        plan: RetryPlan,
         policy: RetryPolicy,
         tier_of: Mapping[str, int],
         counters: Counter[str],
@@ -108,7 +130,7 @@ class RetryRecords:
         """The Delivery of a record read from a retry tier, or None when it is not handled in
         this batch: another job's (skipped and counted), not signed by this job or with
         corrupt retry headers (dead-lettered), a duplicate, or not due within the batch's
-        read-ahead (`TaskPlan.read_ahead_ms`; re-queued). One due later than now waits in the
+        read-ahead (`RetryPlan.read_ahead_ms`; re-queued). One due later than now waits in the
         task (`released`)."""
         self.counters[Count.RECORDS_RETRY] += 1
         user_headers, own = split_headers(header_pairs)

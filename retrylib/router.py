@@ -48,7 +48,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -58,10 +58,11 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib import errors
+from retrylib.batch_result import BatchResult
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
+from retrylib.config.table_ref import TableRef
 from retrylib.config.topics import produced_topic
 from retrylib.delta.compaction import Compactor
-from retrylib.delta.table_ref import TableRef
 from retrylib.delta.tables import append_once, committed_version
 from retrylib.errors import DamagedFile, RetrylibError, TableWriteError
 from retrylib.forwarding import ForwardPlan
@@ -103,21 +104,6 @@ _BATCH_PROPERTY = "spark.retrylib.batch"
 (`set_job_property`: its name starts with "spark." for Spark Connect)."""
 _DECISIONS = "retrylib_decisions"
 """The name of the `Observation` of a batch's decisions (`_run_tasks`)."""
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    """What one batch did; `replayed` is true when its decisions came from a manifest."""
-
-    batch_id: int
-    replayed: bool
-    counters: dict[str, int]
-    produced: int
-    output_committed: bool
-    dead_letters_committed: bool
-    duration_ms: int
-    lateness_ms: dict[int, list[int]] = field(default_factory=dict)
-    """Tier -> [p50, p99] of how late its records were handled; tiers with none left out."""
 
 
 class BatchRouter:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from retrylib.delta.table_ref import TableRef
+from retrylib.config.table_ref import TableRef
 
 _TABLE_NAMES = {"output": "output", "dead_letter": "dead-letter"}
 

@@ -14,10 +14,10 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TypeVar
 
 import pyarrow as pa
@@ -34,7 +34,7 @@ from retrylib.handler import (
 from retrylib.hooks import Hooks
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
-from retrylib.kafka.clients import TIER_CLIENT_OPTIONS
+from retrylib.kafka.clients import READ_COMMITTED
 from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
 from retrylib.key_order import KeyOrder
 from retrylib.lanes import Lanes
@@ -45,7 +45,7 @@ from retrylib.results import ResultRows, output_batch
 from retrylib.retry.headers import without_reserved
 from retrylib.retry.outcomes import Count
 from retrylib.retry.policy import RetryPolicy
-from retrylib.retry_records import Delivery, RetryRecords
+from retrylib.retry_records import Delivery, RetryPlan, RetryRecords
 from retrylib.vectorized import (
     as_output_table,
     carries_reserved_headers,
@@ -112,6 +112,22 @@ def _tier_index(retry_topics: Mapping[str, tuple[str, ...]]) -> dict[str, int]:
     return {topic: tier for topics in retry_topics.values() for tier, topic in enumerate(topics)}
 
 
+def _retry_plan(plan: TaskPlan) -> RetryPlan:
+    return RetryPlan(
+        job=plan.job,
+        batch_id=plan.batch_id,
+        now_ms=plan.now_ms,
+        read_ahead_ms=plan.read_ahead_ms,
+        signing_key=plan.signing_key,
+        retry_topics=plan.retry_topics,
+        tier_delays_ms=plan.tier_delays_ms,
+        dead_letter_topic=plan.dead_letter_topic,
+        dead_letter_routes=plan.dead_letter_routes,
+        partition_counts=plan.partition_counts,
+        max_record_bytes=plan.max_record_bytes,
+    )
+
+
 def _policy(plan: TaskPlan) -> RetryPolicy:
     return _cached_policy(
         plan.tier_delays_ms,
@@ -159,7 +175,9 @@ class TaskRouter:
         # Successful calls whose rows are not yet written: (record, its Delivery if it
         # has one, rows). Written together; a record whose rows do not fit fails alone.
         self.pending: list[tuple[Record, Delivery | None, Sequence[dict]]] = []
-        self.retries = RetryRecords(plan, _policy(plan), self.tier_of, self.counters, self.hooks)
+        self.retries = RetryRecords(
+            _retry_plan(plan), _policy(plan), self.tier_of, self.counters, self.hooks
+        )
         self.waiting = WaitingRetries()  # retries read ahead, until due by `clock`
         self.clock = DueClock(plan.now_ms)
         self.key_order: KeyOrder | None = None
@@ -170,7 +188,7 @@ class TaskRouter:
             # The lanes keep the timeout themselves: SIGALRM only reaches the main thread.
             self.lanes = Lanes(
                 plan.handler_parallelism,
-                self._hooked_call,
+                partial(self._call_between_hooks, call=self.handler),
                 plan.handler_timeout_ms,
                 on_late=None if self.key_order is None else self.key_order.call_failed,
             )
@@ -193,7 +211,7 @@ class TaskRouter:
         """
         options = dict(self.plan.client_options)
         if topic in self.tier_of:
-            options.update(TIER_CLIENT_OPTIONS)
+            options.update(READ_COMMITTED)
         part = KafkaInputPartition(
             topic,
             partition,
@@ -339,31 +357,22 @@ class TaskRouter:
         if self.lanes is not None:
             self._handle_in_lanes(records, deliveries)
             return
-        invoke, keep = self.invoke, self._keep
-        hooks = self.hooks if self.hooks.around_calls else None
-        key_order = self.key_order
+        between, invoke, keep = self._call_between_hooks, self.invoke, self._keep
         clock = time.perf_counter_ns
         spent = 0
         for index, record in enumerate(records):
-            if key_order is not None and not key_order.admit(record):
-                self.retries.hold(self._delivery(record, deliveries, index))
-                continue
-            if hooks is not None:
-                hooks.call("before_record", record)
             started = clock()
             try:
-                result = invoke(record)
-            except BaseException as raised:
+                result = between(record, invoke)
+            except Exception as error:
                 spent += clock() - started
-                error = as_failure(raised)
-                if hooks is not None:
-                    hooks.call("after_record", record, error)
                 self.retries.fail(self._delivery(record, deliveries, index), error)
                 continue
             spent += clock() - started
-            if hooks is not None:
-                hooks.call("after_record", record, None)
-            keep(record, deliveries, index, result)
+            if result is HELD:
+                self.retries.hold(self._delivery(record, deliveries, index))
+            else:
+                keep(record, deliveries, index, result)
         self.handler_ns += spent
 
     def _keep(
@@ -394,9 +403,15 @@ class TaskRouter:
             else:
                 self._keep(records[index], deliveries, index, call.result)
 
-    def _hooked_call(self, record: Record) -> object:
-        """One lane's call of the handler for `record`, between its record hooks; `HELD`
-        instead when its key order holds it (a lane keeps a key's records in order)."""
+    def _call_between_hooks(self, record: Record, call: Callable[[Record], object]) -> object:
+        """`call(record)` (the handler) between `record`'s record hooks; `HELD` instead, with
+        no call, when its key order holds it. When the call raises, its key's later records
+        in this task are held (`KeyOrder.call_failed`) and what it raised is raised as the
+        failure the record fails with (`as_failure`).
+
+        Used record by record (`_handle_each`) and by each lane (`lanes`): a lane keeps a
+        key's records in order, and the hooks see every call the same way.
+        """
         key_order = self.key_order
         if key_order is not None and not key_order.admit(record):
             return HELD
@@ -404,13 +419,16 @@ class TaskRouter:
         if hooks is not None:
             hooks.call("before_record", record)
         try:
-            result = self.handler(record)
+            result = call(record)
         except BaseException as raised:
+            failure = as_failure(raised)
             if key_order is not None:
                 key_order.call_failed(record)
             if hooks is not None:
-                hooks.call("after_record", record, as_failure(raised))
-            raise
+                hooks.call("after_record", record, failure)
+            if failure is raised:
+                raise
+            raise failure from raised
         if hooks is not None:
             hooks.call("after_record", record, None)
         return result

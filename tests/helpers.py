@@ -23,6 +23,7 @@ import pytest
 from confluent_kafka import Message
 from pyspark.sql import DataFrame, SparkSession
 
+from retrylib.batch_result import BatchResult
 from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.config.model import Config
 from retrylib.errors import ConfigError
@@ -35,7 +36,6 @@ from retrylib.kafka.source_options import parse_source_options
 from retrylib.kafka.tier_source import KafkaStreamReader
 from retrylib.ops.cli import main
 from retrylib.results import KINDS, result_schema
-from retrylib.router import BatchResult
 from retrylib.task import TaskPlan, run_task
 
 REPO = Path(__file__).resolve().parents[1]
@@ -424,6 +424,31 @@ def refusing_writes(directory: str | Path) -> Iterator[None]:
         yield
     finally:
         os.chmod(directory, mode)
+
+
+def java_murmur2(key: bytes) -> int:
+    """Kafka's `Utils.murmur2` of `key`: a signed 32-bit int, as Java returns it."""
+    m = 0x5BD1E995
+    h = (0x9747B28C ^ len(key)) & 0xFFFFFFFF
+    whole = len(key) - len(key) % 4
+    for i in range(0, whole, 4):
+        k = (int.from_bytes(key[i : i + 4], "little") * m) & 0xFFFFFFFF
+        k = ((k ^ (k >> 24)) * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    tail = key[whole:]
+    for shift, byte in reversed(list(enumerate(tail))):
+        h ^= byte << (8 * shift)
+    if tail:
+        h = (h * m) & 0xFFFFFFFF
+    h = ((h ^ (h >> 13)) * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def java_partition(key: bytes, partitions: int) -> int:
+    """The partition Kafka's Java producer picks for `key`: `toPositive(murmur2(key))` modulo
+    `partitions`, as its partitioner (and librdkafka's `murmur2_random`) does."""
+    return (java_murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def read_topic(

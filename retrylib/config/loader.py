@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from retrylib.config.locations import check_locations
-from retrylib.config.model import NO_RETRIES, OPTION_TABLES, Config
+from retrylib.config.model import NO_RETRIES, Config
+from retrylib.config.secrets import OPTION_TABLES
 from retrylib.config.sections import (
     check_callable,
     check_exception_classes,
@@ -165,8 +166,9 @@ def _apply_overrides(
 
 def _interpolate(node: Any, key: str, problems: Problems) -> Any:
     """`node` with ${env:NAME} replaced in every string, noting each such key in
-    `problems.from_env`. A reference to an unset variable, or a "${" that does not start a
-    well-formed reference, is reported and the value left as written.
+    `problems.from_env` and each NAME in `problems.env_variables`. A reference to an unset
+    variable, or a "${" that does not start a well-formed reference, is reported and the value
+    left as written.
     """
     if isinstance(node, dict):
         return {k: _interpolate(v, f"{key}.{k}" if key else k, problems) for k, v in node.items()}
@@ -183,7 +185,9 @@ def _interpolate(node: Any, key: str, problems: Problems) -> Any:
             "with NAME made of letters, digits and '_', not starting with a digit (a value "
             'that must hold "${" itself can come whole from such a variable)',
         )
-    unset = [name for name in _ENV_REFERENCE.findall(node) if name not in os.environ]
+    names = _ENV_REFERENCE.findall(node)
+    problems.env_variables.update(names)
+    unset = [name for name in names if name not in os.environ]
     if unset:
         names = " and ".join(unset)
         what = f"variable {names} is" if len(unset) == 1 else f"variables {names} are"
@@ -249,6 +253,7 @@ def _build_router(root: Table, source_path: str) -> Config | None:
         source_path,
         from_env,
         delay_router=router,
+        env_variables=frozenset(root.problems.env_variables),
     )
 
 
@@ -325,4 +330,5 @@ def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
         frozenset(root.problems.from_env),
         hooks,
         breaker=breaker,
+        env_variables=frozenset(root.problems.env_variables),
     )

@@ -9,8 +9,8 @@ import json
 import os
 from collections.abc import Mapping
 
+from retrylib.config.table_ref import TableRef, is_uri
 from retrylib.config.values import Problems, Table
-from retrylib.delta.table_ref import TableRef, is_uri
 from retrylib.errors import ConfigError
 
 _LOCATIONS = (

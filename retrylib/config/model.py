@@ -3,26 +3,26 @@
 Every duration is in whole milliseconds (fields named `..._ms`), the unit the whole job works in.
 
 Values that came from `${env:NAME}`, and Kafka options whose names look secret, are hidden
-(`is_hidden`): `Config.redacted()` shows them as "***", and config messages never echo them.
+(`secrets.is_hidden`): `Config.redacted()` shows them as "***", config messages never echo
+them, and `Config.secret_values()` gives them to the log masking.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any
 
+from retrylib.config.client_security import java_security, librdkafka_security
 from retrylib.config.schema import OutputSchema
-from retrylib.delta.table_ref import TableRef
-from retrylib.kafka.clients import is_secret_key
-from retrylib.kafka.security import java_security, librdkafka_security
-from retrylib.retry.policy import ANY_TOPIC
+from retrylib.config.secrets import MASK, OPTION_TABLES, is_hidden
+from retrylib.config.table_ref import TableRef
 
-OPTION_TABLES = ("kafka.options", "kafka.java_options", "kafka.librdkafka_options")
-"""The dotted keys of the Kafka client option tables: below each, the rest of a key is one
-option name ("sasl.mechanism")."""
-_SECRET_KEYS = frozenset({"kafka.security.password"})
+ANY_TOPIC = "*"
+"""The main-topic key of the retry tiers of a job reading `kafka.topic_pattern`: one set of
+tiers for every topic it matches ("*" is no Kafka topic name)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class KafkaConfig(_ReadOnlyMappings):
 
     The job runs two kinds of Kafka client: Spark's connector (Java) for the main topics and
     librdkafka's for everything else. `security` is written for both (see
-    `retrylib.kafka.security`); `options` go to both as they are; `java_options` and
+    `retrylib.config.client_security`); `options` go to both as they are; `java_options` and
     `librdkafka_options` go to one kind each and win over the rest.
 
     With `fail_on_data_loss` false, records deleted from Kafka before the job read them
@@ -287,7 +287,8 @@ class HooksConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """A whole, validated job config. `from_env` holds the dotted keys set from ${env:...}.
+    """A whole, validated job config. `from_env` holds the dotted keys set from ${env:...},
+    `env_variables` the names of the environment variables they refer to.
 
     A delay router (`delay_router` set) has no handler, output or dead letter (None), and
     a `retry` with no tiers.
@@ -305,6 +306,7 @@ class Config:
     hooks: HooksConfig = field(default_factory=HooksConfig)
     delay_router: DelayRouterConfig | None = None
     breaker: BreakerConfig | None = None
+    env_variables: frozenset[str] = field(default=frozenset(), repr=False)
 
     def delayed_topics(self) -> dict[str, int]:
         """Topic -> delay (ms) of every topic the job reads only as far as is due: the
@@ -328,13 +330,33 @@ class Config:
     def redacted(self) -> dict[str, Any]:
         """The config as plain nested dicts and lists, safe to print.
 
-        Values of Kafka options whose names look secret (`is_secret_key`) and every value that
-        came from ${env:...} are replaced by "***".
+        Hidden values (`secrets.is_hidden`: Kafka options whose names look secret, the login's
+        password, every value that came from ${env:...}) are replaced by "***".
         """
+        return self._plain(lambda key, value: MASK if is_hidden(key, self.from_env) else value)
+
+    def secret_values(self) -> set[str]:
+        """The values `redacted()` hides, as they are, and the value of each environment
+        variable the config refers to with ${env:NAME} (it may be only part of a hidden
+        value): what log lines and printed text must mask (`retrylib.logs.redact_secrets`).
+        """
+        secrets = {os.environ.get(name, "") for name in self.env_variables}
+
+        def keep_hidden(key: str, value: Any) -> Any:
+            if value is not None and is_hidden(key, self.from_env):
+                secrets.add(str(value))
+            return value
+
+        self._plain(keep_hidden)
+        return {secret for secret in secrets if secret}
+
+    def _plain(self, leaf: Callable[[str, Any], Any]) -> dict[str, Any]:
+        """The config as plain nested dicts and lists, each scalar replaced by `leaf(dotted
+        key, value)`."""
         return {
-            f.name: _plain(getattr(self, f.name), f.name, self.from_env)
+            f.name: _plain(getattr(self, f.name), f.name, leaf)
             for f in fields(self)
-            if f.name != "from_env"
+            if f.name not in ("from_env", "env_variables")
         }
 
     def kafka_login(self) -> str:
@@ -367,28 +389,17 @@ class Config:
         return tuple(name for name, value in kafka.client_options().items() if value in hidden)
 
 
-def is_hidden(key: str, from_env: Collection[str]) -> bool:
-    """True for values never to show: set from ${env:...}, the login's password, or a Kafka
-    option that looks secret."""
-    if key in from_env or key in _SECRET_KEYS:
-        return True
-    return any(
-        key.startswith(f"{table}.") and is_secret_key(key[len(table) + 1 :])
-        for table in OPTION_TABLES
-    )
-
-
-def _plain(value: Any, key: str, from_env: Collection[str]) -> Any:
-    """`value` as plain dicts, lists and scalars, with hidden values (`is_hidden`) as "***"."""
+def _plain(value: Any, key: str, leaf: Callable[[str, Any], Any]) -> Any:
+    """`value` (at dotted `key`) as plain dicts, lists and scalars, each scalar replaced by
+    `leaf(its dotted key, it)`; an output schema is its DDL."""
     if isinstance(value, OutputSchema):
         return value.ddl
     if is_dataclass(value):
         return {
-            f.name: _plain(getattr(value, f.name), f"{key}.{f.name}", from_env)
-            for f in fields(value)
+            f.name: _plain(getattr(value, f.name), f"{key}.{f.name}", leaf) for f in fields(value)
         }
     if isinstance(value, Mapping):
-        return {k: _plain(v, f"{key}.{k}", from_env) for k, v in value.items()}
+        return {k: _plain(v, f"{key}.{k}", leaf) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return [_plain(v, f"{key}[{i}]", from_env) for i, v in enumerate(value)]
-    return "***" if is_hidden(key, from_env) else value
+        return [_plain(v, f"{key}[{i}]", leaf) for i, v in enumerate(value)]
+    return leaf(key, value)

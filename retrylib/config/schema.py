@@ -2,11 +2,12 @@
 
 `parse_schema("order_id STRING NOT NULL, total DECIMAL(10,2)")` gives an `OutputSchema` that
 converts to a `pyarrow.Schema` (what executors write) and to a pyspark `StructType` (what the
-driver declares). Supported types: STRING, VARCHAR(n), CHAR(n), BOOLEAN, TINYINT/BYTE,
-SMALLINT/SHORT, INT/INTEGER, BIGINT/LONG, FLOAT/REAL, DOUBLE, DECIMAL/DEC/NUMERIC[(p[,s])],
-DATE, TIMESTAMP (TIMESTAMP_LTZ), TIMESTAMP_NTZ, BINARY, ARRAY<T>, MAP<K, V> and
-STRUCT<name[:] T, ...>; columns and struct fields may add NOT NULL and COMMENT 'text'.
-Keywords are case-insensitive; names keep their case and may be `backquoted`.
+driver declares; pyspark is imported only then, so reading a config needs no Spark).
+Supported types: STRING, VARCHAR(n), CHAR(n), BOOLEAN, TINYINT/BYTE, SMALLINT/SHORT,
+INT/INTEGER, BIGINT/LONG, FLOAT/REAL, DOUBLE, DECIMAL/DEC/NUMERIC[(p[,s])], DATE, TIMESTAMP
+(TIMESTAMP_LTZ), TIMESTAMP_NTZ, BINARY, ARRAY<T>, MAP<K, V> and STRUCT<name[:] T, ...>;
+columns and struct fields may add NOT NULL and COMMENT 'text'. Keywords are case-insensitive;
+names keep their case and may be `backquoted`.
 """
 
 from __future__ import annotations
@@ -14,27 +15,32 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql import types as st
+
+if TYPE_CHECKING:
+    from pyspark.sql import types as st
 
 _DEFAULT_DECIMAL = (10, 0)
 _MAX_DECIMAL_PRECISION = 38
 
-# Normalized name -> (arrow type, spark type), for types without parameters or children.
-_ATOMIC: dict[str, tuple[Callable[[], pa.DataType], Callable[[], st.DataType]]] = {
-    "STRING": (pa.string, st.StringType),
-    "BOOLEAN": (pa.bool_, st.BooleanType),
-    "TINYINT": (pa.int8, st.ByteType),
-    "SMALLINT": (pa.int16, st.ShortType),
-    "INT": (pa.int32, st.IntegerType),
-    "BIGINT": (pa.int64, st.LongType),
-    "FLOAT": (pa.float32, st.FloatType),
-    "DOUBLE": (pa.float64, st.DoubleType),
-    "DATE": (pa.date32, st.DateType),
-    "TIMESTAMP": (lambda: pa.timestamp("us", tz="UTC"), st.TimestampType),
-    "TIMESTAMP_NTZ": (lambda: pa.timestamp("us"), st.TimestampNTZType),
-    "BINARY": (pa.binary, st.BinaryType),
+# Normalized name -> (arrow type, name of the spark type class), for types without parameters
+# or children.
+_ATOMIC: dict[str, tuple[Callable[[], pa.DataType], str]] = {
+    "STRING": (pa.string, "StringType"),
+    "BOOLEAN": (pa.bool_, "BooleanType"),
+    "TINYINT": (pa.int8, "ByteType"),
+    "SMALLINT": (pa.int16, "ShortType"),
+    "INT": (pa.int32, "IntegerType"),
+    "BIGINT": (pa.int64, "LongType"),
+    "FLOAT": (pa.float32, "FloatType"),
+    "DOUBLE": (pa.float64, "DoubleType"),
+    "DATE": (pa.date32, "DateType"),
+    "TIMESTAMP": (lambda: pa.timestamp("us", tz="UTC"), "TimestampType"),
+    "TIMESTAMP_NTZ": (lambda: pa.timestamp("us"), "TimestampNTZType"),
+    "BINARY": (pa.binary, "BinaryType"),
 }
 _ALIASES = {
     "BYTE": "TINYINT",
@@ -73,7 +79,7 @@ class AtomicType:
         return _ATOMIC[self.name][0]()
 
     def to_spark(self) -> st.DataType:
-        return _ATOMIC[self.name][1]()
+        return getattr(_spark_types(), _ATOMIC[self.name][1])()
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,7 @@ class DecimalType:
         return pa.decimal128(self.precision, self.scale)
 
     def to_spark(self) -> st.DataType:
-        return st.DecimalType(self.precision, self.scale)
+        return _spark_types().DecimalType(self.precision, self.scale)
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,7 @@ class ArrayType:
         return pa.list_(pa.field("element", self.element.to_arrow(), nullable=True))
 
     def to_spark(self) -> st.DataType:
-        return st.ArrayType(self.element.to_spark(), containsNull=True)
+        return _spark_types().ArrayType(self.element.to_spark(), containsNull=True)
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,9 @@ class MapType:
         )
 
     def to_spark(self) -> st.DataType:
-        return st.MapType(self.key.to_spark(), self.value.to_spark(), valueContainsNull=True)
+        return _spark_types().MapType(
+            self.key.to_spark(), self.value.to_spark(), valueContainsNull=True
+        )
 
 
 @dataclass(frozen=True)
@@ -153,7 +161,7 @@ class Field:
 
     def to_spark(self) -> st.StructField:
         metadata = {} if self.comment is None else {"comment": self.comment}
-        return st.StructField(self.name, self.type.to_spark(), self.nullable, metadata)
+        return _spark_types().StructField(self.name, self.type.to_spark(), self.nullable, metadata)
 
 
 @dataclass(frozen=True)
@@ -169,7 +177,7 @@ class StructType:
         return pa.struct([f.to_arrow() for f in self.fields])
 
     def to_spark(self) -> st.DataType:
-        return st.StructType([f.to_spark() for f in self.fields])
+        return _spark_types().StructType([f.to_spark() for f in self.fields])
 
 
 DataType = AtomicType | DecimalType | ArrayType | MapType | StructType
@@ -194,7 +202,14 @@ class OutputSchema:
 
     def to_spark(self) -> st.StructType:
         """The pyspark schema; built in Python, so no SparkSession is needed."""
-        return st.StructType([f.to_spark() for f in self.fields])
+        return _spark_types().StructType([f.to_spark() for f in self.fields])
+
+
+def _spark_types() -> ModuleType:
+    """pyspark's types module, imported on first use."""
+    from pyspark.sql import types
+
+    return types
 
 
 def parse_schema(ddl: str) -> OutputSchema:

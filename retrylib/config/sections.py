@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from retrylib.config.importing import import_object
+from retrylib.config.kafka_options import JOB_OWNED_OPTIONS, option_problem
 from retrylib.config.locations import check_table_name
 from retrylib.config.model import (
     ANY_TOPIC,
@@ -27,9 +28,9 @@ from retrylib.config.model import (
     OutputConfig,
     RetryConfig,
     RetryTier,
-    is_hidden,
 )
 from retrylib.config.schema import OutputSchema, parse_schema
+from retrylib.config.secrets import MASK, is_hidden
 from retrylib.config.security import check_security, read_security
 from retrylib.config.topics import (
     check_dead_letter_topics,
@@ -59,7 +60,6 @@ from retrylib.config.values import (
     instant_ms,
     is_topic,
 )
-from retrylib.kafka.clients import JOB_OWNED_OPTIONS, option_problem
 
 _DEFAULT_DELAYS = ("10s", "1m", "10m")
 # A retry due within this of a batch's start is read in that batch and waits in its task, so
@@ -214,7 +214,7 @@ def _kafka_options(t: Table, *, librdkafka: bool = True) -> dict[str, str]:
         if reason is None:
             continue
         if is_hidden(key, t.problems.from_env) and value:
-            reason = reason.replace(value, "***")
+            reason = reason.replace(value, MASK)
         if reason.startswith(("Invalid value", "Unsupported value")):
             fix = "give a value librdkafka accepts"
         elif name.startswith("kafka."):

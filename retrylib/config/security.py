@@ -1,6 +1,6 @@
 """Reading [kafka.security] and checking it against the rest of [kafka].
 
-One login for every Kafka client of the job; `retrylib.kafka.security` writes it in each
+One login for every Kafka client of the job; `retrylib.config.client_security` writes it in each
 client's own terms. The checks here refuse a setting that one kind of client would
 silently ignore or spell twice.
 """
@@ -11,9 +11,9 @@ import json
 import os
 from collections.abc import Mapping
 
+from retrylib.config.client_security import java_security, librdkafka_security
 from retrylib.config.model import KafkaSecurity
 from retrylib.config.values import FUNCTION_REF, SASL_MECHANISM, SECURITY_PROTOCOL, TEXT, Table
-from retrylib.kafka.security import java_security, librdkafka_security
 
 _LOGINS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from retrylib.config.durations import parse_duration
-from retrylib.config.model import is_hidden
+from retrylib.config.secrets import MASK, is_hidden
 from retrylib.errors import ConfigError
 
 _REQUIRED = object()
@@ -146,6 +146,7 @@ class Problems:
     def __init__(self) -> None:
         self.entries: list[tuple[str, bool]] = []  # (message, shown)
         self.from_env: set[str] = set()  # keys whose value came from ${env:...}
+        self.env_variables: set[str] = set()  # the NAMEs of those ${env:NAME}
         self.unresolved: set[str] = set()  # keys naming an unset variable (already reported)
 
     @property
@@ -158,7 +159,7 @@ class Problems:
 
     def show(self, key: str, value: object) -> str:
         if is_hidden(key, self.from_env):
-            return '"***"'
+            return json.dumps(MASK)
         return json.dumps(value, default=str, ensure_ascii=False)
 
     def expect(self, key: str, value: object, kind: Kind, example: str) -> bool:

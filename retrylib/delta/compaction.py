@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from retrylib.checkpoint import read_json, replace_json
 from retrylib.config.durations import format_duration
-from retrylib.delta.table_ref import TableRef
+from retrylib.config.table_ref import TableRef
 from retrylib.delta.tables import compact
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import pyarrow as pa
@@ -76,24 +76,17 @@ class DeadLetter:
     headers: list[tuple[str, bytes | None]]
 
     def row(self, job: str, batch_id: int, now_ms: int) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "job": job,
-            "origin_topic": self.origin_topic,
-            "origin_partition": self.origin_partition,
-            "origin_offset": self.origin_offset,
-            "origin_timestamp": self.origin_timestamp_ms * 1000,
-            "source_topic": self.source_topic,
-            "attempts": self.attempts,
-            "reason": self.reason,
-            "error_class": self.error_class,
-            "error_message": self.error_message,
-            "stack_trace": self.stack_trace,
-            "first_failure": self.first_failure_ms * 1000,
-            "last_failure": self.last_failure_ms * 1000,
-            "dead_lettered_at": now_ms * 1000,
-            "batch_id": batch_id,
-            "key": self.key,
-            "value": self.value,
-            "headers": [{"key": k, "value": v} for k, v in self.headers],
-        }
+        """This record's row of `DEAD_LETTER_SCHEMA`, dead-lettered at `now_ms` by batch
+        `batch_id` of `job`. Each field is the column of its name, a field `<name>_ms` the
+        timestamp column `<name>`; the redrive columns are left out (null).
+        """
+        row: dict[str, Any] = {"job": job, "batch_id": batch_id, "dead_lettered_at": now_ms * 1000}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_ms"):
+                row[f.name.removesuffix("_ms")] = value * 1000
+            elif f.name == "headers":
+                row["headers"] = [{"key": k, "value": v} for k, v in value]
+            else:
+                row[f.name] = value
+        return row

@@ -20,7 +20,7 @@ from delta.exceptions import (
     ProtocolChangedException,
 )
 
-from retrylib.delta.table_ref import TableRef
+from retrylib.config.table_ref import TableRef
 from retrylib.delta.tables import read_table, update_where
 
 if TYPE_CHECKING:

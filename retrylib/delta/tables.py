@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from retrylib.delta.table_ref import TableRef
+from retrylib.config.table_ref import TableRef
 from retrylib.errors import RetrylibError
 from retrylib.spark.connect import is_connect
 

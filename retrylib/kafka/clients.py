@@ -4,7 +4,6 @@ Every client the job creates goes through here, so the user's pass-through optio
 (`security.protocol`, `sasl.*`, `ssl.*`, ...) reach all of them, and so does the masking of
 their secret values: in whichever process a client is made (driver, Python data source
 worker, executor), librdkafka's log lines and the errors raised here show them as "***".
-`JOB_OWNED_OPTIONS` and `option_problem` say which options a user may not or cannot set.
 """
 
 from __future__ import annotations
@@ -17,66 +16,13 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from retrylib.config.client_security import TOKEN_PROVIDER_OPTION, TOKEN_PROVIDER_PATHS_OPTION
 from retrylib.config.importing import import_object
+from retrylib.config.secrets import is_secret_key
+from retrylib.config.topics import subscribed
 from retrylib.errors import KafkaConnectError, TopicError
-from retrylib.kafka.offsets import subscribed
 from retrylib.kafka.record_size import MIN_RECORD_LIMIT_BYTES, largest_record, producer_limit
 from retrylib.logs import KAFKA_CLIENT_LOGGER, redact, redact_secrets
-
-_SECRET_MARKERS = (
-    "password",
-    "passwd",
-    "secret",
-    "token",
-    "key",
-    "credential",
-    "jaas",
-    "user.info",
-    "oauthbearer.config",
-)
-_STARTING_TIME = 'a new job starts from a time with kafka.starting_offsets = "2026-11-01T08:00:00Z"'
-_USE_TOPICS = (
-    "the job subscribes to its retry tiers and kafka.topics (or kafka.topic_pattern); "
-    "name the main topics there"
-)
-_SERIALIZED = "records are read and written as bytes; decode and encode them in the handler"
-JOB_OWNED_OPTIONS = {
-    "bootstrap.servers": "the brokers come from kafka.bootstrap_servers; set them there",
-    "metadata.broker.list": "the brokers come from kafka.bootstrap_servers; set them there",
-    "group.id": "retrylib names its own consumers' groups: it reads partitions by assignment "
-    "and keeps its offsets in the checkpoint, never in a consumer group",
-    "enable.auto.commit": "offsets are kept in the checkpoint and never committed to Kafka",
-    "auto.offset.reset": "where a new job starts is kafka.starting_offsets; set it there",
-    "enable.partition.eof": "retrylib turns it on and off per read",
-    "transactional.id": "retrylib's producers use transactional ids of their own, derived "
-    "from the checkpoint, for their exactly-once produce",
-    "enable.idempotence": "retrylib's producers are always idempotent (no duplicates from "
-    "their own retries)",
-    "key.serializer": _SERIALIZED,
-    "value.serializer": _SERIALIZED,
-    "key.deserializer": _SERIALIZED,
-    "value.deserializer": _SERIALIZED,
-    "subscribe": _USE_TOPICS,
-    "subscribePattern": _USE_TOPICS,
-    "assign": _USE_TOPICS,
-    "startingOffsets": "where a new job starts is kafka.starting_offsets; set it there",
-    "startingTimestamp": _STARTING_TIME,
-    "startingOffsetsByTimestamp": _STARTING_TIME,
-    "startingOffsetsByTimestampStrategy": _STARTING_TIME,
-    "failOnDataLoss": "set kafka.fail_on_data_loss, which every reader of the job follows",
-    "maxOffsetsPerTrigger": "the cap per batch is kafka.max_offsets_per_trigger; set it there",
-    "includeHeaders": "the job always reads record headers",
-    "logger": "retrylib sends librdkafka's log lines through its own logging, which masks secrets",
-}
-"""Options the job sets on its clients (or on Spark's Kafka source) itself, each with what
-to do instead: a user's value would silently replace the job's, or be ignored."""
-_PROBE = "retrylib.probe"
-TOKEN_PROVIDER_OPTION = "retrylib.oauth_token_provider"
-"""The librdkafka option that carries the token provider's reference ("module:function") to
-every process; `token_callback` turns it into confluent-kafka's `oauth_cb` there."""
-TOKEN_PROVIDER_PATHS_OPTION = "retrylib.oauth_token_provider_paths"
-"""JSON list of the folders to import the token provider from (`handler.paths`)."""
-
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +42,9 @@ _CONSUMER_DEFAULTS = {
     "enable.partition.eof": False,
     "fetch.wait.max.ms": 100,
 }
-TIER_CLIENT_OPTIONS = {"isolation.level": "read_committed"}
-"""Consumer settings for retry tiers: their records are produced in transactions, so a read
+READ_COMMITTED = {"isolation.level": "read_committed"}
+"""The consumer setting of every read of records produced in transactions (retry tiers,
+delay topics, control topics; main topics unless the user's options say otherwise): a read
 stops at the last stable offset (never past an open transaction) and skips the records of
 aborted ones."""
 
@@ -106,33 +53,6 @@ _PRODUCER_DEFAULTS = {
     "linger.ms": 5,
     "compression.type": "lz4",
 }
-
-
-def is_secret_key(name: str) -> bool:
-    """True when a Kafka option called `name` may hold a secret ("sasl.password",
-    "sasl.jaas.config", "basic.auth.user.info", ...). It errs towards hiding: "key.serializer"
-    counts as secret too.
-    """
-    lowered = name.lower()
-    return any(marker in lowered for marker in _SECRET_MARKERS)
-
-
-def option_problem(name: str, value: str) -> str | None:
-    """Why librdkafka refuses the client property `name` = `value` (an unknown name, a
-    value it cannot parse), in its own words; None when it accepts it.
-
-    Asks librdkafka itself, without creating a client or reaching a broker: the property
-    is set on a configuration that ends with a name librdkafka does not know, so building
-    the client always stops at that name, unless `name` or `value` failed before it.
-    """
-    try:
-        Producer({name: value, _PROBE: ""})
-    except KafkaException as e:
-        reason = e.args[0].str()
-        return None if _PROBE in reason else reason
-    except (TypeError, ValueError) as e:  # confluent-kafka's own properties (callbacks)
-        return str(e)
-    return None
 
 
 def client_config(

@@ -9,7 +9,6 @@ as JSON text: the same offsets must always serialise to the same string.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -58,12 +57,6 @@ def parse_topics(value: str | None) -> list[str]:
     if not topics:
         raise ValueError(f"option subscribe={value!r} must name at least one topic")
     return topics
-
-
-def subscribed(topic: str, topics: Collection[str], pattern: str | None) -> bool:
-    """Whether a reader of `topics` and of every topic whose whole name matches `pattern`
-    (a `subscribePattern`, if any) reads `topic`."""
-    return topic in topics or (pattern is not None and re.fullmatch(pattern, topic) is not None)
 
 
 def parse_starting_offsets(

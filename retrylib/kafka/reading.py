@@ -30,6 +30,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from retrylib.errors import MarkerReadError
 from retrylib.kafka.clients import (
+    READ_COMMITTED,
     client_config,
     make_consumer,
     topic_partitions,
@@ -37,7 +38,7 @@ from retrylib.kafka.clients import (
 from retrylib.kafka.offsets import PartitionKey
 
 READ_TO_END_OPTIONS = {
-    "isolation.level": "read_committed",
+    **READ_COMMITTED,
     "enable.partition.eof": True,
     "auto.offset.reset": "earliest",
 }

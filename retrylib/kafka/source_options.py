@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.types import StructType
 
+from retrylib.config.topics import subscribed
 from retrylib.kafka.arrow_records import KAFKA_SCHEMA, KEY_RANGE_SCHEMA, RANGE_SCHEMA
 from retrylib.kafka.offsets import (
     AT_TIMESTAMP,
@@ -23,7 +24,6 @@ from retrylib.kafka.offsets import (
     offsets_from_json,
     parse_starting_offsets,
     parse_topics,
-    subscribed,
 )
 
 OPTION_BOOTSTRAP = "kafka.bootstrap.servers"

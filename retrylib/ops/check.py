@@ -13,12 +13,11 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.config.durations import format_duration
-from retrylib.config.model import Config
+from retrylib.config.model import ANY_TOPIC, Config
 from retrylib.config.topics import produced_topic
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.reading import KafkaOffsets
-from retrylib.retry.policy import ANY_TOPIC
 from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:

@@ -171,10 +171,10 @@ def _moment(text: str) -> datetime:
 def _load(path: str, *, check_imports: bool = True):
     """Load the config and register its secrets for redaction."""
     from retrylib.config.loader import load_config
-    from retrylib.logs import config_secrets, redact_secrets
+    from retrylib.logs import redact_secrets
 
     config = load_config(path, check_imports=check_imports)
-    redact_secrets(config_secrets(config))
+    redact_secrets(config.secret_values())
     return config
 
 

@@ -24,11 +24,11 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from retrylib.batch_result import BatchResult
 from retrylib.config.loader import load_config
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count, retried_tier
-from retrylib.router import BatchResult
 
 log = logging.getLogger(__name__)
 

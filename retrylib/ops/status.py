@@ -62,7 +62,7 @@ from retrylib.spark.session import tool_session
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from retrylib.delta.table_ref import TableRef
+    from retrylib.config.table_ref import TableRef
 
 log = logging.getLogger(__name__)
 _LONGEST_QUEUES = 5  # key queues `status` lists

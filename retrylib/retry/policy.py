@@ -14,13 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from retrylib.config.importing import import_object
+from retrylib.config.model import ANY_TOPIC
 from retrylib.errors import NonRetryable, RetryAfter
 from retrylib.retry.headers import MAX_ERROR_MESSAGE_BYTES, MAX_STACK_TRACE_BYTES, bound_text
 from retrylib.retry.outcomes import Reason
-
-ANY_TOPIC = "*"
-"""The main-topic key of the retry tiers of a job reading `kafka.topic_pattern`: one set of
-tiers for every topic it matches ("*" is no Kafka topic name)."""
 
 
 def tiers_of(retry_topics: Mapping[str, tuple[str, ...]], topic: str) -> tuple[str, ...] | None:

@@ -11,10 +11,16 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 from confluent_kafka import Message
 from faults.crash.crash_points import crash_env
-from helpers import logged_metrics, metrics_totals, read_topic, run_job_available_now, run_retrylib
+from helpers import (
+    java_partition,
+    logged_metrics,
+    metrics_totals,
+    read_topic,
+    run_job_available_now,
+    run_retrylib,
+)
 
 from retrylib.kafka.clients import make_producer
 
@@ -68,33 +74,6 @@ def wait_until_due(sent_s: int) -> None:
 
 def as_sent(message: Message) -> tuple:
     return message.key(), message.value(), message.headers() or []
-
-
-def java_partition(key: bytes, partitions: int) -> int:
-    """The partition Kafka's Java producer picks for `key` (murmur2, as `Utils.murmur2`)."""
-    m = 0x5BD1E995
-    h = (0x9747B28C ^ len(key)) & 0xFFFFFFFF
-    whole = len(key) - len(key) % 4
-    for i in range(0, whole, 4):
-        k = (int.from_bytes(key[i : i + 4], "little") * m) & 0xFFFFFFFF
-        k = ((k ^ (k >> 24)) * m) & 0xFFFFFFFF
-        h = ((h * m) & 0xFFFFFFFF) ^ k
-    tail = key[whole:]
-    for shift, byte in reversed(list(enumerate(tail))):
-        h ^= byte << (8 * shift)
-    if tail:
-        h = (h * m) & 0xFFFFFFFF
-    h = ((h ^ (h >> 13)) * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return (h & 0x7FFFFFFF) % partitions
-
-
-@pytest.mark.every_spark
-def test_java_partition_matches_kafkas_murmur2() -> None:
-    # Kafka's UtilsTest vectors, as signed ints, reduced the way the Java producer does.
-    vectors = {b"21": -973932308, b"foobar": -790332482, b"abc": 479470107}
-    for key, hashed in vectors.items():
-        assert java_partition(key, 1 << 31) == hashed & 0x7FFFFFFF
 
 
 def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(

@@ -13,8 +13,8 @@ import time
 from chispa import assert_df_equality
 from helpers import produce, read_table, run_until, settled_count
 
+from retrylib.batch_result import BatchResult
 from retrylib.config.loader import load_config
-from retrylib.router import BatchResult
 
 TIMEOUT_MS = 2_000
 RECOVERING = ("exit", "hang", "interrupt", "swallow", "schema", "badtype", "unknowncol")

@@ -24,7 +24,7 @@ from retrylib.config.schema import parse_schema
 from retrylib.errors import KafkaSourceError
 from retrylib.kafka import range_reader, worker_clients
 from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA, RANGE_SCHEMA
-from retrylib.kafka.clients import make_admin, make_consumer
+from retrylib.kafka.clients import READ_COMMITTED, make_admin, make_consumer
 from retrylib.kafka.range_reader import KafkaInputPartition, read_range
 from retrylib.kafka.reading import watermarks
 from retrylib.kafka.source_options import parse_source_options
@@ -354,7 +354,7 @@ def test_a_delay_tier_is_read_past_the_commit_marker_of_due_records(
     topic = make_topic("marker", partitions=1)
     producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": topic})
     producer.init_transactions(30)
-    committed = make_consumer(bootstrap_servers, {"isolation.level": "read_committed"})
+    committed = make_consumer(bootstrap_servers, READ_COMMITTED)
 
     def transaction(timestamp_ms: int, records: int) -> None:
         [(_, stable)] = watermarks(committed, [(topic, 0)]).values()
@@ -376,7 +376,7 @@ def test_a_delay_tier_is_read_past_the_commit_marker_of_due_records(
         bootstrap_servers,
         topic,
         **{
-            "kafka.isolation.level": "read_committed",
+            **{f"kafka.{key}": value for key, value in READ_COMMITTED.items()},
             "retrylib.topicDelaysMs": json.dumps({topic: delay_ms}),
         },
     )
@@ -520,7 +520,7 @@ def test_read_range_ends_at_aborted_transactions_and_counts_the_gap(
             producer.commit_transaction(30)
         else:
             producer.abort_transaction(30)
-    committed = {"isolation.level": "read_committed"}
+    committed = dict(READ_COMMITTED)
 
     def read(start: int) -> list[bytes]:
         part = KafkaInputPartition(topic, 0, start, 15, bootstrap_servers, committed)

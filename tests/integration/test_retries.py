@@ -17,10 +17,10 @@ from helpers import (
     table_frame,
 )
 
+from retrylib.batch_result import BatchResult
 from retrylib.job import start_query, stop_gracefully
 from retrylib.kafka.clients import make_producer
 from retrylib.retry.headers import split_headers
-from retrylib.router import BatchResult
 
 log = logging.getLogger(__name__)
 

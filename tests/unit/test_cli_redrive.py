@@ -12,8 +12,8 @@ from delta.exceptions import ConcurrentAppendException, ConcurrentDeleteReadExce
 
 import retrylib.delta.dead_letter_table as table_module
 import retrylib.ops.redrive as redrive_module
+from retrylib.config.table_ref import TableRef
 from retrylib.delta.dead_letter_table import DeadLetterTable
-from retrylib.delta.table_ref import TableRef
 from retrylib.ops.redrive import Selection
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from retrylib.config.table_ref import TableRef
 from retrylib.delta import compaction
 from retrylib.delta.compaction import Compactor, compaction_due
-from retrylib.delta.table_ref import TableRef
 
 STATE_FILE = "compaction.json"
 MINUTE = 60_000

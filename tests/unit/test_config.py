@@ -13,8 +13,8 @@ from helpers import REPO, problem_for, write_literal_config
 
 from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.config.model import Config, RetryTier
+from retrylib.config.secrets import is_secret_key
 from retrylib.errors import ConfigError
-from retrylib.kafka.clients import is_secret_key
 
 pytestmark = pytest.mark.usefixtures("run_from_repo")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from helpers import problem_for, write_literal_config
 
+from retrylib.config.kafka_options import option_problem
 from retrylib.config.loader import collect_config_errors, load_config
-from retrylib.kafka.clients import option_problem
 
 pytestmark = pytest.mark.usefixtures("run_from_repo")
 

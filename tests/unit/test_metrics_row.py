@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka import KafkaException
 from helpers import metrics_job_config
 
+from retrylib.batch_result import BatchResult
 from retrylib.checkpoint import Checkpoint
 from retrylib.kafka.reading import KafkaOffsets
 from retrylib.metrics import (
@@ -18,7 +19,6 @@ from retrylib.metrics import (
     positions_after,
     table_row,
 )
-from retrylib.router import BatchResult
 
 
 def result(batch_id: int = 4, **counters: int) -> BatchResult:

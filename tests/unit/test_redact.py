@@ -14,7 +14,6 @@ from retrylib.config.loader import load_config
 from retrylib.logs import (
     JsonFormatter,
     RedactingFilter,
-    config_secrets,
     configure_logging,
     redact,
     redact_secrets,
@@ -36,8 +35,8 @@ def config_file(tmp_path: Path, monkeypatch) -> Path:
     )
 
 
-def test_config_secrets_are_the_hidden_values_and_env_variables(config_file):
-    secrets = config_secrets(load_config(config_file))
+def test_secret_values_are_the_hidden_values_and_env_variables(config_file):
+    secrets = load_config(config_file).secret_values()
 
     assert {"pw-61c0ffee", "inline-jaas-9d2e", "user=svc-user", "svc-user"} <= secrets
     assert "5" not in secrets and "127.0.0.1:9092" not in secrets
@@ -50,7 +49,7 @@ def test_log_lines_never_show_a_secret(config_file):
     try:
         configure_logging()
         root.handlers[0].setStream(stream)
-        redact_secrets(config_secrets(load_config(config_file)))
+        redact_secrets(load_config(config_file).secret_values())
         log = logging.getLogger("retrylib.test")
         log.info("connecting with %s", "pw-61c0ffee")
         log.info("jaas inline-jaas-9d2e and user svc-user")
@@ -71,7 +70,7 @@ def test_log_lines_never_show_a_secret(config_file):
 
 
 def test_redact_masks_printed_text(config_file):
-    redact_secrets(config_secrets(load_config(config_file)))
+    redact_secrets(load_config(config_file).secret_values())
 
     assert redact('{"password": "pw-61c0ffee"}') == '{"password": "***"}'
 
@@ -101,3 +100,13 @@ def test_short_secrets_are_masked_only_where_they_stand_alone():
     secrets.add(["x9"])
 
     assert secrets.redact("job x9x9 uses password=x9;") == "job x9x9 uses password=***;"
+
+
+def test_secret_values_include_a_variable_an_override_refers_to(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("REDACT_TEST_TOKEN", "tok-0a1b2c")
+    path = write_noop_job(tmp_path, name="overridden", job={"checkpoint": f"{tmp_path}/cp"})
+
+    config = load_config(path, overrides={"kafka.options.client.id": "id-${env:REDACT_TEST_TOKEN}"})
+
+    assert {"id-tok-0a1b2c", "tok-0a1b2c"} <= config.secret_values()
+    assert config.redacted()["kafka"]["options"]["client.id"] == "***"

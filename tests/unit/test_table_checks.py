@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retrylib.delta.table_ref import TableRef
+from retrylib.config.table_ref import TableRef
 from retrylib.table_checks import TableState, last_appends, manifest_tables, mismatch
 
 OUTPUT = TableRef("/data/orders", is_path=True)

@@ -17,7 +17,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from retrylib.delta.table_ref import TableRef
+from retrylib.config.table_ref import TableRef
 from retrylib.delta.tables import column_differences
 from retrylib.errors import ConfigError
 

@@ -3,7 +3,7 @@ to check (`router.table_write_error`, `router.spark_error_reason`)."""
 
 from __future__ import annotations
 
-from retrylib.delta.table_ref import TableRef
+from retrylib.config.table_ref import TableRef
 from retrylib.router import spark_error_reason, table_write_error
 
 

@@ -7,8 +7,9 @@ differently: the Java client takes a JAAS line and a truststore, librdkafka take
 write the same setting both ways, so a user states it once.
 
 An OAUTHBEARER token provider is a Python function, so it reaches librdkafka's clients only
-(as confluent-kafka's `oauth_cb`, resolved in each process by `clients.token_callback`); the Java
-client logs in with a JAAS line and callback handler of its own, from `[kafka.java_options]`.
+(as confluent-kafka's `oauth_cb`, resolved in each process by
+`retrylib.kafka.clients.token_callback`); the Java client logs in with a JAAS line and callback
+handler of its own, from `[kafka.java_options]`.
 """
 
 from __future__ import annotations
@@ -18,10 +19,15 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from retrylib.kafka.clients import TOKEN_PROVIDER_OPTION, TOKEN_PROVIDER_PATHS_OPTION
-
 if TYPE_CHECKING:
     from retrylib.config.model import KafkaSecurity
+
+TOKEN_PROVIDER_OPTION = "retrylib.oauth_token_provider"
+"""The librdkafka option that carries the token provider's reference ("module:function") to
+every process; `retrylib.kafka.clients.token_callback` turns it into confluent-kafka's
+`oauth_cb` there."""
+TOKEN_PROVIDER_PATHS_OPTION = "retrylib.oauth_token_provider_paths"
+"""JSON list of the folders to import the token provider from (`handler.paths`)."""
 
 _LOGIN_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
