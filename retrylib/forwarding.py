@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from retrylib.config.durations import format_duration
-from retrylib.config.topics import CONTROL_TOPIC_PREFIX
+from retrylib.config.topic_names import CONTROL_TOPIC_PREFIX
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import READ_COMMITTED

@@ -22,7 +22,7 @@ from retrylib.breaker import OPEN, Breaker, BreakerState
 from retrylib.checkpoint import Checkpoint, replace_json
 from retrylib.config.model import BATCH_HOOKS, RECORD_HOOKS, Config, KafkaConfig
 from retrylib.config.table_ref import TableRef
-from retrylib.config.topics import produced_topic, subscribed
+from retrylib.config.topic_names import produced_topic, subscribed
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.dead_letter import dead_letter_struct
 from retrylib.delta.tables import ensure_table

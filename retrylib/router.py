@@ -61,7 +61,7 @@ from retrylib import errors
 from retrylib.batch_result import BatchResult
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
 from retrylib.config.table_ref import TableRef
-from retrylib.config.topics import produced_topic
+from retrylib.config.topic_names import produced_topic
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.tables import append_once, committed_version
 from retrylib.errors import DamagedFile, RetrylibError, TableWriteError

@@ -19,10 +19,7 @@ from retrylib.config.client_security import java_security, librdkafka_security
 from retrylib.config.schema import OutputSchema
 from retrylib.config.secrets import MASK, OPTION_TABLES, is_hidden
 from retrylib.config.table_ref import TableRef
-
-ANY_TOPIC = "*"
-"""The main-topic key of the retry tiers of a job reading `kafka.topic_pattern`: one set of
-tiers for every topic it matches ("*" is no Kafka topic name)."""
+from retrylib.config.topic_names import ANY_TOPIC
 
 
 @dataclass(frozen=True)

@@ -1,39 +1,19 @@
 """The topics a job uses besides its main topics: the retry tiers' (named from retry.topics or
-retry.topic_template), the two control topics, and the checks that each is a topic of its own;
-and which topics a reader of named topics and a pattern reads (`subscribed`).
+retry.topic_template), and the checks that each, and each control topic
+(`topic_names`), is a topic of its own.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 
 from retrylib.config.durations import format_duration
-from retrylib.config.model import ANY_TOPIC, RetryTier
+from retrylib.config.model import RetryTier
+from retrylib.config.topic_names import ANY_TOPIC, produced_topic, redriven_topic, subscribed
 from retrylib.config.values import TOPIC, Problems, Table, is_topic
 
 _MAX_TOPIC_LENGTH = 249
-
-
-CONTROL_TOPIC_PREFIX = "_retrylib."
-"""Every job's control topics start with it; no record is ever forwarded to one."""
-
-
-def subscribed(topic: str, topics: Collection[str], pattern: str | None) -> bool:
-    """Whether a reader of `topics` and of every topic whose whole name matches `pattern`
-    (`kafka.topic_pattern`, a `subscribePattern`; None for none) reads `topic`."""
-    return topic in topics or (pattern is not None and re.fullmatch(pattern, topic) is not None)
-
-
-def produced_topic(job_name: str) -> str:
-    """The one-partition topic holding the markers of the produced units of each batch."""
-    return f"{CONTROL_TOPIC_PREFIX}{job_name}.produced"
-
-
-def redriven_topic(job_name: str) -> str:
-    """The one-partition topic holding the id of every committed redrive of the job."""
-    return f"{CONTROL_TOPIC_PREFIX}{job_name}.redriven"
 
 
 def explicit_tiers(

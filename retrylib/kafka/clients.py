@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from retrylib.config.client_security import TOKEN_PROVIDER_OPTION, TOKEN_PROVIDER_PATHS_OPTION
 from retrylib.config.importing import import_object
 from retrylib.config.secrets import is_secret_key
-from retrylib.config.topics import subscribed
+from retrylib.config.topic_names import subscribed
 from retrylib.errors import KafkaConnectError, TopicError
 from retrylib.kafka.record_size import MIN_RECORD_LIMIT_BYTES, largest_record, producer_limit
 from retrylib.logs import KAFKA_CLIENT_LOGGER, redact, redact_secrets

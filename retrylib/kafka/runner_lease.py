@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from retrylib.config.topics import CONTROL_TOPIC_PREFIX
+from retrylib.config.topic_names import CONTROL_TOPIC_PREFIX
 from retrylib.errors import LeaseHeld, TopicError
 from retrylib.kafka.clients import make_consumer, partition_counts
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.types import StructType
 
-from retrylib.config.topics import subscribed
+from retrylib.config.topic_names import subscribed
 from retrylib.kafka.arrow_records import KAFKA_SCHEMA, KEY_RANGE_SCHEMA, RANGE_SCHEMA
 from retrylib.kafka.offsets import (
     AT_TIMESTAMP,

@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from retrylib.config.topics import produced_topic
+from retrylib.config.topic_names import produced_topic
 from retrylib.errors import MarkerReadError, ProduceError, RetrylibError
 from retrylib.kafka.clients import make_producer
 from retrylib.kafka.markers import marker_value, unit_produced

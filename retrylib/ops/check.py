@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.config.durations import format_duration
-from retrylib.config.model import ANY_TOPIC, Config
-from retrylib.config.topics import produced_topic
+from retrylib.config.model import Config
+from retrylib.config.topic_names import ANY_TOPIC, produced_topic
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.reading import KafkaOffsets

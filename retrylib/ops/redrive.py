@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.config.model import Config
-from retrylib.config.topics import redriven_topic
+from retrylib.config.topic_names import redriven_topic
 from retrylib.delta.dead_letter_table import SHOWN_COLUMNS, DeadLetterTable
 from retrylib.delta.tables import sql_string, sql_timestamp, table_exists
 from retrylib.errors import RedriveError

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from retrylib.config.importing import import_object
-from retrylib.config.model import ANY_TOPIC
+from retrylib.config.topic_names import ANY_TOPIC
 from retrylib.errors import NonRetryable, RetryAfter
 from retrylib.retry.headers import MAX_ERROR_MESSAGE_BYTES, MAX_STACK_TRACE_BYTES, bound_text
 from retrylib.retry.outcomes import Reason

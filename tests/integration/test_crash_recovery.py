@@ -22,7 +22,7 @@ import pytest
 from helpers import read_topic
 
 from retrylib.checkpoint import Checkpoint, claim_json, read_json
-from retrylib.config.topics import produced_topic
+from retrylib.config.topic_names import produced_topic
 from retrylib.errors import ProduceError
 from retrylib.kafka import transactional_producer
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer

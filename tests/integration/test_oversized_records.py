@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka.admin import NewTopic
 from helpers import produce, read_table, read_topic, run_until, settled_count
 
-from retrylib.config.topics import produced_topic
+from retrylib.config.topic_names import produced_topic
 from retrylib.errors import RecordTooLargeError
 from retrylib.kafka.clients import make_admin
 from retrylib.kafka.record_size import wire_size

@@ -22,7 +22,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 import retrylib.delta.dead_letter_table as table_module
 from retrylib.config.table_ref import TableRef
-from retrylib.config.topics import redriven_topic
+from retrylib.config.topic_names import redriven_topic
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
 from retrylib.delta.tables import append_once, ensure_table, read_table
 from retrylib.errors import LeaseHeld

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from retrylib.config.topics import produced_topic
+from retrylib.config.topic_names import produced_topic
 from retrylib.errors import ProduceError, RetrylibError
 from retrylib.kafka import transactional_producer
 from retrylib.kafka.markers import read_marker

@@ -9,7 +9,7 @@ import pytest
 from helpers import problem_for, write_literal_config
 
 from retrylib.config.loader import load_config
-from retrylib.config.topics import subscribed
+from retrylib.config.topic_names import subscribed
 from retrylib.job import _every_topic, _held_to, source_options, task_plan
 from retrylib.kafka.source_options import parse_source_options
 
