@@ -17,7 +17,10 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.commit import BatchFunction, BatchRouter, task_error
+from retrylib.batch.key_order_store import KeyOrderStore
+from retrylib.batch.metrics import MetricsRecorder
+from retrylib.batch.result import BatchResult
 from retrylib.breaker import OPEN, Breaker, BreakerState
 from retrylib.checkpoint import Checkpoint, replace_json
 from retrylib.config.model import BATCH_HOOKS, RECORD_HOOKS, Config, KafkaConfig
@@ -27,7 +30,6 @@ from retrylib.delta.compaction import Compactor
 from retrylib.delta.dead_letter import dead_letter_struct
 from retrylib.delta.tables import ensure_table
 from retrylib.errors import LeaseHeld, RetrylibError, TopicError
-from retrylib.forwarding import ForwardPlan, run_forwarding_task
 from retrylib.kafka.clients import (
     READ_COMMITTED,
     RecordLimits,
@@ -45,26 +47,24 @@ from retrylib.kafka.offsets import (
 )
 from retrylib.kafka.record_size import producer_batch_bytes
 from retrylib.kafka.runner_lease import RunnerLease, runner_group, take_lease
+from retrylib.kafka.source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
 from retrylib.kafka.source_options import (
     OPTION_AVAILABLE_NOW_OFFSETS,
     OPTION_KEY_ORDER,
     parse_source_options,
 )
-from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
-from retrylib.key_order_store import KeyOrderStore
 from retrylib.logs import (
     configure_worker_logging,
     redact_secrets,
     spark_log_conf,
 )
-from retrylib.metrics import MetricsRecorder
 from retrylib.retry.outcomes import Count
-from retrylib.router import BatchFunction, BatchRouter, task_error
 from retrylib.spark.connect import default_parallelism, is_connect
 from retrylib.spark.session import build_spark_session
 from retrylib.spark.shipping import ship_code
 from retrylib.spark.signals import stop_requests
-from retrylib.task import TaskPlan, run_task
+from retrylib.task.forwarding import ForwardPlan, run_forwarding_task
+from retrylib.task.routing import TaskPlan, run_task
 
 log = logging.getLogger(__name__)
 
@@ -457,7 +457,7 @@ def start_query(
     The topics and the job's runner lease (`prepare_to_run`) are `prepared` first when not
     given, before anything else is written; `router.close()` releases the lease. Every
     batch's metrics are logged, and
-    stored when `[metrics] table` is set (`retrylib.metrics`); `on_result` is then called
+    stored when `[metrics] table` is set (`batch.metrics`); `on_result` is then called
     with the batch's `BatchResult` (in a classic session: a Spark Connect server ends the
     batches in a process of its own, so there `on_result` raises `RetrylibError`).
     """

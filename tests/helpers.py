@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Message
 from pyspark.sql import DataFrame, SparkSession
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.result import BatchResult
 from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.config.model import Config
 from retrylib.errors import ConfigError
@@ -32,11 +32,11 @@ from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA
 from retrylib.kafka.clients import make_consumer, make_producer, topic_partitions
 from retrylib.kafka.offsets import EARLIEST, LATEST, Offsets
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
+from retrylib.kafka.source import KafkaStreamReader
 from retrylib.kafka.source_options import parse_source_options
-from retrylib.kafka.tier_source import KafkaStreamReader
 from retrylib.ops.cli import main
-from retrylib.results import KINDS, result_schema
-from retrylib.task import TaskPlan, run_task
+from retrylib.task.results import KINDS, result_schema
+from retrylib.task.routing import TaskPlan, run_task
 
 REPO = Path(__file__).resolve().parents[1]
 

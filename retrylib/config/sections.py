@@ -329,7 +329,7 @@ def read_output(t: Table, schema: OutputSchema | None) -> OutputConfig | None:
 
 def read_ahead_ms(t: Table) -> int | None:
     """`read_ahead` of [retry] or [delay_router]: how long before they are due the job reads
-    its delayed topics' records, which then wait in their task (`retrylib.read_ahead`)."""
+    its delayed topics' records, which then wait in their task (`retrylib.task.read_ahead`)."""
     read_ahead = t.duration("read_ahead", 'read_ahead = "2s"', DEFAULT_READ_AHEAD, positive=False)
     if read_ahead is not None and read_ahead > _MAX_READ_AHEAD_MS:
         t.problems.add(

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.result import BatchResult
 from retrylib.config.loader import load_config
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer

@@ -10,11 +10,11 @@ import time
 
 from helpers import produce, read_table
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.metrics import METRICS_SCHEMA, metrics_struct, table_row
+from retrylib.batch.result import BatchResult
 from retrylib.config.table_ref import TableRef
 from retrylib.delta.tables import append_once
 from retrylib.job import start_query, stop_gracefully
-from retrylib.metrics import METRICS_SCHEMA, metrics_struct, table_row
 
 
 def test_metrics_lines_and_table_match_the_run(

@@ -58,12 +58,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.result import BatchResult
 from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import Config
 from retrylib.delta.tables import append_once, ensure_table
 from retrylib.kafka.offsets import PartitionKey, delay_frontier
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
+from retrylib.logs import METRICS_LOGGER
 from retrylib.retry.headers import LAST_FAILURE, header_ms, split_headers
 from retrylib.retry.outcomes import Count, retried_tier
 from retrylib.retry.policy import due_timestamp_ms
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
     from retrylib.breaker import Breaker
 
 
-log = logging.getLogger(__name__)  # "retrylib.metrics": the batch lines and the warnings
+log = logging.getLogger(METRICS_LOGGER)  # the batch lines and the warnings
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _REPORTED_COUNTS = tuple(count for count in Count if count is not Count.KAFKA_READ_MS)

@@ -54,7 +54,7 @@ def metric_names(counters: tuple[str, ...], tiers: int) -> list[str]:
 
 def observed_columns(counters: tuple[str, ...], tiers: int) -> list[Column]:
     """The aggregate columns of `metric_names(counters, tiers)` over a batch's result rows
-    (`retrylib.results`)."""
+    (`retrylib.task.results`)."""
     from pyspark.sql import functions as F
 
     def total(name: str) -> Column:

@@ -3,7 +3,7 @@
 A batch runs in steps, each safe to repeat after a crash:
 
 1. Unless this batch already has a manifest: executors route every record (see
-   `task`), and Spark writes their decisions (`results`) to the batch's staging folder
+   `task.routing`), and Spark writes their decisions (`results`) to the batch's staging folder
    in the checkpoint, counting them in the same Spark job (an `Observation`); the driver
    then records the batch's clock and counters in a manifest.
    The routing tasks are part of the streaming query's plan (`routed`), so that Spark
@@ -58,22 +58,9 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib import errors
-from retrylib.batch_result import BatchResult
-from retrylib.checkpoint import Checkpoint, claim_json, read_json
-from retrylib.config.table_ref import TableRef
-from retrylib.config.topics import produced_topic
-from retrylib.delta.compaction import Compactor
-from retrylib.delta.tables import append_once, committed_version
-from retrylib.errors import DamagedFile, RetrylibError, TableWriteError
-from retrylib.forwarding import ForwardPlan
-from retrylib.hooks import DriverHooks
-from retrylib.kafka import worker_clients
-from retrylib.kafka.clients import RecordLimits
-from retrylib.kafka.markers import ControlTopic
-from retrylib.kafka.runner_lease import RunnerLease
-from retrylib.key_order_store import KeyOrderStore
-from retrylib.metrics import OBSERVED_COUNTERS
-from retrylib.observed import (
+from retrylib.batch.key_order_store import KeyOrderStore
+from retrylib.batch.metrics import OBSERVED_COUNTERS
+from retrylib.batch.observed import (
     OBSERVATION,
     PERCENTILES,
     decision_columns,
@@ -81,14 +68,27 @@ from retrylib.observed import (
     observed_columns,
     rows_metric,
 )
-from retrylib.produce_units import ProducePlan, produce_units
-from retrylib.progress_watch import ProgressWatch
-from retrylib.results import placed, result_struct
+from retrylib.batch.produce_units import ProducePlan, produce_units
+from retrylib.batch.progress_watch import ProgressWatch
+from retrylib.batch.result import BatchResult
+from retrylib.batch.table_checks import TableState, last_appends, manifest_tables, mismatch
+from retrylib.checkpoint import Checkpoint, claim_json, read_json
+from retrylib.config.table_ref import TableRef
+from retrylib.config.topics import produced_topic
+from retrylib.delta.compaction import Compactor
+from retrylib.delta.tables import append_once, committed_version
+from retrylib.errors import DamagedFile, RetrylibError, TableWriteError
+from retrylib.kafka import worker_clients
+from retrylib.kafka.clients import RecordLimits
+from retrylib.kafka.markers import ControlTopic
+from retrylib.kafka.runner_lease import RunnerLease
 from retrylib.retry.outcomes import Count
 from retrylib.spark.connect import is_connect, set_job_property
 from retrylib.steps import reached
-from retrylib.table_checks import TableState, last_appends, manifest_tables, mismatch
-from retrylib.task import TaskPlan, run_task
+from retrylib.task.forwarding import ForwardPlan
+from retrylib.task.hooks import DriverHooks
+from retrylib.task.results import placed, result_struct
+from retrylib.task.routing import TaskPlan, run_task
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class BatchRouter:
         those of the consumers that read the control topic;
         `units`: the routing tasks of a batch (`routed`), each a produce unit;
         `signing_key` signs the produce markers (the checkpoint's);
-        `hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`), each
+        `hooks`: the batch hooks (name -> "module:function", see `retrylib.task.hooks`), each
         call waited for at most `hook_timeout_s`;
         `task` routes one Spark task's records with a plan like `plan_template`: a handler
         job's `run_task`, or a delay router's `run_forwarding_task` (whose plans have no

@@ -1,4 +1,4 @@
-"""The job's key queues (`retry.key_ordered`, see `key_order`) on the driver.
+"""The job's key queues (`retry.key_ordered`, see `retry.key_order`) on the driver.
 
 They are kept in the checkpoint, a file per batch that changed them (`<N>.json`, the last
 two kept: a file cut short by a crash, as HDFS may leave one, is passed over for the one
@@ -18,7 +18,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from retrylib.checkpoint import join, list_names, read_json, replace_json
-from retrylib.key_order import (
+from retrylib.retry.key_order import (
     KeyId,
     Queue,
     apply_changes,
