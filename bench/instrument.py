@@ -11,11 +11,11 @@ with a wrapper that calls the original and times, per task:
   serialisation to the JVM, and waiting while the JVM writes the staging Parquet).
 - `bench_task_ms`: the whole task.
 
-It adds them to the task's counters row, so the router sums them per batch like its own
+It adds them to the task's counters row, so the batch commit sums them per batch like its own
 counters. Handler time is retrylib's own `handler_ms` counter; the rest of the task is
 retrylib's per-record routing.
 
-Driver side: `install_driver_timers` wraps the steps of the router's `foreachBatch` body
+Driver side: `install_driver_timers` wraps the steps of the batch commit's `foreachBatch` body
 with timers keyed by step (see `DRIVER_STEPS`). Overhead: two `perf_counter` calls per
 Arrow batch and per step.
 """
@@ -33,11 +33,11 @@ import pyarrow as pa
 log = logging.getLogger("bench.instrument")
 
 DRIVER_STEPS = {
-    "route": "routing the batch and counting its decisions (BatchRouter._route)",
+    "route": "routing the batch and counting its decisions (BatchCommit._route)",
     "staging_write": "Spark job: handler tasks + staging Parquet write (commit._run_tasks)",
     "manifest": "claiming the manifest (commit.claim_json)",
-    "apply": "the batch's effects (BatchRouter._apply)",
-    "produce": "Spark job: executors produce the retry/dead-letter records (BatchRouter._produce)",
+    "apply": "the batch's effects (BatchCommit._apply)",
+    "produce": "Spark job: executors produce the retry/dead-letter records (BatchCommit._produce)",
     "delta_appends": "Delta appends with txnAppId/txnVersion (commit.append_once)",
     "clean_up": "dropping old staging folders and manifests (Checkpoint.clean_up)",
     "check_tables": "first batch: are the tables or control topic ahead of the checkpoint",
@@ -136,7 +136,7 @@ class DriverTimers:
 
 
 def install_driver_timers() -> DriverTimers:
-    """Route tasks through `timed_run_task` and time the router's driver-side steps."""
+    """Route tasks through `timed_run_task` and time the batch commit's steps."""
     from retrylib import checkpoint
     from retrylib.batch import commit, metrics
 
@@ -145,14 +145,14 @@ def install_driver_timers() -> DriverTimers:
     commit.run_task = timed_run_task
     timers = DriverTimers()
     targets = [
-        (commit.BatchRouter, "_route", "route"),
+        (commit.BatchCommit, "_route", "route"),
         (commit, "_run_tasks", "staging_write"),
         (commit, "claim_json", "manifest"),
-        (commit.BatchRouter, "_apply", "apply"),
-        (commit.BatchRouter, "_produce", "produce"),
+        (commit.BatchCommit, "_apply", "apply"),
+        (commit.BatchCommit, "_produce", "produce"),
         (commit, "append_once", "delta_appends"),
         (checkpoint.Checkpoint, "clean_up", "clean_up"),
-        (commit.BatchRouter, "_check_not_ahead", "check_tables"),
+        (commit.BatchCommit, "_check_not_ahead", "check_tables"),
         (metrics.MetricsRecorder, "record", "metrics"),
     ]
     missing = [

@@ -323,7 +323,7 @@ def run_until(
     """Run the job with its processing-time trigger until `settled()`, failing the test if
     the query dies or `timeout` seconds pass first; returns every batch's result."""
     results: list[BatchResult] = []
-    query, router = start_query(spark, config, on_result=results.append)
+    query, batch_commit = start_query(spark, config, on_result=results.append)
     deadline = time.monotonic() + timeout
     try:
         while not settled() and time.monotonic() < deadline:
@@ -331,8 +331,8 @@ def run_until(
             time.sleep(0.25)
         assert query.isActive, f"query died: {query.exception()}"
     finally:
-        stop_gracefully(query, router)
-        router.close()
+        stop_gracefully(query, batch_commit)
+        batch_commit.close()
     assert settled(), f"not settled after {timeout}s; batches: {[r.counters for r in results]}"
     return results
 
@@ -341,11 +341,11 @@ def run_available_now(spark: SparkSession, config: Config) -> list[BatchResult]:
     """Run the job with the availableNow trigger to its end (at most 180 s); returns every
     batch's result."""
     results: list[BatchResult] = []
-    query, router = start_query(spark, config, available_now=True, on_result=results.append)
+    query, batch_commit = start_query(spark, config, available_now=True, on_result=results.append)
     try:
         assert query.awaitTermination(180), "the availableNow run did not stop by itself"
     finally:
-        router.close()
+        batch_commit.close()
     assert query.exception() is None
     return results
 

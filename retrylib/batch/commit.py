@@ -36,7 +36,7 @@ job relies on the Kafka producer's fencing of zombies.
 
 A batch id below one the tables or the control topic already hold for this checkpoint's
 app id means the query runs from an older copy of the checkpoint; its effects would be
-skipped as "already committed", so the router fails the batch with an error instead.
+skipped as "already committed", so the batch commit fails the batch with an error instead.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ _DECISIONS = "retrylib_decisions"
 """The name of the `Observation` of a batch's decisions (`_run_tasks`)."""
 
 
-class BatchRouter:
+class BatchCommit:
     """Callable for `foreachBatch`: runs one batch in the steps of the module docstring."""
 
     def __init__(
@@ -196,7 +196,7 @@ class BatchRouter:
         self._watch: ProgressWatch | None = None
 
     def routed(self, source: DataFrame) -> DataFrame:
-        """The streaming query's frame: `source` routed by this router's tasks, `units` of
+        """The streaming query's frame: `source` routed by this commit's tasks, `units` of
         them, their result rows observed as `observed` describes."""
         # One task per executor core rather than one per Kafka range: a small batch (retries
         # trickling in over many partitions) then costs a few task start-ups, not dozens.
@@ -477,7 +477,7 @@ class BatchRouter:
 
     def follow(self, query: StreamingQuery) -> None:
         """Learn from `query`'s progress which batch a Spark Connect server's copy of this
-        router (`BatchFunction`) finished, for `batch_finished` and `last_finished`."""
+        commit (`BatchFunction`) finished, for `batch_finished` and `last_finished`."""
         self._watch = ProgressWatch(query, self._finished_elsewhere)
 
     def _finished_elsewhere(self, batch_id: int) -> None:
@@ -498,19 +498,19 @@ class BatchFunction:
     """The `foreachBatch` function of a Spark Connect client's query.
 
     The server pickles it and calls it in a Python process of its own for the life of the
-    query. It builds the job's `BatchRouter` there, on the first batch, with `build` (given
-    that process's session), so the router's Kafka clients, threads and hooks belong to the
+    query. It builds the job's `BatchCommit` there, on the first batch, with `build` (given
+    that process's session), so the commit's Kafka clients, threads and hooks belong to the
     process that runs the batches.
     """
 
-    def __init__(self, build: Callable[[SparkSession], BatchRouter]) -> None:
+    def __init__(self, build: Callable[[SparkSession], BatchCommit]) -> None:
         self._build = build
-        self._router: BatchRouter | None = None
+        self._commit: BatchCommit | None = None
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        if self._router is None:
-            self._router = self._build(df.sparkSession)
-        self._router(df, batch_id)
+        if self._commit is None:
+            self._commit = self._build(df.sparkSession)
+        self._commit(df, batch_id)
 
 
 def _run_tasks(
@@ -519,7 +519,7 @@ def _run_tasks(
     """Route the batch on the executors and write their result rows to `staging` (Parquet);
     returns the values of the aggregate columns `decisions` over those rows.
 
-    `df` is the query's frame (`BatchRouter.routed`): writing it runs the routing tasks,
+    `df` is the query's frame (`BatchCommit.routed`): writing it runs the routing tasks,
     given `plan`'s batch id, clock and record limits. The aggregates are observed in the
     same Spark job as the write (`Observation`), so counting the decisions reads nothing
     back.
@@ -623,13 +623,13 @@ def _batch_property(plan: Plan, isolate: bool) -> str:
 def _batch_task(
     task: Task, template: Plan, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """The `mapInArrow` body of `BatchRouter.routed`: `task` with `template` completed by
+    """The `mapInArrow` body of `BatchCommit.routed`: `task` with `template` completed by
     the batch's values, which `_run_tasks` sets as a local property of the batch's job."""
     values = TaskContext.get().getLocalProperty(_BATCH_PROPERTY)
     if values is None:
         raise RetrylibError(
             "the routing tasks ran outside a batch of the job: the query's frame must only be "
-            "written by BatchRouter"
+            "written by BatchCommit"
         )
     batch = json.loads(values)
     plan = replace(

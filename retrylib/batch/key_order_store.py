@@ -3,7 +3,7 @@
 They are kept in the checkpoint, a file per batch that changed them (`<N>.json`, the last
 two kept: a file cut short by a crash, as HDFS may leave one, is passed over for the one
 before), and in a local file that the source's planner reads when it plans the next batch.
-After each batch the router folds in the queues its tasks changed (`key_state` result rows,
+After each batch the batch commit folds in the queues its tasks changed (`key_state` result rows,
 staged with the batch's other decisions). A replayed batch that was folded in already is
 not folded in twice; one that was not (a crash before) is folded in from its staged rows,
 as the first run would.

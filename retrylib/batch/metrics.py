@@ -1,6 +1,6 @@
 """Per-batch metrics: one JSON log line per micro-batch, and an optional Delta table.
 
-`MetricsRecorder.on_result` runs at the end of every batch (it is the router's `on_result`
+`MetricsRecorder.on_result` runs at the end of every batch (it is the batch commit's `on_result`
 callback, so it runs inside `foreachBatch`, on the driver, wherever the batch runs). It logs
 one line on the `retrylib.metrics` logger whose message is a JSON object:
 
@@ -256,7 +256,7 @@ def metrics_struct():
 class MetricsRecorder:
     """The `on_result` callback that logs and stores each batch's metrics.
 
-    `app_id` is the job's Delta app id (the router's); rows are committed under
+    `app_id` is the job's Delta app id (the batch commit's); rows are committed under
     "<app_id>:metrics". `forward` is called with each result afterwards (a caller's own
     callback). A `breaker`'s state (after the batch: the job feeds it first) goes into the
     row. Call `prepare(spark)` before the query starts: it creates the table if

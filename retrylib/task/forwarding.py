@@ -57,7 +57,7 @@ Header = tuple[str, bytes | None]
 
 @dataclass(frozen=True)
 class ForwardPlan:
-    """What a forwarding task needs, built on the driver; the router sets the batch's id,
+    """What a forwarding task needs, built on the driver; the batch commit sets the batch's id,
     clock and record limits."""
 
     job: str
