@@ -156,7 +156,7 @@ def _cached_policy(
     )
 
 
-class TaskRouter:
+class RoutingTask:
     """Routes the records of one task; see the module docstring."""
 
     def __init__(self, plan: TaskPlan) -> None:
@@ -547,20 +547,20 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     """
     configure_worker_logging()
     with _fewer_collections():
-        router = TaskRouter(plan)
+        task = RoutingTask(plan)
         for batch in batches:
             if batch.schema.names[: len(_RANGE_COLUMNS)] == _RANGE_COLUMNS:
                 for topic, partition, start, end, *queues in zip(
                     *(column.to_pylist() for column in batch.columns), strict=True
                 ):
                     if queues and queues[0] is not None:  # a key group's first range
-                        assert router.key_order is not None
-                        router.key_order.load(queues[0])
-                    router.route_range(topic, partition, start, end)
+                        assert task.key_order is not None
+                        task.key_order.load(queues[0])
+                    task.route_range(topic, partition, start, end)
             else:
-                router.route(batch)
-            yield from router.results.drain()
-        yield from router.finish()
+                task.route(batch)
+            yield from task.results.drain()
+        yield from task.finish()
 
 
 @contextmanager
