@@ -1,6 +1,6 @@
 """Timers around retrylib's own code, for the time-split table. Nothing in retrylib changes.
 
-Executor side: `timed_run_task` replaces `retrylib.router.run_task` (the `mapInArrow` body)
+Executor side: `timed_run_task` replaces `retrylib.batch.commit.run_task` (the `mapInArrow` body)
 with a wrapper that calls the original and times, per task:
 
 - `bench_source_wait_ms`: waiting for the next input batch. With Spark's Kafka source that
@@ -11,11 +11,11 @@ with a wrapper that calls the original and times, per task:
   serialisation to the JVM, and waiting while the JVM writes the staging Parquet).
 - `bench_task_ms`: the whole task.
 
-It adds them to the task's counters row, so the router sums them per batch like its own
+It adds them to the task's counters row, so the batch commit sums them per batch like its own
 counters. Handler time is retrylib's own `handler_ms` counter; the rest of the task is
 retrylib's per-record routing.
 
-Driver side: `install_driver_timers` wraps the steps of the router's `foreachBatch` body
+Driver side: `install_driver_timers` wraps the steps of the batch commit's `foreachBatch` body
 with timers keyed by step (see `DRIVER_STEPS`). Overhead: two `perf_counter` calls per
 Arrow batch and per step.
 """
@@ -33,12 +33,12 @@ import pyarrow as pa
 log = logging.getLogger("bench.instrument")
 
 DRIVER_STEPS = {
-    "route": "routing the batch and counting its decisions (BatchRouter._route)",
-    "staging_write": "Spark job: handler tasks + staging Parquet write (router._run_tasks)",
-    "manifest": "claiming the manifest (router.claim_json)",
-    "apply": "the batch's effects (BatchRouter._apply)",
-    "produce": "Spark job: executors produce the retry/dead-letter records (BatchRouter._produce)",
-    "delta_appends": "Delta appends with txnAppId/txnVersion (router.append_once)",
+    "route": "routing the batch and counting its decisions (BatchCommit._route)",
+    "staging_write": "Spark job: handler tasks + staging Parquet write (commit._run_tasks)",
+    "manifest": "claiming the manifest (commit.claim_json)",
+    "apply": "the batch's effects (BatchCommit._apply)",
+    "produce": "Spark job: executors produce the retry/dead-letter records (BatchCommit._produce)",
+    "delta_appends": "Delta appends with txnAppId/txnVersion (commit.append_once)",
     "clean_up": "dropping old staging folders and manifests (Checkpoint.clean_up)",
     "check_tables": "first batch: are the tables or control topic ahead of the checkpoint",
     "metrics": "per-batch metrics line and input lag (MetricsRecorder.record)",
@@ -46,8 +46,8 @@ DRIVER_STEPS = {
 
 
 def timed_run_task(plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """`retrylib.task.run_task` with per-task timers added to its counters row."""
-    from retrylib import task
+    """`retrylib.task.routing.run_task` with per-task timers added to its counters row."""
+    from retrylib.task import routing
 
     clock = time.perf_counter
     started = clock()
@@ -66,7 +66,7 @@ def timed_run_task(plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Recor
             yield batch
 
     handed = 0.0
-    for out in task.run_task(plan, timed_batches()):
+    for out in routing.run_task(plan, timed_batches()):
         if _is_counters_row(out):
             out = _add_counters(
                 out,
@@ -89,7 +89,7 @@ def _is_counters_row(batch: pa.RecordBatch) -> bool:
 
 
 def _add_counters(rows: pa.RecordBatch, extra: dict[str, int]) -> pa.RecordBatch:
-    """`rows` (result rows, `retrylib.results`) with `extra` added to its counters row's JSON,
+    """`rows` (result rows, `retrylib.task.results`) with `extra` added to its counters row's JSON,
     or a counters row appended when it has none."""
     table = rows.to_pylist()
     for row in table:
@@ -136,22 +136,23 @@ class DriverTimers:
 
 
 def install_driver_timers() -> DriverTimers:
-    """Route tasks through `timed_run_task` and time the router's driver-side steps."""
-    from retrylib import checkpoint, metrics, router
+    """Route tasks through `timed_run_task` and time the batch commit's steps."""
+    from retrylib import checkpoint
+    from retrylib.batch import commit, metrics
 
-    if not hasattr(router, "run_task"):
-        raise RuntimeError("retrylib.router.run_task is gone: update bench/instrument.py")
-    router.run_task = timed_run_task
+    if not hasattr(commit, "run_task"):
+        raise RuntimeError("retrylib.batch.commit.run_task is gone: update bench/instrument.py")
+    commit.run_task = timed_run_task
     timers = DriverTimers()
     targets = [
-        (router.BatchRouter, "_route", "route"),
-        (router, "_run_tasks", "staging_write"),
-        (router, "claim_json", "manifest"),
-        (router.BatchRouter, "_apply", "apply"),
-        (router.BatchRouter, "_produce", "produce"),
-        (router, "append_once", "delta_appends"),
+        (commit.BatchCommit, "_route", "route"),
+        (commit, "_run_tasks", "staging_write"),
+        (commit, "claim_json", "manifest"),
+        (commit.BatchCommit, "_apply", "apply"),
+        (commit.BatchCommit, "_produce", "produce"),
+        (commit, "append_once", "delta_appends"),
         (checkpoint.Checkpoint, "clean_up", "clean_up"),
-        (router.BatchRouter, "_check_not_ahead", "check_tables"),
+        (commit.BatchCommit, "_check_not_ahead", "check_tables"),
         (metrics.MetricsRecorder, "record", "metrics"),
     ]
     missing = [

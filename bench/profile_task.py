@@ -5,7 +5,7 @@
     python -m bench.profile_task ranges [--records 200000] [--partitions 6] [--profile]
 
 `route` feeds synthetic RecordBatches in the source's exact Arrow schema through
-`retrylib.task.run_task` (what each `mapInArrow` task runs: per-record routing, the
+`retrylib.task.routing.run_task` (what each `mapInArrow` task runs: per-record routing, the
 handler, result rows for Spark to stage) and, for comparison, through a bare loop that only
 converts the columns and calls the handler. `read` produces records to an embedded broker and reads
 them back with `retrylib.kafka.range_reader.read_range` (what a source task emitting records
@@ -120,7 +120,7 @@ def profiled(function, *args, top: int, enabled: bool):
 
 
 def route(args: argparse.Namespace) -> None:
-    from retrylib.task import run_task
+    from retrylib.task.routing import run_task
 
     batches = synthetic_batches(args.records, args.failure_rate, args.record_bytes)
     for name in ("trivial", "flaky"):
@@ -166,7 +166,7 @@ def read(args: argparse.Namespace) -> None:
 
 def ranges(args: argparse.Namespace) -> None:
     from retrylib.kafka.arrow_records import RANGE_SCHEMA, to_arrow_schema
-    from retrylib.task import run_task
+    from retrylib.task.routing import run_task
 
     with input_on_broker(args) as bootstrap, tempfile.TemporaryDirectory() as tmp:
         per = args.records // args.partitions

@@ -246,7 +246,7 @@ class Checkpoint:
     @property
     def key_order(self) -> str:
         """The folder of the key queues, a file per batch that changed them
-        (`retrylib.key_order_store`)."""
+        (`retrylib.batch.key_order_store`)."""
         return join(self.state, "key_order")
 
     def app_id(self, spark: SparkSession, job_name: str) -> str:

@@ -17,7 +17,10 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.commit import BatchCommit, BatchFunction, task_error
+from retrylib.batch.key_order_store import KeyOrderStore
+from retrylib.batch.metrics import MetricsRecorder
+from retrylib.batch.result import BatchResult
 from retrylib.breaker import OPEN, Breaker, BreakerState
 from retrylib.checkpoint import Checkpoint, replace_json
 from retrylib.config.model import BATCH_HOOKS, RECORD_HOOKS, Config, KafkaConfig
@@ -27,7 +30,6 @@ from retrylib.delta.compaction import Compactor
 from retrylib.delta.dead_letter import dead_letter_struct
 from retrylib.delta.tables import ensure_table
 from retrylib.errors import LeaseHeld, RetrylibError, TopicError
-from retrylib.forwarding import ForwardPlan, run_forwarding_task
 from retrylib.kafka.clients import (
     READ_COMMITTED,
     RecordLimits,
@@ -45,26 +47,24 @@ from retrylib.kafka.offsets import (
 )
 from retrylib.kafka.record_size import producer_batch_bytes
 from retrylib.kafka.runner_lease import RunnerLease, runner_group, take_lease
+from retrylib.kafka.source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
 from retrylib.kafka.source_options import (
     OPTION_AVAILABLE_NOW_OFFSETS,
     OPTION_KEY_ORDER,
     parse_source_options,
 )
-from retrylib.kafka.tier_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
-from retrylib.key_order_store import KeyOrderStore
 from retrylib.logs import (
     configure_worker_logging,
     redact_secrets,
     spark_log_conf,
 )
-from retrylib.metrics import MetricsRecorder
 from retrylib.retry.outcomes import Count
-from retrylib.router import BatchFunction, BatchRouter, task_error
 from retrylib.spark.connect import default_parallelism, is_connect
 from retrylib.spark.session import build_spark_session
 from retrylib.spark.shipping import ship_code
 from retrylib.spark.signals import stop_requests
-from retrylib.task import TaskPlan, run_task
+from retrylib.task.forwarding import ForwardPlan, run_forwarding_task
+from retrylib.task.routing import TaskPlan, run_task
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +332,7 @@ def source_frame(
 def task_plan(
     config: Config, partitions: dict[str, int], signing_key: bytes
 ) -> TaskPlan | ForwardPlan:
-    """The per-batch plan with batch id and clock still unset (the router fills them in)."""
+    """The per-batch plan with batch id and clock still unset (the batch commit fills them in)."""
     if config.delay_router is not None:
         return _forward_plan(config)
     retry = config.retry
@@ -451,13 +451,13 @@ def start_query(
     available_now: bool = False,
     on_result: Callable[[BatchResult], None] | None = None,
     prepared: Prepared | None = None,
-) -> tuple[StreamingQuery, BatchRouter]:
-    """Prepare topics and tables, then start the streaming query; returns it and its router.
+) -> tuple[StreamingQuery, BatchCommit]:
+    """Prepare topics and tables, then start the streaming query; returns it and its `BatchCommit`.
 
     The topics and the job's runner lease (`prepare_to_run`) are `prepared` first when not
-    given, before anything else is written; `router.close()` releases the lease. Every
+    given, before anything else is written; `batch_commit.close()` releases the lease. Every
     batch's metrics are logged, and
-    stored when `[metrics] table` is set (`retrylib.metrics`); `on_result` is then called
+    stored when `[metrics] table` is set (`batch.metrics`); `on_result` is then called
     with the batch's `BatchResult` (in a classic session: a Spark Connect server ends the
     batches in a process of its own, so there `on_result` raises `RetrylibError`).
     """
@@ -476,7 +476,7 @@ def _start_prepared(
     prepared: Prepared,
     available_now: bool,
     on_result: Callable[[BatchResult], None] | None,
-) -> tuple[StreamingQuery, BatchRouter]:
+) -> tuple[StreamingQuery, BatchCommit]:
     """`start_query` once the topics are ready and the lease is held."""
     connect = is_connect(spark)
     if connect and on_result is not None:
@@ -492,7 +492,7 @@ def _start_prepared(
     output, dead_letter = _prepare_tables(spark, config)
     # The source's planner reads these on the Spark driver: local files, fresh for each run.
     state_dir = Path(tempfile.mkdtemp(prefix=f"retrylib-{config.job.name}-"))
-    parts = RouterParts(
+    parts = BatchCommitParts(
         config=config,
         partitions=prepared.partitions,
         app_id=checkpoint.app_id(spark, config.job.name),
@@ -503,9 +503,9 @@ def _start_prepared(
         breaker_file=state_dir / "breaker.json" if config.breaker is not None else None,
         key_state_file=state_dir / "key_order.json" if config.retry.key_ordered else None,
     )
-    router = make_router(parts, spark, on_result=on_result, lease=prepared.lease)
+    batch_commit = make_batch_commit(parts, spark, on_result=on_result, lease=prepared.lease)
     if not connect:
-        router.read_tables_ahead(spark)
+        batch_commit.read_tables_ahead(spark)
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
     # back-to-back triggers instead, the tier source held to the target, until it is reached.
     target = None
@@ -516,12 +516,15 @@ def _start_prepared(
         spark, config, reader, parts.units, target, parts.breaker_file, parts.key_state_file
     )
     writer = (
-        router.routed(source)
+        batch_commit.routed(source)
         .writeStream.queryName(config.job.name)
         .option("checkpointLocation", checkpoint.spark)
         # A Spark Connect server pickles the function and runs it in a Python process of its
-        # own, which builds its own router (its Kafka clients, threads, hooks) from the parts.
-        .foreachBatch(BatchFunction(partial(_router_on_server, parts)) if connect else router)
+        # own, which builds its own `BatchCommit` (its Kafka clients, threads, hooks) from the
+        # parts.
+        .foreachBatch(
+            BatchFunction(partial(_batch_commit_on_server, parts)) if connect else batch_commit
+        )
     )
     if target is not None:
         writer = writer.trigger(processingTime="0 seconds")
@@ -531,20 +534,20 @@ def _start_prepared(
         writer = writer.trigger(processingTime=f"{config.job.trigger_ms} milliseconds")
     query = writer.start()
     if connect:
-        router.follow(query)
+        batch_commit.follow(query)
     if target is not None:
         threading.Thread(
             target=_stop_at_target,
-            args=(query, router, target),
+            args=(query, batch_commit, target),
             name=f"retrylib-available-now-{config.job.name}",
             daemon=True,
         ).start()
-    return query, router
+    return query, batch_commit
 
 
 @dataclass(frozen=True)
-class RouterParts:
-    """What a job's `BatchRouter` is built from once the topics, tables and checkpoint are
+class BatchCommitParts:
+    """What a job's `BatchCommit` is built from once the topics, tables and checkpoint are
     ready: plain values, which a Spark Connect server unpickles to build its own."""
 
     config: Config
@@ -558,22 +561,22 @@ class RouterParts:
     key_state_file: Path | None
 
 
-def _router_on_server(parts: RouterParts, spark: SparkSession) -> BatchRouter:
-    """`make_router` in the Python process a Spark Connect server runs the batches in: its
+def _batch_commit_on_server(parts: BatchCommitParts, spark: SparkSession) -> BatchCommit:
+    """`make_batch_commit` in the Python process a Spark Connect server runs the batches in: its
     log lines go to that process's stderr (the server's log), the config's secrets masked."""
     configure_worker_logging()
     redact_secrets(parts.config.secret_values())
-    return make_router(parts, spark)
+    return make_batch_commit(parts, spark)
 
 
-def make_router(
-    parts: RouterParts,
+def make_batch_commit(
+    parts: BatchCommitParts,
     spark: SparkSession,
     *,
     on_result: Callable[[BatchResult], None] | None = None,
     lease: RunnerLease | None = None,
-) -> BatchRouter:
-    """The job's `BatchRouter`, with its breaker, key queues, metrics, record limits and
+) -> BatchCommit:
+    """The job's `BatchCommit`, with its breaker, key queues, metrics, record limits and
     compaction, for batches run through `spark`; `lease` is released by its `close()`."""
     config, checkpoint = parts.config, Checkpoint(parts.config.job.checkpoint)
     breaker = None
@@ -597,7 +600,7 @@ def make_router(
         if config.metrics.table_ref() is not None:
             tables.append(("metrics", config.metrics.table_ref()))
         compactor = Compactor(checkpoint.compaction, config.output.optimize_every_ms, tables)
-    return BatchRouter(
+    return BatchCommit(
         task_plan(config, parts.partitions, parts.signing_key),
         checkpoint=checkpoint,
         app_id=parts.app_id,
@@ -675,7 +678,7 @@ def _publish_breaker(spark: SparkSession, uri: str, state: BreakerState, why: st
     )
 
 
-def _stop_at_target(query: StreamingQuery, router: BatchRouter, target: Offsets) -> None:
+def _stop_at_target(query: StreamingQuery, batch_commit: BatchCommit, target: Offsets) -> None:
     """Stop `query` once a finished batch has read up to `target` in every partition, or a
     trigger found nothing to read (every source is at its target or has nothing new)."""
     while query.isActive:
@@ -684,13 +687,13 @@ def _stop_at_target(query: StreamingQuery, router: BatchRouter, target: Offsets)
         idle = not status.get("isDataAvailable") and status.get("message") == _IDLE_MESSAGE
         if idle or (progress is not None and reached(progress_end_offsets(progress.json), target)):
             log.info("availableNow: everything up to the target is processed; stopping")
-            stop_gracefully(query, router)
+            stop_gracefully(query, batch_commit)
             return
         time.sleep(0.1)
 
 
 def stop_gracefully(
-    query: StreamingQuery, router: BatchRouter, timeout: float = _STOP_WAIT_SECONDS
+    query: StreamingQuery, batch_commit: BatchCommit, timeout: float = _STOP_WAIT_SECONDS
 ) -> None:
     """Stop `query` once the batch running now (if any) has done its work and Spark has
     recorded it as done, within `timeout`.
@@ -699,21 +702,23 @@ def stop_gracefully(
     reuses its manifest and commits nothing twice. One line says where it stopped, and
     whether a batch was cut short.
     """
-    router.batch_finished.clear()
+    batch_commit.batch_finished.clear()
     deadline = time.monotonic() + timeout
     finished = False
     while query.isActive and query.status.get("isTriggerActive"):
-        finished = router.batch_finished.wait(0.05)
+        finished = batch_commit.batch_finished.wait(0.05)
         if finished or time.monotonic() >= deadline:
             break
     if finished:
-        # Past the router's end of the batch Spark writes its commit log; a stop then
+        # Past the batch commit's end of the batch Spark writes its commit log; a stop then
         # interrupts that write and leaves the batch to be replayed.
-        while not _recorded_done(query, router.last_finished) and time.monotonic() < deadline:
+        while not _recorded_done(query, batch_commit.last_finished) and time.monotonic() < deadline:
             time.sleep(0.02)
     cut_short = not finished and query.isActive and query.status.get("isTriggerActive")
     query.stop()
-    done = "no batch" if router.last_finished is None else f"batch {router.last_finished}"
+    done = (
+        "no batch" if batch_commit.last_finished is None else f"batch {batch_commit.last_finished}"
+    )
     if cut_short:
         log.warning(
             "stopped after %s; the batch running did not finish within %gs and runs again "
@@ -760,7 +765,9 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
         prepared = preparing.result()
     lease = prepared.lease
     with stop_requests(spark) as stop_requested:
-        query, router = start_query(spark, config, available_now=available_now, prepared=prepared)
+        query, batch_commit = start_query(
+            spark, config, available_now=available_now, prepared=prepared
+        )
         try:
             try:
                 while (
@@ -768,24 +775,24 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
                 ):
                     query.awaitTermination(0.5)
             except Exception as error:  # the query failed: Spark's wrapping of what failed it
-                if router.failure is None and is_connect(spark):  # the server ran the batch
-                    router.failure = task_error(error)
-                if router.failure is None:
+                if batch_commit.failure is None and is_connect(spark):  # the server ran the batch
+                    batch_commit.failure = task_error(error)
+                if batch_commit.failure is None:
                     raise
-            if router.failure is not None:
-                raise router.failure
+            if batch_commit.failure is not None:
+                raise batch_commit.failure
             if lease.taken_over.is_set():
-                stop_gracefully(query, router)
+                stop_gracefully(query, batch_commit)
                 raise LeaseHeld(
                     f"job {config.job.name!r}: another copy took the lease {lease.group} while "
                     "the brokers did not hear from this one; this copy stopped"
                 )
             if stop_requested.is_set():
-                stop_gracefully(query, router)
+                stop_gracefully(query, batch_commit)
             error = query.exception()
             if error is not None:
                 log.error("query %s failed: %s", config.job.name, error)
                 return 1
             return 0
         finally:
-            router.close()
+            batch_commit.close()

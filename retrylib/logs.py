@@ -197,6 +197,11 @@ class _ReportedElsewhere(logging.Filter):
         return not isinstance(error, RetrylibError)
 
 
+# The logger of the per-batch metrics lines (`batch.metrics`), named in the docs and read by
+# log pipelines: it keeps this name wherever the module that logs them lives.
+METRICS_LOGGER = "retrylib.metrics"
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (UTC, ISO 8601), level, logger, message, and the
     traceback when there is one. A `retrylib.metrics` line's message is JSON itself; it is
@@ -210,7 +215,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        if record.name == "retrylib.metrics":
+        if record.name == METRICS_LOGGER:
             try:
                 line["metrics"] = json.loads(line.pop("message"))
             except ValueError:

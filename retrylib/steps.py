@@ -1,6 +1,6 @@
 """The named steps of a batch, and the one listener told when a process reaches one.
 
-`router` and `kafka.transactional_producer` call `reached(step, batch_id)` at each step;
+`batch.commit` and `kafka.transactional_producer` call `reached(step, batch_id)` at each step;
 with no listener set that costs one comparison. A listener is set from outside the job
 (the fault tests' crash listener kills the process at a step: tests/faults/crash/), in
 every process it should hear from: the driver reaches the driver's steps, a Python worker

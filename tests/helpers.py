@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Message
 from pyspark.sql import DataFrame, SparkSession
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.result import BatchResult
 from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.config.model import Config
 from retrylib.errors import ConfigError
@@ -32,11 +32,11 @@ from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA
 from retrylib.kafka.clients import make_consumer, make_producer, topic_partitions
 from retrylib.kafka.offsets import EARLIEST, LATEST, Offsets
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
+from retrylib.kafka.source import KafkaStreamReader
 from retrylib.kafka.source_options import parse_source_options
-from retrylib.kafka.tier_source import KafkaStreamReader
 from retrylib.ops.cli import main
-from retrylib.results import KINDS, result_schema
-from retrylib.task import TaskPlan, run_task
+from retrylib.task.results import KINDS, result_schema
+from retrylib.task.routing import TaskPlan, run_task
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -323,7 +323,7 @@ def run_until(
     """Run the job with its processing-time trigger until `settled()`, failing the test if
     the query dies or `timeout` seconds pass first; returns every batch's result."""
     results: list[BatchResult] = []
-    query, router = start_query(spark, config, on_result=results.append)
+    query, batch_commit = start_query(spark, config, on_result=results.append)
     deadline = time.monotonic() + timeout
     try:
         while not settled() and time.monotonic() < deadline:
@@ -331,8 +331,8 @@ def run_until(
             time.sleep(0.25)
         assert query.isActive, f"query died: {query.exception()}"
     finally:
-        stop_gracefully(query, router)
-        router.close()
+        stop_gracefully(query, batch_commit)
+        batch_commit.close()
     assert settled(), f"not settled after {timeout}s; batches: {[r.counters for r in results]}"
     return results
 
@@ -341,11 +341,11 @@ def run_available_now(spark: SparkSession, config: Config) -> list[BatchResult]:
     """Run the job with the availableNow trigger to its end (at most 180 s); returns every
     batch's result."""
     results: list[BatchResult] = []
-    query, router = start_query(spark, config, available_now=True, on_result=results.append)
+    query, batch_commit = start_query(spark, config, available_now=True, on_result=results.append)
     try:
         assert query.awaitTermination(180), "the availableNow run did not stop by itself"
     finally:
-        router.close()
+        batch_commit.close()
     assert query.exception() is None
     return results
 

@@ -36,12 +36,8 @@ from retrylib.config.sections import (
     read_output,
     read_retry,
 )
-from retrylib.config.topics import (
-    check_control_topics,
-    check_pattern_topics,
-    produced_topic,
-    redriven_topic,
-)
+from retrylib.config.topic_names import produced_topic, redriven_topic
+from retrylib.config.topics import check_control_topics, check_pattern_topics
 from retrylib.config.values import Problems, Table
 from retrylib.errors import ConfigError
 

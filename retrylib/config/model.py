@@ -175,7 +175,7 @@ class RetryConfig:
     tiers: tuple[RetryTier, ...]
     max_retry_after_ms: int
     timeout_ms: int | None = None  # total retry time from the first failure; None: no limit
-    key_ordered: bool = False  # a key's later records wait behind its retries (`key_order`)
+    key_ordered: bool = False  # a key's later records wait behind its retries (`retry.key_order`)
     # A tier's records due this long after a batch starts are read in it and wait in the task.
     read_ahead_ms: int = 0
 
@@ -223,7 +223,7 @@ class DelayRouterConfig(_ReadOnlyMappings):
     (Kafka-Retry-Router's `final_topic` and `msg_ts`). Once that time plus the topic's
     delay has passed, the record is produced as it is to its destination. A record whose
     destination is missing or not a topic of the cluster goes to `fallback_topic`, or, with
-    none, is logged at ERROR and counted (`forwarding`).
+    none, is logged at ERROR and counted (`task.forwarding`).
     """
 
     topics: Mapping[str, int]
@@ -258,7 +258,7 @@ class BreakerConfig:
 
 
 RECORD_HOOKS = ("before_record", "after_record", "on_retry", "on_dead_letter")
-"""The hooks called on the executors, per record (see `retrylib.hooks`)."""
+"""The hooks called on the executors, per record (see `retrylib.task.hooks`)."""
 BATCH_HOOKS = ("on_batch_start", "on_batch_end")
 """The hooks called on the driver, per batch."""
 HOOKS = (*RECORD_HOOKS, *BATCH_HOOKS)

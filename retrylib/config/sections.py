@@ -32,13 +32,8 @@ from retrylib.config.model import (
 from retrylib.config.schema import OutputSchema, parse_schema
 from retrylib.config.secrets import MASK, is_hidden
 from retrylib.config.security import check_security, read_security
-from retrylib.config.topics import (
-    check_dead_letter_topics,
-    explicit_tiers,
-    produced_topic,
-    redriven_topic,
-    template_tiers,
-)
+from retrylib.config.topic_names import produced_topic, redriven_topic
+from retrylib.config.topics import check_dead_letter_topics, explicit_tiers, template_tiers
 from retrylib.config.values import (
     BOOL,
     EXCEPTION_REF,
@@ -329,7 +324,7 @@ def read_output(t: Table, schema: OutputSchema | None) -> OutputConfig | None:
 
 def read_ahead_ms(t: Table) -> int | None:
     """`read_ahead` of [retry] or [delay_router]: how long before they are due the job reads
-    its delayed topics' records, which then wait in their task (`retrylib.read_ahead`)."""
+    its delayed topics' records, which then wait in their task (`retrylib.task.read_ahead`)."""
     read_ahead = t.duration("read_ahead", 'read_ahead = "2s"', DEFAULT_READ_AHEAD, positive=False)
     if read_ahead is not None and read_ahead > _MAX_READ_AHEAD_MS:
         t.problems.add(

@@ -66,7 +66,7 @@ def table_exists(spark: SparkSession, ref: TableRef) -> bool:
         from delta.tables import DeltaTable
 
         # Delta's cached log lookup: about 3 ms a call here, where DESCRIBE HISTORY takes
-        # 150 ms, and the router asks each batch for each table.
+        # 150 ms, and the batch commit asks each batch for each table.
         return DeltaTable.isDeltaTable(spark, target.text)
     if target.is_path:  # no DeltaTable API without Delta's Connect plugin on the server
         return latest_version(spark, target) is not None

@@ -67,7 +67,7 @@ RANGE_SCHEMA = StructType(
 
 KEY_RANGE_SCHEMA = StructType([*RANGE_SCHEMA.fields, StructField("keyQueues", BinaryType())])
 """`RANGE_SCHEMA` with `retrylib.keyOrder`: a key group's first row carries the queues of its
-keys (`retrylib.key_order`, JSON); its other rows, null."""
+keys (`retrylib.retry.key_order`, JSON); its other rows, null."""
 
 _CONFLUENT_TO_SPARK_TIMESTAMP_TYPE = {TIMESTAMP_CREATE_TIME: 0, TIMESTAMP_LOG_APPEND_TIME: 1}
 _NO_TIMESTAMP_TYPE = -1  # Kafka's TimestampType.NO_TIMESTAMP_TYPE

@@ -3,7 +3,7 @@
 The names are those of Spark's built-in `kafka` source (`kafka.bootstrap.servers`,
 `subscribe`, `startingOffsets`, `startingTimestamp`, `maxOffsetsPerTrigger`,
 `failOnDataLoss`, `kafka.*` pass-through) and the
-source's own `retrylib.*` ones, described in `retrylib.kafka.tier_source`.
+source's own `retrylib.*` ones, described in `retrylib.kafka.source`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ OPTION_MAX_OFFSETS_PER_TRIGGER = "maxOffsetsPerTrigger"
 OPTION_TOPIC_DELAYS_MS = "retrylib.topicDelaysMs"
 OPTION_READ_AHEAD_MS = "retrylib.readAheadMs"
 """A delay tier's records due up to this many ms after now are read now (default 0): the
-task that handles them waits until each is due (`retrylib.task`)."""
+task that handles them waits until each is due (`retrylib.task.routing`)."""
 OPTION_TIER_STAMPS_AHEAD = "retrylib.tierStampsAhead"
 """`true` (default): the job's producers stamp a delay tier's records up to one delay ahead of
 their clock; `false`: no later than now (a delay router's topics)."""
@@ -58,7 +58,7 @@ OPTION_BREAKER_FILE = "retrylib.breakerFile"
 OPTION_KEY_ORDER = "retrylib.keyOrder"
 """JSON `{"tiers": {main topic: [its tier topics]}, "stateFile": path}`: ranges come in key
 groups (`key_groups`), each group's first row carrying its keys' queues from the local
-state file (`retrylib.key_order`); needs `retrylib.emit = ranges`."""
+state file (`retrylib.retry.key_order`); needs `retrylib.emit = ranges`."""
 _EMIT_VALUES = ("records", "ranges")
 _KNOWN_OPTIONS = {
     name.lower(): name

@@ -7,7 +7,7 @@ job's one-partition control topic. Readers use read_committed, so a crash mid-pr
 no visible half, and an attempt that finds its unit's marker produces nothing again. The
 records come from a callable that returns a fresh iterator of Arrow RecordBatches
 (`STAGED_SCHEMA`) each time, so every attempt reads them anew. The records' form and their
-produce are `staged_records`.
+produce are `outgoing_records`.
 
 Each unit of a checkpoint has its own transactional id, "retrylib-<app id>-<unit>", the same
 for every batch, attempt and restart. Why the marker check can be trusted:
@@ -48,8 +48,8 @@ from retrylib.config.topic_names import produced_topic
 from retrylib.errors import MarkerReadError, ProduceError, RetrylibError
 from retrylib.kafka.clients import make_producer
 from retrylib.kafka.markers import marker_value, unit_produced
+from retrylib.kafka.outgoing_records import Deliveries, StagedRecords, produce_staged
 from retrylib.kafka.reading import produce, serve
-from retrylib.kafka.staged_records import Deliveries, StagedRecords, produce_staged
 from retrylib.kafka.worker_clients import note_opened
 from retrylib.steps import reached
 

@@ -165,9 +165,9 @@ def _table_findings(spark: SparkSession, config: Config) -> list[Finding]:
     """One finding per table: missing (a note: the job creates it), matching, unreadable (a
     warning), or not what the job writes (an error naming every column difference).
     """
+    from retrylib.batch.metrics import metrics_struct
     from retrylib.delta.dead_letter import dead_letter_struct
     from retrylib.delta.tables import column_differences, read_table, table_exists
-    from retrylib.metrics import metrics_struct
 
     wanted = []
     if config.handler is not None and config.output is not None and config.dead_letter is not None:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.result import BatchResult
 from retrylib.config.loader import load_config
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
@@ -121,14 +121,14 @@ def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float
                 print(f"batch {result.batch_id}: {story}", flush=True)
 
         spark = build_spark_session("retrylib-demo", master="local[2]")
-        query, router = start_query(spark, config, on_result=count)
+        query, batch_commit = start_query(spark, config, on_result=count)
         deadline = time.monotonic() + timeout
         try:
             while settled[0] < len(orders) and time.monotonic() < deadline and query.isActive:
                 time.sleep(0.5)
         finally:
-            stop_gracefully(query, router)
-            router.close()
+            stop_gracefully(query, batch_commit)
+            batch_commit.close()
         landed = _print_results(spark, config.output.table, config.dead_letter.table)
         spark.stop()
     wanted = sorted(key.decode() for key, _ in orders)

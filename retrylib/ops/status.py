@@ -21,7 +21,7 @@ comes from:
   timestamp is further ahead of this clock than the job's producers stamp
   (`policy.latest_fair_timestamp_ms`), `first_stamped_ahead` names the first
   (`topic[partition]@offset`, how far ahead): a producer's clock is off; the job reads such
-  a record at once and the records behind it as they fall due (`tier_source`).
+  a record at once and the records behind it as they fall due (`kafka.source`).
   `dead_letters` is null for a router, and its last batches count what it forwarded.
 - Dead letters: counted by error class from the dead-letter Delta table, with how many
   were redriven and how many a redrive claimed but has not confirmed yet.
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from retrylib.batch.key_order_store import stored_queues
 from retrylib.checkpoint import Checkpoint, read_json
 from retrylib.config.durations import format_duration
 from retrylib.config.model import Config, RetryTier
@@ -53,7 +54,6 @@ from retrylib.errors import DamagedFile
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
-from retrylib.key_order_store import stored_queues
 from retrylib.retry import headers
 from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count
 from retrylib.retry.policy import due_time_ms, latest_fair_timestamp_ms

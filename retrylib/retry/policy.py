@@ -236,7 +236,7 @@ def latest_fair_timestamp_ms(now_ms: int, delay_ms: int, stamps_ahead: bool) -> 
     their clock (a handler job's tiers, `tier_timestamp_ms`), else no later than now (a delay
     router's topics). A record stamped later came from a clock that is off (brokers accept
     an hour ahead by default): Kafka's time index would hide every record behind it until
-    its time, so readers pass over it (`tier_source`)."""
+    its time, so readers pass over it (`kafka.source`)."""
     return now_ms + (delay_ms if stamps_ahead else 0) + STAMP_SLACK_MS
 
 

@@ -82,7 +82,7 @@ def build_spark_session(
                 spark.conf.set(key, value)
     if not is_connect(spark):  # a Connect server's log level is its own
         spark.sparkContext.setLogLevel("WARN")
-    from retrylib.kafka.tier_source import KafkaDataSource
+    from retrylib.kafka.source import KafkaDataSource
 
     spark.dataSource.register(KafkaDataSource)
     return spark

@@ -63,8 +63,8 @@ MAX_ATTEMPTS = 3
 DELAYS = ("1s", "2s")
 KINDS = (("ok", 0.55), ("flaky1", 0.15), ("flaky2", 0.12), ("always", 0.09), ("bad", 0.09))
 _CRASH_LINE = re.compile(r"retrylib fault injection: crash at (\w+) in batch (\d+)")
-_BATCH_LINE = re.compile(r"retrylib\.router: batch (\{.*\})")
-_QUERY_UP = re.compile(r"retrylib\.router: batch |retrylib\.job: main topics read with")
+_BATCH_LINE = re.compile(r"retrylib\.batch\.commit: batch (\{.*\})")
+_QUERY_UP = re.compile(r"retrylib\.batch\.commit: batch |retrylib\.job: main topics read with")
 
 
 @dataclass(frozen=True)
@@ -695,7 +695,7 @@ class FaultHarness:
 
 
 def logged_batches(log_text: str) -> list[dict]:
-    """The counters of each batch a job's log reports, in log order (`retrylib.router`'s
+    """The counters of each batch a job's log reports, in log order (`retrylib.batch.commit`'s
     INFO lines: "batch {...}", with "batch_id")."""
     return [json.loads(line) for line in _BATCH_LINE.findall(log_text)]
 

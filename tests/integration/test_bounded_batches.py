@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from helpers import produce, read_table, run_available_now
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.result import BatchResult
 
 LIMIT = 20
 RECORDS = 60

@@ -27,7 +27,7 @@ from retrylib.errors import ProduceError
 from retrylib.kafka import transactional_producer
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.kafka.markers import ControlTopic, read_marker
-from retrylib.kafka.staged_records import STAGED_SCHEMA
+from retrylib.kafka.outgoing_records import STAGED_SCHEMA
 from retrylib.kafka.transactional_producer import StagedProducer
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
@@ -237,7 +237,7 @@ def _produce_and_crash(
     of its own, which crash point `point` kills."""
     return _python(
         "import pyarrow as pa\n"
-        "from retrylib.kafka.staged_records import STAGED_SCHEMA\n"
+        "from retrylib.kafka.outgoing_records import STAGED_SCHEMA\n"
         "from retrylib.kafka.transactional_producer import StagedProducer\n"
         f"rows = {staged.rows!r}\n"
         f"p = StagedProducer({job!r}, 'app-1', 0, {bootstrap!r}, {{}}, signing_key={KEY!r})\n"

@@ -76,7 +76,11 @@ def test_spark_submit_available_now_exits_zero(
     # embedded broker, the jar resolver and the demo.
     with zipfile.ZipFile(REPO / "build" / "retrylib-py.zip") as bundle:
         shipped = set(bundle.namelist())
-    assert {"retrylib/router.py", "retrylib/task.py", "retrylib/kafka/tier_source.py"} <= shipped
+    assert {
+        "retrylib/batch/commit.py",
+        "retrylib/task/routing.py",
+        "retrylib/kafka/source.py",
+    } <= shipped
     left_out = {"retrylib/kafka/broker.py", "retrylib/spark/jars.py", "retrylib/ops/demo.py"}
     assert not shipped & left_out
 
@@ -127,7 +131,7 @@ def test_sigterm_stops_after_the_batch_and_exits_zero(
     noise = [
         line
         for line in after_signal.splitlines()[1:]
-        if "retrylib.metrics" not in line and "retrylib.router" not in line
+        if "retrylib.metrics" not in line and "retrylib.batch.commit" not in line
     ]
     assert len(noise) == 1, "\n".join(noise)
     assert "; the next start goes on from there" in after_signal, after_signal[-3000:]

@@ -10,7 +10,7 @@ The job runs as a user runs it, `./spark-submit.sh CONF --available-now`, with
 `--driver-memory DRIVER_MEMORY` (local mode: the driver JVM is also the executor).
 
 On commit d9cd6ce the router collects every staged retry record into the driver
-(`BatchRouter._apply`: `toArrow()`) and produces them from one driver-side producer. At this
+(`BatchCommit._apply`: `toArrow()`) and produces them from one driver-side producer. At this
 size, 100,000 records x 1 KB with a 512m driver, that fails in 3 runs out of 3: a task of
 the `toArrow()` collect (stage 18 of batch 0) runs out of heap serializing the staged
 records it collected as its result for the driver, `java.lang.OutOfMemoryError: Java heap

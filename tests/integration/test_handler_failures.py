@@ -13,7 +13,7 @@ import time
 from chispa import assert_df_equality
 from helpers import produce, read_table, run_until, settled_count
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.result import BatchResult
 from retrylib.config.loader import load_config
 
 TIMEOUT_MS = 2_000

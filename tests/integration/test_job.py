@@ -88,17 +88,17 @@ def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topi
     config = write_config([topic])
     now = datetime.now(UTC)
     rows = [(f"ok-{i}".encode(), b"v", topic, 0, i, now, 0, []) for i in range(50)]
-    query, router = start_query(spark, config, available_now=True)
+    query, batch_commit = start_query(spark, config, available_now=True)
     query.awaitTermination()
-    frame = router.routed(spark.createDataFrame(rows, KAFKA_SCHEMA))
+    frame = batch_commit.routed(spark.createDataFrame(rows, KAFKA_SCHEMA))
 
-    router(frame, 7)
-    router(frame, 7)  # replay with the manifest in place: decisions reused
+    batch_commit(frame, 7)
+    batch_commit(frame, 7)  # replay with the manifest in place: decisions reused
     from retrylib.checkpoint import delete_tree, join
 
     delete_tree(spark, join(config.job.checkpoint, "retrylib", "manifests"))
-    router(frame, 7)  # replay from scratch: the Delta txn refuses a second commit
-    router.close()
+    batch_commit(frame, 7)  # replay from scratch: the Delta txn refuses a second commit
+    batch_commit.close()
 
     table = read_table(config.output.table)
     assert table.num_rows == 50

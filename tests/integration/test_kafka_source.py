@@ -27,13 +27,13 @@ from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA, RANGE
 from retrylib.kafka.clients import READ_COMMITTED, make_admin, make_consumer
 from retrylib.kafka.range_reader import KafkaInputPartition, read_range
 from retrylib.kafka.reading import watermarks
-from retrylib.kafka.source_options import parse_source_options
-from retrylib.kafka.tier_source import (
+from retrylib.kafka.source import (
     KafkaStreamReader,
     ReadAllAvailable,  # None before Spark 4.2: this module's tests run on the default leg only
     ReadMaxRows,
 )
-from retrylib.task import TaskPlan, run_task
+from retrylib.kafka.source_options import parse_source_options
+from retrylib.task.routing import TaskPlan, run_task
 
 RecordId = tuple[str, int, int]  # topic, partition, offset
 
@@ -694,8 +694,8 @@ def test_ranges_read_in_the_task_give_the_handler_what_records_mode_gives(
 
 
 def batch_counters(log: str) -> list[dict]:
-    """The counters of each batch a `retrylib run` logged (`retrylib.router: batch {...}`)."""
-    marker = "retrylib.router: batch "
+    """The counters of each batch a `retrylib run` logged (`retrylib.batch.commit: batch {...}`)."""
+    marker = "retrylib.batch.commit: batch "
     return [json.loads(line.split(marker, 1)[1]) for line in log.splitlines() if marker in line]
 
 

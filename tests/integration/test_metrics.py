@@ -10,11 +10,11 @@ import time
 
 from helpers import produce, read_table
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.metrics import METRICS_SCHEMA, metrics_struct, table_row
+from retrylib.batch.result import BatchResult
 from retrylib.config.table_ref import TableRef
 from retrylib.delta.tables import append_once
 from retrylib.job import start_query, stop_gracefully
-from retrylib.metrics import METRICS_SCHEMA, metrics_struct, table_row
 
 
 def test_metrics_lines_and_table_match_the_run(
@@ -34,7 +34,7 @@ def test_metrics_lines_and_table_match_the_run(
         metrics={"table": f"{tmp_path}/metrics"},
     )
     results: list[BatchResult] = []
-    query, router = start_query(spark, config, on_result=results.append)
+    query, batch_commit = start_query(spark, config, on_result=results.append)
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and query.isActive:
@@ -43,8 +43,8 @@ def test_metrics_lines_and_table_match_the_run(
                 break
             time.sleep(0.5)
     finally:
-        stop_gracefully(query, router)
-        router.close()
+        stop_gracefully(query, batch_commit)
+        batch_commit.close()
     observed = {
         progress["batchId"]: progress["observedMetrics"]["retrylib"].asDict()
         for progress in query.recentProgress
@@ -122,6 +122,6 @@ def test_metrics_lines_and_table_match_the_run(
     # A replayed batch logs again but never adds a second row.
     replay = spark.createDataFrame([table_row(lines[-1])], metrics_struct())
     table_ref = TableRef.parse(config.metrics.table, "metrics.table")
-    app_id, batch_id = f"{router.app_id}:metrics", lines[-1]["batch_id"]
+    app_id, batch_id = f"{batch_commit.app_id}:metrics", lines[-1]["batch_id"]
     assert append_once(replay, table_ref, app_id=app_id, batch_id=batch_id) is False
     assert read_table(config.metrics.table).num_rows == len(lines)

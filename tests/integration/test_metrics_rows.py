@@ -7,10 +7,10 @@ from __future__ import annotations
 from chispa import assert_df_equality
 from helpers import metrics_job_config
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.metrics import MetricsRecorder
+from retrylib.batch.result import BatchResult
 from retrylib.config.table_ref import TableRef
 from retrylib.delta.tables import read_table
-from retrylib.metrics import MetricsRecorder
 
 
 def result(batch_id: int, **counters: int) -> BatchResult:

@@ -21,8 +21,8 @@ from helpers import produce, read_table, read_topic, run_until, settled_count
 from retrylib.config.topic_names import produced_topic
 from retrylib.errors import RecordTooLargeError
 from retrylib.kafka.clients import make_admin
+from retrylib.kafka.outgoing_records import STAGED_SCHEMA
 from retrylib.kafka.record_size import wire_size
-from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.kafka.transactional_producer import StagedProducer
 from retrylib.retry import headers as h
 

@@ -17,7 +17,7 @@ from helpers import (
     table_frame,
 )
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.result import BatchResult
 from retrylib.job import start_query, stop_gracefully
 from retrylib.kafka.clients import make_producer
 from retrylib.retry.headers import split_headers

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from helpers import REPO, TIER
 
-from retrylib.forwarding import ForwardPlan
-from retrylib.task import TaskPlan
+from retrylib.task.forwarding import ForwardPlan
+from retrylib.task.routing import TaskPlan
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The driver's steps that run at once (retrylib.router's `_all_at_once`, `_Started`); no Spark."""
+"""The driver's steps that run at once (`batch.commit`'s `_all_at_once`, `_Started`); no Spark."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from retrylib.router import _all_at_once, _Started
+from retrylib.batch.commit import _all_at_once, _Started
 
 
 def test_calls_run_at_once_and_their_results_come_in_order() -> None:

@@ -17,7 +17,7 @@ from retrylib.retry.headers import (
     sign,
     split_headers,
 )
-from retrylib.task import TaskPlan
+from retrylib.task.routing import TaskPlan
 
 
 def retry_row(

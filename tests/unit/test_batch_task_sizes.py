@@ -9,7 +9,7 @@ from helpers import TIER, route
 
 from retrylib.kafka.record_size import wire_size
 from retrylib.retry import headers as h
-from retrylib.task import TaskPlan
+from retrylib.task.routing import TaskPlan
 
 TIER_LIMIT, DEAD_LETTER_LIMIT = 20_000, 18_000
 

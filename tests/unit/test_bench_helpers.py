@@ -146,7 +146,7 @@ def test_timers_are_added_to_the_counters_row():
 def test_spy_lines_are_put_in_roles_and_charged_to_our_frames():
     line = (
         'process 1:"python -m bench.retrylib_driver";process 2:"python -m pyspark.daemon";'
-        "main (worker.py:1);run_task (retrylib/task.py:372);"
+        "main (worker.py:1);run_task (retrylib/task/routing.py:372);"
         "record_id (retrylib/retry/headers.py:92);dumps (json/__init__.py:234) 7"
     )
     frames, count = parse_line(line)

@@ -9,9 +9,9 @@ import pytest
 
 from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.config.model import NO_RETRIES
-from retrylib.forwarding import ForwardPlan
 from retrylib.job import _every_topic, task_plan
 from retrylib.kafka.source_options import parse_source_options
+from retrylib.task.forwarding import ForwardPlan
 
 FALLBACK = "delay_router.fallback_topic"
 ROUTER = """

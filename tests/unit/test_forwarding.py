@@ -1,4 +1,4 @@
-"""A delay router's decisions for one record (`forwarding`): when it was sent, where it goes,
+"""A delay router's decisions for one record (`task.forwarding`): when it was sent, where it goes,
 and whether it waits longer."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from retrylib import forwarding
-from retrylib.forwarding import (
+from retrylib.retry.outcomes import Reason
+from retrylib.task import forwarding
+from retrylib.task.forwarding import (
     Forward,
     ForwardingTask,
     Hold,
@@ -20,7 +21,6 @@ from retrylib.forwarding import (
     sent_at_ms,
     too_far_ahead,
 )
-from retrylib.retry.outcomes import Reason
 
 TOPICS = frozenset({"orders", "payments", "__consumer_offsets"})
 

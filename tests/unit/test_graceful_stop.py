@@ -36,21 +36,21 @@ class Query:
         self.stopped = True
 
 
-class Router:
+class BatchCommit:
     def __init__(self) -> None:
         self.batch_finished = threading.Event()
         self.last_finished: int | None = 6
 
 
 def test_a_batch_that_finished_while_spark_still_commits_it_is_not_cut_short(caplog):
-    query, router = Query(busy_polls=10**6), Router()  # the trigger active throughout
+    query, batch_commit = Query(busy_polls=10**6), BatchCommit()  # the trigger active throughout
     threading.Timer(
-        0.2, lambda: (setattr(router, "last_finished", 7), router.batch_finished.set())
+        0.2, lambda: (setattr(batch_commit, "last_finished", 7), batch_commit.batch_finished.set())
     ).start()
     threading.Timer(0.5, lambda: setattr(query, "recorded", 7)).start()
 
     with caplog.at_level(logging.INFO, logger="retrylib.job"):
-        stop_gracefully(query, router, timeout=30)
+        stop_gracefully(query, batch_commit, timeout=30)
 
     assert query.stopped
     assert caplog.messages == ["stopped after batch 7; the next start goes on from there"]
@@ -59,24 +59,24 @@ def test_a_batch_that_finished_while_spark_still_commits_it_is_not_cut_short(cap
 def test_the_stop_waits_for_spark_to_record_the_finished_batch():
     """Stopping while Spark writes the batch's commit log would interrupt the write and
     leave the batch to be replayed."""
-    query, router = Query(busy_polls=10**6), Router()
-    router.last_finished = 7
-    router.batch_finished.set()  # cleared by the stop: a batch finishing before it counts not
+    query, batch_commit = Query(busy_polls=10**6), BatchCommit()
+    batch_commit.last_finished = 7
+    batch_commit.batch_finished.set()  # cleared by the stop: a batch finishing before it counts not
     stopped_when_recorded = []
     query.stop = lambda: stopped_when_recorded.append(query.recorded)
 
-    threading.Timer(0.1, router.batch_finished.set).start()
+    threading.Timer(0.1, batch_commit.batch_finished.set).start()
     threading.Timer(0.4, lambda: setattr(query, "recorded", 7)).start()
-    stop_gracefully(query, router, timeout=30)
+    stop_gracefully(query, batch_commit, timeout=30)
 
     assert stopped_when_recorded == [7]
 
 
 def test_a_batch_still_running_at_the_bound_is_named_as_cut_short(caplog):
-    query, router = Query(busy_polls=10**6), Router()
+    query, batch_commit = Query(busy_polls=10**6), BatchCommit()
 
     with caplog.at_level(logging.INFO, logger="retrylib.job"):
-        stop_gracefully(query, router, timeout=0.2)
+        stop_gracefully(query, batch_commit, timeout=0.2)
 
     assert query.stopped
     assert caplog.messages == [
@@ -86,10 +86,10 @@ def test_a_batch_still_running_at_the_bound_is_named_as_cut_short(caplog):
 
 
 def test_with_no_batch_running_it_stops_at_once(caplog):
-    query, router = Query(busy_polls=0), Router()
+    query, batch_commit = Query(busy_polls=0), BatchCommit()
 
     with caplog.at_level(logging.INFO, logger="retrylib.job"):
-        stop_gracefully(query, router, timeout=30)
+        stop_gracefully(query, batch_commit, timeout=30)
 
     assert query.stopped
     assert caplog.messages == ["stopped after batch 6; the next start goes on from there"]

@@ -14,7 +14,7 @@ from helpers import REPO, problem_for, route, write_literal_config
 
 from retrylib.config.loader import load_config
 from retrylib.handler import TimedCall
-from retrylib.hooks import DriverHooks, Hooks
+from retrylib.task.hooks import DriverHooks, Hooks
 
 ROWS = [
     {"key": b"ok-1", "offset": 1},
@@ -57,14 +57,14 @@ def test_record_hooks_are_told_of_each_call_retry_and_dead_letter(plan, events) 
 def test_hooks_that_raise_are_counted_and_change_no_outcome(plan, caplog) -> None:
     unhooked = route(plan, ROWS)
     broken = dict.fromkeys(RECORD_HOOKS, "unit_handlers:broken")
-    with caplog.at_level("WARNING", logger="retrylib.hooks"):
+    with caplog.at_level("WARNING", logger="retrylib.task.hooks"):
         counters, written = route(dataclasses.replace(plan, hooks=broken), ROWS)
     assert counters.pop("hook_errors") == 4 + 4 + 1 + 1  # before, after, retry, dead letter
     assert counters.keys() == unhooked[0].keys()
     assert {kind: len(rows) for kind, rows in written.items()} == {
         kind: len(rows) for kind, rows in unhooked[1].items()
     }
-    warnings = [r.getMessage() for r in caplog.records if r.name == "retrylib.hooks"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "retrylib.task.hooks"]
     assert len(warnings) == 4  # the first failure of each hook
     assert warnings[0].startswith(
         "hook before_record (unit_handlers:broken) raised SystemExit: a hook that raises"
@@ -86,12 +86,12 @@ def test_a_record_hook_that_hangs_is_stopped_at_the_handler_timeout(plan, caplog
         {"before_record": "unit_handlers:stuck"}, plan.handler_paths, errors, TimedCall(100)
     )
     try:
-        with caplog.at_level("WARNING", logger="retrylib.hooks"):
+        with caplog.at_level("WARNING", logger="retrylib.task.hooks"):
             hooks.call("before_record", object())  # returns after the bound
     finally:
         unit_handlers.RELEASE.set()
     assert errors == {"hook_errors": 1}
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "retrylib.hooks"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "retrylib.task.hooks"]
     assert warning.startswith(
         "hook before_record (unit_handlers:stuck) raised HandlerTimeout: hook before_record "
         "did not return within 0.1s"
@@ -105,12 +105,12 @@ def test_a_batch_hook_that_hangs_is_left_running_and_counted(plan, events, caplo
         {"on_batch_end": "unit_handlers:stuck"}, plan.handler_paths, errors, timeout_s=0.05
     )
     try:
-        with caplog.at_level("WARNING", logger="retrylib.hooks"):
+        with caplog.at_level("WARNING", logger="retrylib.task.hooks"):
             hooks.call("on_batch_end", 1, {})  # returns after the bound
             hooks.call("on_batch_end", 2, {})  # the first still runs: not called
         assert events == [("stuck", 1, {})]
         assert errors == {"hook_errors": 2}
-        [warning] = [r.getMessage() for r in caplog.records if r.name == "retrylib.hooks"]
+        [warning] = [r.getMessage() for r in caplog.records if r.name == "retrylib.task.hooks"]
         assert warning.startswith(
             "hook on_batch_end (unit_handlers:stuck) has not returned within hooks.timeout "
             "(0.05s); it runs on in its thread"

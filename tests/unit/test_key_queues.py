@@ -9,19 +9,19 @@ import json
 import pytest
 from helpers import TIER, problem_for, route
 
+from retrylib.batch.key_order_store import stored_queues
 from retrylib.checkpoint import expired_state
 from retrylib.kafka.key_groups import key_groups
 from retrylib.kafka.offsets import OffsetRange, deal
-from retrylib.key_order import (
+from retrylib.record import Record
+from retrylib.retry.headers import decode_retry_state, split_headers
+from retrylib.retry.key_order import (
     KeyOrder,
     Queue,
     apply_changes,
     queues_from_json,
     queues_to_json,
 )
-from retrylib.key_order_store import stored_queues
-from retrylib.record import Record
-from retrylib.retry.headers import decode_retry_state, split_headers
 
 
 def record(key: bytes | None, offset: int, topic: str = "orders", partition: int = 1) -> Record:

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from retrylib.handler import HandlerTimeout
-from retrylib.lanes import Lanes, lane_of
 from retrylib.record import Record
+from retrylib.task.lanes import Lanes, lane_of
 
 
 def records(keys: list[bytes | None]) -> list[Record]:

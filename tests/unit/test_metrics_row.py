@@ -9,16 +9,16 @@ import pytest
 from confluent_kafka import KafkaException
 from helpers import metrics_job_config
 
-from retrylib.batch_result import BatchResult
-from retrylib.checkpoint import Checkpoint
-from retrylib.kafka.reading import KafkaOffsets
-from retrylib.metrics import (
+from retrylib.batch.metrics import (
     METRICS_SCHEMA,
     input_lag,
     metrics_row,
     positions_after,
     table_row,
 )
+from retrylib.batch.result import BatchResult
+from retrylib.checkpoint import Checkpoint
+from retrylib.kafka.reading import KafkaOffsets
 
 
 def result(batch_id: int = 4, **counters: int) -> BatchResult:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from retrylib.metrics import OBSERVED_COUNTERS
-from retrylib.observed import metric_names
+from retrylib.batch.metrics import OBSERVED_COUNTERS
+from retrylib.batch.observed import metric_names
 
 
 def test_every_counter_of_the_log_line_but_produced_is_observed():

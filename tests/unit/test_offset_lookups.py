@@ -12,8 +12,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.errors import KafkaSourceError
-from retrylib.kafka import tier_source
-from retrylib.kafka.tier_source import _Metadata
+from retrylib.kafka import source
+from retrylib.kafka.source import _Metadata
 
 
 class ScriptedConsumer:
@@ -44,7 +44,7 @@ def metadata(consumer: ScriptedConsumer) -> _Metadata:
 
 @pytest.fixture(autouse=True)
 def no_pause(monkeypatch):
-    monkeypatch.setattr(tier_source, "_RETRY_PAUSE_S", 0)
+    monkeypatch.setattr(source, "_RETRY_PAUSE_S", 0)
 
 
 def test_a_request_refused_while_leaders_move_is_asked_again() -> None:

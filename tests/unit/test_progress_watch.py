@@ -1,11 +1,11 @@
 """Which batch a Spark Connect client learns finished from the query's progress
-(`retrylib.progress_watch`); no Spark."""
+(`retrylib.batch.progress_watch`); no Spark."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from retrylib.progress_watch import ProgressWatch, finished_batch
+from retrylib.batch.progress_watch import ProgressWatch, finished_batch
 
 
 def test_a_trigger_that_ran_a_batch_names_it() -> None:

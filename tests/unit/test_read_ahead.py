@@ -1,12 +1,12 @@
-"""Retries read ahead of their due time wait in their task (retrylib.read_ahead); no Spark.
+"""Retries read ahead of their due time wait in their task (retrylib.task.read_ahead); no Spark.
 
 The clock is a fake that the fake sleep moves on."""
 
 from __future__ import annotations
 
-from retrylib.read_ahead import DueClock, WaitingRetries
 from retrylib.record import Record
-from retrylib.retry_records import Delivery
+from retrylib.task.read_ahead import DueClock, WaitingRetries
+from retrylib.task.retry_records import Delivery
 
 
 class Wall:

@@ -17,7 +17,7 @@ from retrylib.config.topic_names import produced_topic
 from retrylib.errors import ProduceError, RetrylibError
 from retrylib.kafka import transactional_producer
 from retrylib.kafka.markers import read_marker
-from retrylib.kafka.staged_records import STAGED_SCHEMA
+from retrylib.kafka.outgoing_records import STAGED_SCHEMA
 from retrylib.kafka.transactional_producer import StagedProducer
 
 JOB, APP, UNIT, KEY = "orders", "orders-0123456789ab", 2, b"k" * 32

@@ -15,8 +15,8 @@ from helpers import FakeKafka, reader_for
 from retrylib.kafka import arrow_records
 from retrylib.kafka.arrow_records import KAFKA_SCHEMA
 from retrylib.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
+from retrylib.kafka.source import KafkaStreamReader
 from retrylib.kafka.source_options import parse_source_options
-from retrylib.kafka.tier_source import KafkaStreamReader
 
 P0, P1 = ("orders", 0), ("orders", 1)
 

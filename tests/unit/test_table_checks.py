@@ -1,9 +1,9 @@
-"""Tables checked against the checkpoint at the first batch of a run (retrylib.table_checks)."""
+"""Tables checked against the checkpoint at the first batch of a run (`batch.table_checks`)."""
 
 from __future__ import annotations
 
+from retrylib.batch.table_checks import TableState, last_appends, manifest_tables, mismatch
 from retrylib.config.table_ref import TableRef
-from retrylib.table_checks import TableState, last_appends, manifest_tables, mismatch
 
 OUTPUT = TableRef("/data/orders", is_path=True)
 DEAD = TableRef("/data/dead", is_path=True)

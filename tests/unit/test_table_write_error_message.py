@@ -1,10 +1,10 @@
 """A table the job cannot write: the one-line error naming the table, its location and what
-to check (`router.table_write_error`, `router.spark_error_reason`)."""
+to check (`commit.table_write_error`, `commit.spark_error_reason`)."""
 
 from __future__ import annotations
 
+from retrylib.batch.commit import spark_error_reason, table_write_error
 from retrylib.config.table_ref import TableRef
-from retrylib.router import spark_error_reason, table_write_error
 
 
 class _Throwable:

@@ -1,6 +1,6 @@
 """Per-batch metrics: one JSON log line per micro-batch, and an optional Delta table.
 
-`MetricsRecorder.on_result` runs at the end of every batch (it is the router's `on_result`
+`MetricsRecorder.on_result` runs at the end of every batch (it is the batch commit's `on_result`
 callback, so it runs inside `foreachBatch`, on the driver, wherever the batch runs). It logs
 one line on the `retrylib.metrics` logger whose message is a JSON object:
 
@@ -58,12 +58,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from retrylib.batch_result import BatchResult
+from retrylib.batch.result import BatchResult
 from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import Config
 from retrylib.delta.tables import append_once, ensure_table
 from retrylib.kafka.offsets import PartitionKey, delay_frontier
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
+from retrylib.logs import METRICS_LOGGER
 from retrylib.retry.headers import LAST_FAILURE, header_ms, split_headers
 from retrylib.retry.outcomes import Count, retried_tier
 from retrylib.retry.policy import due_timestamp_ms
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
     from retrylib.breaker import Breaker
 
 
-log = logging.getLogger(__name__)  # "retrylib.metrics": the batch lines and the warnings
+log = logging.getLogger(METRICS_LOGGER)  # the batch lines and the warnings
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _REPORTED_COUNTS = tuple(count for count in Count if count is not Count.KAFKA_READ_MS)
@@ -255,7 +256,7 @@ def metrics_struct():
 class MetricsRecorder:
     """The `on_result` callback that logs and stores each batch's metrics.
 
-    `app_id` is the job's Delta app id (the router's); rows are committed under
+    `app_id` is the job's Delta app id (the batch commit's); rows are committed under
     "<app_id>:metrics". `forward` is called with each result afterwards (a caller's own
     callback). A `breaker`'s state (after the batch: the job feeds it first) goes into the
     row. Call `prepare(spark)` before the query starts: it creates the table if

@@ -21,7 +21,7 @@ and the batch produces after its tasks); each then is:
 
 A record with no readable `msg_ts` counts from its Kafka timestamp, and is counted. The
 staged records go through the batch's Kafka transaction like the handler job's
-(`router`), so each record is forwarded once.
+(`batch.commit`), so each record is forwarded once.
 """
 
 from __future__ import annotations
@@ -40,14 +40,14 @@ from retrylib.config.topic_names import CONTROL_TOPIC_PREFIX
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import READ_COMMITTED
+from retrylib.kafka.outgoing_records import STAGED_SCHEMA
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
-from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.logs import configure_worker_logging
-from retrylib.read_ahead import DueClock
-from retrylib.results import ResultRows
 from retrylib.retry.headers import DEAD_LETTER_REASON, ERROR_MESSAGE
 from retrylib.retry.outcomes import Count, Reason
 from retrylib.retry.policy import due_time_ms, due_timestamp_ms
+from retrylib.task.read_ahead import DueClock
+from retrylib.task.results import ResultRows
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ Header = tuple[str, bytes | None]
 
 @dataclass(frozen=True)
 class ForwardPlan:
-    """What a forwarding task needs, built on the driver; the router sets the batch's id,
+    """What a forwarding task needs, built on the driver; the batch commit sets the batch's id,
     clock and record limits."""
 
     job: str
@@ -324,7 +324,7 @@ def run_forwarding_task(
     plan: ForwardPlan, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """The `mapInArrow` body of a delay router: forward the records of the offset ranges
-    (`RANGE_SCHEMA`) of this task, yielding the result rows (`retrylib.results`) as they are
+    (`RANGE_SCHEMA`) of this task, yielding the result rows (`retrylib.task.results`) as they are
     decided and its counters at the end."""
     configure_worker_logging()
     task = ForwardingTask(plan)

@@ -1,6 +1,6 @@
 """The batch's counters in Spark's own progress reports (`StreamingQueryProgress`).
 
-The routing tasks run inside the query's plan (`BatchRouter.routed`), and `observe` over
+The routing tasks run inside the query's plan (`BatchCommit.routed`), and `observe` over
 their result rows sums the counters every task reports and takes the percentiles of the
 retry records' lateness. Spark puts these figures into each batch's progress, under
 `observedMetrics["retrylib"]`, where `StreamingQueryListener`s, the Spark UI and
@@ -54,7 +54,7 @@ def metric_names(counters: tuple[str, ...], tiers: int) -> list[str]:
 
 def observed_columns(counters: tuple[str, ...], tiers: int) -> list[Column]:
     """The aggregate columns of `metric_names(counters, tiers)` over a batch's result rows
-    (`retrylib.results`)."""
+    (`retrylib.task.results`)."""
     from pyspark.sql import functions as F
 
     def total(name: str) -> Column:

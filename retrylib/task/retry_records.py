@@ -19,10 +19,9 @@ import pyarrow as pa
 
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
 from retrylib.errors import CorruptRetryHeaders, RetrylibError, Skip, UnverifiedRetryRecord
+from retrylib.kafka.outgoing_records import STAGED_SCHEMA
 from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
-from retrylib.kafka.staged_records import STAGED_SCHEMA
 from retrylib.record import Record
-from retrylib.results import LATENESS_SCHEMA, ResultRows
 from retrylib.retry.headers import (
     JOB,
     RetryState,
@@ -44,10 +43,11 @@ from retrylib.retry.policy import (
     tier_timestamp_ms,
     tiers_of,
 )
+from retrylib.task.results import LATENESS_SCHEMA, ResultRows
 
 if TYPE_CHECKING:
-    from retrylib.hooks import Hooks
-    from retrylib.key_order import KeyOrder
+    from retrylib.retry.key_order import KeyOrder
+    from retrylib.task.hooks import Hooks
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ class RetryRecords:
         self.hooks.call("on_retry", record, decision.tier + 1, error)
 
     def hold(self, delivery: Delivery) -> None:
-        """Stage `delivery` behind the waiting records of its key (`key_order`): to the tier
+        """Stage `delivery` behind the waiting records of its key (`retry.key_order`): to the tier
         its key's head waits in, due with it, its attempts unchanged."""
         assert self.key_order is not None
         record = delivery.record

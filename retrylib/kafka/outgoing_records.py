@@ -1,7 +1,7 @@
-"""Records staged for Kafka (retry tiers, dead-letter topic, a delay router's destinations):
-their Arrow form, and producing one batch of them with every delivery checked.
+"""The Kafka-bound records (for retry tiers, the dead-letter topic, a delay router's
+destinations): their Arrow form, and producing one batch of them with every delivery checked.
 
-The router stages a batch's records as Arrow RecordBatches of `STAGED_SCHEMA`;
+The routing tasks stage a batch's records as Arrow RecordBatches of `STAGED_SCHEMA`;
 `transactional_producer.StagedProducer` produces them inside its transaction through
 `produce_staged`, and `Deliveries` tells, before the commit, whether the broker took them all.
 """

@@ -23,8 +23,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.kafka.staged_records import STAGED_SCHEMA
-from retrylib.key_order import KEY_STATE_SCHEMA
+from retrylib.kafka.outgoing_records import STAGED_SCHEMA
+from retrylib.retry.key_order import KEY_STATE_SCHEMA
 
 KINDS = ("output", "dead_letter", "staged", "lateness", "key_state")
 LATENESS_SCHEMA = pa.schema(

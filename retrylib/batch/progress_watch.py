@@ -1,11 +1,11 @@
 """What a Spark Connect client learns of its job's batches, which the server runs.
 
-In a classic session the job's `BatchRouter` runs each batch in this process and says
+In a classic session the job's `BatchCommit` runs each batch in this process and says
 itself which batch finished, and which retrylib error failed one. A Spark Connect server
-runs the batches in a copy of the router of its own (`router.BatchFunction`); the client's
-router learns from the query's progress which batch finished (Spark reports it after the
+runs the batches in a copy of the batch commit of its own (`commit.BatchFunction`); the client's
+batch commit learns from the query's progress which batch finished (Spark reports it after the
 batch's commit log is written). The error that failed a batch is named in the text of the
-query's exception (the server's Python traceback: `router.task_error`).
+query's exception (the server's Python traceback: `commit.task_error`).
 """
 
 from __future__ import annotations

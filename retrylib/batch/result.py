@@ -1,4 +1,4 @@
-"""What one micro-batch did: the router's report, handed to the metrics and the breaker."""
+"""What one micro-batch did: the batch commit's report, handed to the metrics and the breaker."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""The job's key queues (`retry.key_ordered`, see `key_order`) on the driver.
+"""The job's key queues (`retry.key_ordered`, see `retry.key_order`) on the driver.
 
 They are kept in the checkpoint, a file per batch that changed them (`<N>.json`, the last
 two kept: a file cut short by a crash, as HDFS may leave one, is passed over for the one
 before), and in a local file that the source's planner reads when it plans the next batch.
-After each batch the router folds in the queues its tasks changed (`key_state` result rows,
+After each batch the batch commit folds in the queues its tasks changed (`key_state` result rows,
 staged with the batch's other decisions). A replayed batch that was folded in already is
 not folded in twice; one that was not (a crash before) is folded in from its staged rows,
 as the first run would.
@@ -18,7 +18,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from retrylib.checkpoint import join, list_names, read_json, replace_json
-from retrylib.key_order import (
+from retrylib.retry.key_order import (
     KeyId,
     Queue,
     apply_changes,

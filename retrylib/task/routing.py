@@ -4,7 +4,7 @@ For each record the task calls the handler and keeps the outcome as data (`resul
 output rows, failures with attempts left staged for their retry tier, the rest staged for
 the dead-letter topic and as dead-letter rows (`retry_records`), and the task's counters.
 The task only returns them to Spark; the driver stages them and applies them once
-(`router`).
+(`batch.commit`).
 """
 
 from __future__ import annotations
@@ -31,22 +31,22 @@ from retrylib.handler import (
     load_handler,
     result_rows,
 )
-from retrylib.hooks import Hooks
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import READ_COMMITTED
 from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
-from retrylib.key_order import KeyOrder
-from retrylib.lanes import Lanes
 from retrylib.logs import configure_worker_logging
-from retrylib.read_ahead import DueClock, WaitingRetries
 from retrylib.record import Record
-from retrylib.results import ResultRows, output_batch
 from retrylib.retry.headers import without_reserved
+from retrylib.retry.key_order import KeyOrder
 from retrylib.retry.outcomes import Count
 from retrylib.retry.policy import RetryPolicy
-from retrylib.retry_records import Delivery, RetryPlan, RetryRecords
-from retrylib.vectorized import (
+from retrylib.task.hooks import Hooks
+from retrylib.task.lanes import Lanes
+from retrylib.task.read_ahead import DueClock, WaitingRetries
+from retrylib.task.results import ResultRows, output_batch
+from retrylib.task.retry_records import Delivery, RetryPlan, RetryRecords
+from retrylib.task.vectorized import (
     as_output_table,
     carries_reserved_headers,
     input_from_kafka,
@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 _RANGE_COLUMNS = RANGE_SCHEMA.names
 _GC_FIRST_THRESHOLD = 50_000
 HELD = object()
-"""What a lane's call gives for a record its key order holds (`key_order`)."""
+"""What a lane's call gives for a record its key order holds (`retry.key_order`)."""
 T = TypeVar("T")
 
 
@@ -99,7 +99,7 @@ class TaskPlan:
     max_record_bytes: Mapping[str, int] = field(default_factory=dict)
     retry_timeout_ms: int | None = None
     dead_letter_routes: tuple[tuple[str, str], ...] = ()  # (exception class name, topic)
-    key_ordered: bool = False  # a key's later records wait behind its retries (`key_order`)
+    key_ordered: bool = False  # a key's later records wait behind its retries (`retry.key_order`)
     # Retries due up to this long after `now_ms` are read in this batch and wait to be due.
     read_ahead_ms: int = 0
 
@@ -156,7 +156,7 @@ def _cached_policy(
     )
 
 
-class TaskRouter:
+class RoutingTask:
     """Routes the records of one task; see the module docstring."""
 
     def __init__(self, plan: TaskPlan) -> None:
@@ -338,7 +338,7 @@ class TaskRouter:
     def _handle_retries(self, retries: list[Delivery]) -> None:
         """Call the handler on the due ones among `retries`; one read ahead of its due time
         (`TaskPlan.read_ahead_ms`) waits, with its key's later ones, until the task has read
-        everything else (`retrylib.read_ahead`)."""
+        everything else (`retrylib.task.read_ahead`)."""
         self._handle_due(
             [delivery for delivery in retries if not self.waiting.must_wait(delivery, self.clock)]
         )
@@ -442,7 +442,7 @@ class TaskRouter:
         return Delivery(record, record.topic, self.plan.job)
 
     def _handle_batch(self, batch: pa.RecordBatch) -> None:
-        """One vectorised handler call for `batch` (see `retrylib.vectorized`).
+        """One vectorised handler call for `batch` (see `retrylib.task.vectorized`).
 
         A batch of main-topic records goes to the handler column by column; records are
         decoded one by one only when the batch holds retries or some rows failed.
@@ -539,7 +539,7 @@ class TaskRouter:
 
 def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The `mapInArrow` body: route every record of this task, yielding its result rows
-    (`retrylib.results`) as they are decided and its counters at the end.
+    (`retrylib.task.results`) as they are decided and its counters at the end.
 
     The input is Kafka records (`KAFKA_SCHEMA`, from Spark's built-in Kafka source) or
     offset ranges (`RANGE_SCHEMA`, from `retrylib_kafka` with `retrylib.emit = ranges`),
@@ -547,20 +547,20 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     """
     configure_worker_logging()
     with _fewer_collections():
-        router = TaskRouter(plan)
+        task = RoutingTask(plan)
         for batch in batches:
             if batch.schema.names[: len(_RANGE_COLUMNS)] == _RANGE_COLUMNS:
                 for topic, partition, start, end, *queues in zip(
                     *(column.to_pylist() for column in batch.columns), strict=True
                 ):
                     if queues and queues[0] is not None:  # a key group's first range
-                        assert router.key_order is not None
-                        router.key_order.load(queues[0])
-                    router.route_range(topic, partition, start, end)
+                        assert task.key_order is not None
+                        task.key_order.load(queues[0])
+                    task.route_range(topic, partition, start, end)
             else:
-                router.route(batch)
-            yield from router.results.drain()
-        yield from router.finish()
+                task.route(batch)
+            yield from task.results.drain()
+        yield from task.finish()
 
 
 @contextmanager

@@ -38,7 +38,7 @@ Options of its own:
   while it is open, the main topics are held at the batch's start, but for its probes.
 - `retrylib.keyOrder`: ranges are grouped so that a key's records are read by one task
   (`key_groups`); a group's first row carries its keys' queues, read from a local file the
-  job keeps (`retrylib.key_order`).
+  job keeps (`retrylib.retry.key_order`).
 
 Batches are bounded and availableNow works the same on Spark 4.0, 4.1 and 4.2. Spark 4.2
 passes the reader each batch's start offsets and read limit (`maxOffsetsPerTrigger`) and
@@ -95,8 +95,8 @@ from retrylib.kafka.offsets import (
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_range
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
 from retrylib.kafka.source_options import SourceOptions, parse_source_options
-from retrylib.key_order import queues_to_json, read_queues
 from retrylib.logs import OnceAMinute, configure_worker_logging, redact
+from retrylib.retry.key_order import queues_to_json, read_queues
 from retrylib.retry.policy import due_timestamp_ms, latest_fair_timestamp_ms
 
 try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python stream readers

@@ -3,7 +3,7 @@
 A batch runs in steps, each safe to repeat after a crash:
 
 1. Unless this batch already has a manifest: executors route every record (see
-   `task`), and Spark writes their decisions (`results`) to the batch's staging folder
+   `task.routing`), and Spark writes their decisions (`results`) to the batch's staging folder
    in the checkpoint, counting them in the same Spark job (an `Observation`); the driver
    then records the batch's clock and counters in a manifest.
    The routing tasks are part of the streaming query's plan (`routed`), so that Spark
@@ -36,7 +36,7 @@ job relies on the Kafka producer's fencing of zombies.
 
 A batch id below one the tables or the control topic already hold for this checkpoint's
 app id means the query runs from an older copy of the checkpoint; its effects would be
-skipped as "already committed", so the router fails the batch with an error instead.
+skipped as "already committed", so the batch commit fails the batch with an error instead.
 """
 
 from __future__ import annotations
@@ -58,22 +58,9 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib import errors
-from retrylib.batch_result import BatchResult
-from retrylib.checkpoint import Checkpoint, claim_json, read_json
-from retrylib.config.table_ref import TableRef
-from retrylib.config.topic_names import produced_topic
-from retrylib.delta.compaction import Compactor
-from retrylib.delta.tables import append_once, committed_version
-from retrylib.errors import DamagedFile, RetrylibError, TableWriteError
-from retrylib.forwarding import ForwardPlan
-from retrylib.hooks import DriverHooks
-from retrylib.kafka import worker_clients
-from retrylib.kafka.clients import RecordLimits
-from retrylib.kafka.markers import ControlTopic
-from retrylib.kafka.runner_lease import RunnerLease
-from retrylib.key_order_store import KeyOrderStore
-from retrylib.metrics import OBSERVED_COUNTERS
-from retrylib.observed import (
+from retrylib.batch.key_order_store import KeyOrderStore
+from retrylib.batch.metrics import OBSERVED_COUNTERS
+from retrylib.batch.observed import (
     OBSERVATION,
     PERCENTILES,
     decision_columns,
@@ -81,14 +68,27 @@ from retrylib.observed import (
     observed_columns,
     rows_metric,
 )
-from retrylib.produce_units import ProducePlan, produce_units
-from retrylib.progress_watch import ProgressWatch
-from retrylib.results import placed, result_struct
+from retrylib.batch.produce_units import ProducePlan, produce_units
+from retrylib.batch.progress_watch import ProgressWatch
+from retrylib.batch.result import BatchResult
+from retrylib.batch.table_checks import TableState, last_appends, manifest_tables, mismatch
+from retrylib.checkpoint import Checkpoint, claim_json, read_json
+from retrylib.config.table_ref import TableRef
+from retrylib.config.topic_names import produced_topic
+from retrylib.delta.compaction import Compactor
+from retrylib.delta.tables import append_once, committed_version
+from retrylib.errors import DamagedFile, RetrylibError, TableWriteError
+from retrylib.kafka import worker_clients
+from retrylib.kafka.clients import RecordLimits
+from retrylib.kafka.markers import ControlTopic
+from retrylib.kafka.runner_lease import RunnerLease
 from retrylib.retry.outcomes import Count
 from retrylib.spark.connect import is_connect, set_job_property
 from retrylib.steps import reached
-from retrylib.table_checks import TableState, last_appends, manifest_tables, mismatch
-from retrylib.task import TaskPlan, run_task
+from retrylib.task.forwarding import ForwardPlan
+from retrylib.task.hooks import DriverHooks
+from retrylib.task.results import placed, result_struct
+from retrylib.task.routing import TaskPlan, run_task
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ _DECISIONS = "retrylib_decisions"
 """The name of the `Observation` of a batch's decisions (`_run_tasks`)."""
 
 
-class BatchRouter:
+class BatchCommit:
     """Callable for `foreachBatch`: runs one batch in the steps of the module docstring."""
 
     def __init__(
@@ -139,7 +139,7 @@ class BatchRouter:
         those of the consumers that read the control topic;
         `units`: the routing tasks of a batch (`routed`), each a produce unit;
         `signing_key` signs the produce markers (the checkpoint's);
-        `hooks`: the batch hooks (name -> "module:function", see `retrylib.hooks`), each
+        `hooks`: the batch hooks (name -> "module:function", see `retrylib.task.hooks`), each
         call waited for at most `hook_timeout_s`;
         `task` routes one Spark task's records with a plan like `plan_template`: a handler
         job's `run_task`, or a delay router's `run_forwarding_task` (whose plans have no
@@ -196,7 +196,7 @@ class BatchRouter:
         self._watch: ProgressWatch | None = None
 
     def routed(self, source: DataFrame) -> DataFrame:
-        """The streaming query's frame: `source` routed by this router's tasks, `units` of
+        """The streaming query's frame: `source` routed by this commit's tasks, `units` of
         them, their result rows observed as `observed` describes."""
         # One task per executor core rather than one per Kafka range: a small batch (retries
         # trickling in over many partitions) then costs a few task start-ups, not dozens.
@@ -477,7 +477,7 @@ class BatchRouter:
 
     def follow(self, query: StreamingQuery) -> None:
         """Learn from `query`'s progress which batch a Spark Connect server's copy of this
-        router (`BatchFunction`) finished, for `batch_finished` and `last_finished`."""
+        commit (`BatchFunction`) finished, for `batch_finished` and `last_finished`."""
         self._watch = ProgressWatch(query, self._finished_elsewhere)
 
     def _finished_elsewhere(self, batch_id: int) -> None:
@@ -498,19 +498,19 @@ class BatchFunction:
     """The `foreachBatch` function of a Spark Connect client's query.
 
     The server pickles it and calls it in a Python process of its own for the life of the
-    query. It builds the job's `BatchRouter` there, on the first batch, with `build` (given
-    that process's session), so the router's Kafka clients, threads and hooks belong to the
+    query. It builds the job's `BatchCommit` there, on the first batch, with `build` (given
+    that process's session), so the commit's Kafka clients, threads and hooks belong to the
     process that runs the batches.
     """
 
-    def __init__(self, build: Callable[[SparkSession], BatchRouter]) -> None:
+    def __init__(self, build: Callable[[SparkSession], BatchCommit]) -> None:
         self._build = build
-        self._router: BatchRouter | None = None
+        self._commit: BatchCommit | None = None
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        if self._router is None:
-            self._router = self._build(df.sparkSession)
-        self._router(df, batch_id)
+        if self._commit is None:
+            self._commit = self._build(df.sparkSession)
+        self._commit(df, batch_id)
 
 
 def _run_tasks(
@@ -519,7 +519,7 @@ def _run_tasks(
     """Route the batch on the executors and write their result rows to `staging` (Parquet);
     returns the values of the aggregate columns `decisions` over those rows.
 
-    `df` is the query's frame (`BatchRouter.routed`): writing it runs the routing tasks,
+    `df` is the query's frame (`BatchCommit.routed`): writing it runs the routing tasks,
     given `plan`'s batch id, clock and record limits. The aggregates are observed in the
     same Spark job as the write (`Observation`), so counting the decisions reads nothing
     back.
@@ -623,13 +623,13 @@ def _batch_property(plan: Plan, isolate: bool) -> str:
 def _batch_task(
     task: Task, template: Plan, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """The `mapInArrow` body of `BatchRouter.routed`: `task` with `template` completed by
+    """The `mapInArrow` body of `BatchCommit.routed`: `task` with `template` completed by
     the batch's values, which `_run_tasks` sets as a local property of the batch's job."""
     values = TaskContext.get().getLocalProperty(_BATCH_PROPERTY)
     if values is None:
         raise RetrylibError(
             "the routing tasks ran outside a batch of the job: the query's frame must only be "
-            "written by BatchRouter"
+            "written by BatchCommit"
         )
     batch = json.loads(values)
     plan = replace(

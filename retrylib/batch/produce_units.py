@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from retrylib.kafka.staged_records import STAGED_SCHEMA
+from retrylib.kafka.outgoing_records import STAGED_SCHEMA
 from retrylib.kafka.transactional_producer import StagedProducer, transactional_id
 from retrylib.kafka.worker_clients import MAX_PRODUCERS, Pool, opened
 from retrylib.logs import configure_worker_logging

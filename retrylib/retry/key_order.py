@@ -10,7 +10,7 @@ attempt unchanged. When the head is handled, skipped or dead-lettered it leaves 
 and the next one becomes the head; an empty queue releases the key.
 
 The router plans each batch so that a key's main-topic partition and the tier partitions
-its retries go to are read by one task (`kafka.tier_source`), which gets the queues of its
+its retries go to are read by one task (`kafka.source`), which gets the queues of its
 keys with its offset ranges. The task changes them in `KeyOrder` and returns the queues it
 touched as result rows; the driver folds those into the job's state after the batch
 (`key_order_store`), so the state moves with the batches and survives restarts.

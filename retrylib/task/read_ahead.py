@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from retrylib.retry_records import Delivery
+    from retrylib.task.retry_records import Delivery
 
 
 class DueClock:

@@ -1,0 +1,1 @@
+"""The executor side of a micro-batch: the tasks that route records and forward delayed ones."""
