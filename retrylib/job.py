@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
@@ -23,7 +24,14 @@ from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
 from retrylib.breaker import OPEN, Breaker, BreakerState
 from retrylib.checkpoint import Checkpoint, replace_json
-from retrylib.config.model import BATCH_HOOKS, RECORD_HOOKS, Config, KafkaConfig
+from retrylib.config.model import (
+    BATCH_HOOKS,
+    RECORD_HOOKS,
+    AnyConfig,
+    Config,
+    KafkaConfig,
+    RouterConfig,
+)
 from retrylib.config.table_ref import TableRef
 from retrylib.config.topic_names import produced_topic, subscribed
 from retrylib.delta.compaction import Compactor
@@ -121,8 +129,9 @@ the broker refuses anyone's record that would hold a tier partition up for longe
 """
 
 
-def prepare_topics(config: Config) -> dict[str, int]:
-    """Check the main topics; create missing retry, dead-letter and control topics if allowed.
+def prepare_topics(config: AnyConfig) -> dict[str, int]:
+    """Check the main topics; create missing retry, dead-letter and control topics if allowed
+    (a delay router's: `_prepare_router_topics`).
 
     Returns the partition count of every retry and dead-letter topic. Raises
     `KafkaConnectError` when the brokers refuse the job's login or do not answer, and
@@ -131,7 +140,7 @@ def prepare_topics(config: Config) -> dict[str, int]:
     """
     kafka = config.kafka
     admin = connected_admin(kafka.bootstrap_servers, kafka.client_options(), config.kafka_login())
-    if config.delay_router is not None:
+    if isinstance(config, RouterConfig):
         return _prepare_router_topics(admin, config)
     main = partition_counts(admin, kafka.topics, pattern=kafka.topic_pattern)
     missing = [topic for topic in kafka.topics if topic not in main]
@@ -159,11 +168,10 @@ def prepare_topics(config: Config) -> dict[str, int]:
     return partition_counts(admin, wanted)
 
 
-def _prepare_router_topics(admin: AdminClient, config: Config) -> dict[str, int]:
+def _prepare_router_topics(admin: AdminClient, config: RouterConfig) -> dict[str, int]:
     """`prepare_topics` of a delay router: its delay topics must exist (its users' producers
     write there); its fallback and control topics are created if allowed."""
     router = config.delay_router
-    assert router is not None
     delays = partition_counts(admin, router.topics)
     missing = sorted(set(router.topics) - set(delays))
     if missing:
@@ -182,7 +190,7 @@ def _read_kafka(spark: SparkSession, format_name: str, options: dict[str, str]) 
     return spark.readStream.format(format_name).options(**options).load()
 
 
-def source_options(config: Config) -> tuple[dict[str, str], dict[str, str]]:
+def source_options(config: AnyConfig) -> tuple[dict[str, str], dict[str, str]]:
     """The options of Spark's Kafka source for the main topics (Java client options) and of
     the retry tiers' `retrylib_kafka` source (librdkafka's).
 
@@ -247,14 +255,14 @@ def _client_options(options: dict[str, str]) -> dict[str, str]:
     return {f"kafka.{key}": value for key, value in {**READ_COMMITTED, **options}.items()}
 
 
-def _every_topic(config: Config) -> dict[str, str]:
+def _every_topic(config: AnyConfig) -> dict[str, str]:
     """One `retrylib_kafka` source's options for the main topics and the tiers together."""
     _, tiers = source_options(config)
     subscription = _subscription(config.kafka, *sorted(config.delayed_topics()))
     return {**tiers, **subscription, **_starting_options(config.kafka)}
 
 
-def available_now_target(config: Config) -> Offsets:
+def available_now_target(config: AnyConfig) -> Offsets:
     """Where an availableNow run of the job ends: every main topic partition's latest
     (committed) offset and every tier partition's delay frontier, now.
 
@@ -279,12 +287,12 @@ def _held_to(options: dict[str, str], target: Offsets | None) -> dict[str, str]:
 
 def source_frame(
     spark: SparkSession,
-    config: Config,
+    config: AnyConfig,
     reader: str,
     range_groups: int,
     available_now_offsets: Offsets | None = None,
     breaker_file: Path | None = None,
-    key_state_file: Path | None = None,
+    key_order: dict[str, object] | None = None,
 ) -> DataFrame:
     """Every topic the job reads: the main topics, and the retry tiers up to what is due.
 
@@ -296,13 +304,13 @@ def source_frame(
     `range_groups`: the input partitions of the python reader, one per executor core.
     `available_now_offsets` holds the `retrylib_kafka` source to them (an availableNow run
     on Spark 4.0/4.1); `breaker_file` holds its main topics while the breaker is open;
-    `key_state_file` (`retry.key_ordered`) has it plan key groups with those queues.
+    `key_order` (`key_order_option`) has it plan key groups with a key-ordered job's queues.
     """
     main, tiers = source_options(config)
     if reader == CONNECTOR:
         log.info("main topics read with Spark's built-in kafka source")
         frame = _read_kafka(spark, "kafka", {**main, "includeHeaders": "true"})
-        if not config.retry.tier_delays_ms():
+        if not config.delayed_topics():
             return frame
         return frame.unionByName(
             _read_kafka(spark, "retrylib_kafka", _held_to(tiers, available_now_offsets))
@@ -316,27 +324,27 @@ def source_frame(
     }
     if breaker_file is not None:
         every_topic["retrylib.breakerFile"] = str(breaker_file)
-    if key_state_file is not None:
-        every_topic[OPTION_KEY_ORDER] = json.dumps(
-            {
-                "tiers": {
-                    key: [tier.topics[key] for tier in config.retry.tiers]
-                    for key in config.kafka.topic_keys()
-                },
-                "stateFile": str(key_state_file),
-            }
-        )
+    if key_order is not None:
+        every_topic[OPTION_KEY_ORDER] = json.dumps(key_order)
     return _read_kafka(spark, "retrylib_kafka", _held_to(every_topic, available_now_offsets))
 
 
-def task_plan(
-    config: Config, partitions: dict[str, int], signing_key: bytes
-) -> TaskPlan | ForwardPlan:
-    """The per-batch plan with batch id and clock still unset (the batch commit fills them in)."""
-    if config.delay_router is not None:
-        return _forward_plan(config)
+def key_order_option(config: Config, key_state_file: Path) -> dict[str, object]:
+    """The `retrylib_kafka` source's key-order option of a key-ordered job: each main topic's
+    tiers, and the file of the queues (`batch.key_order_store`)."""
+    return {
+        "tiers": {
+            key: [tier.topics[key] for tier in config.retry.tiers]
+            for key in config.kafka.topic_keys()
+        },
+        "stateFile": str(key_state_file),
+    }
+
+
+def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) -> TaskPlan:
+    """A handler job's per-batch plan with batch id and clock still unset (the batch commit
+    fills them in)."""
     retry = config.retry
-    assert config.handler is not None and config.dead_letter is not None
     return TaskPlan(
         job=config.job.name,
         batch_id=-1,
@@ -371,9 +379,9 @@ def task_plan(
     )
 
 
-def _forward_plan(config: Config) -> ForwardPlan:
+def forward_plan(config: RouterConfig) -> ForwardPlan:
+    """A delay router's per-batch plan, its clock still unset (the batch commit sets it)."""
     kafka, router = config.kafka, config.delay_router
-    assert router is not None
     return ForwardPlan(
         job=config.job.name,
         delays_ms=router.topics,
@@ -390,7 +398,7 @@ def _forward_plan(config: Config) -> ForwardPlan:
 
 
 def record_limits(
-    config: Config, partitions: dict[str, int]
+    config: AnyConfig, partitions: dict[str, int]
 ) -> tuple[RecordLimits, dict[str, str]]:
     """The size limits of the topics retrylib produces to (looked up once now, so a topic
     that is too small stops the job before it starts), and the Kafka options of its
@@ -406,7 +414,7 @@ def record_limits(
     )
     limits.current()
     options = kafka.client_options()
-    if config.delay_router is not None:
+    if isinstance(config, RouterConfig):
         # Forwarded records are partitioned by key as Kafka's Java clients do it, unless
         # the user chose otherwise.
         options = {"partitioner": _JAVA_PARTITIONER, **options}
@@ -427,7 +435,7 @@ class Prepared:
     lease: RunnerLease
 
 
-def prepare_to_run(config: Config) -> Prepared:
+def prepare_to_run(config: AnyConfig) -> Prepared:
     """Prepare the job's topics (`prepare_topics`: a missing main topic is named first),
     then take the lease of its checkpoint (`retrylib.kafka.runner_lease`), held on its
     control topic. Raises `LeaseHeld` naming the copy that runs the job now."""
@@ -446,7 +454,7 @@ def prepare_to_run(config: Config) -> Prepared:
 
 def start_query(
     spark: SparkSession,
-    config: Config,
+    config: AnyConfig,
     *,
     available_now: bool = False,
     on_result: Callable[[BatchResult], None] | None = None,
@@ -472,7 +480,7 @@ def start_query(
 
 def _start_prepared(
     spark: SparkSession,
-    config: Config,
+    config: AnyConfig,
     prepared: Prepared,
     available_now: bool,
     on_result: Callable[[BatchResult], None] | None,
@@ -489,19 +497,13 @@ def _start_prepared(
     reader = checkpoint.main_reader(
         spark, config.kafka.source, partial(builtin_kafka_available, spark)
     )
-    output, dead_letter = _prepare_tables(spark, config)
-    # The source's planner reads these on the Spark driver: local files, fresh for each run.
-    state_dir = Path(tempfile.mkdtemp(prefix=f"retrylib-{config.job.name}-"))
+    job = config if isinstance(config, RouterConfig) else _prepare_handler_job(spark, config)
     parts = BatchCommitParts(
-        config=config,
+        job=job,
         partitions=prepared.partitions,
         app_id=checkpoint.app_id(spark, config.job.name),
         signing_key=checkpoint.signing_key(spark),
-        output=output,
-        dead_letter=dead_letter,
         units=default_parallelism(spark),
-        breaker_file=state_dir / "breaker.json" if config.breaker is not None else None,
-        key_state_file=state_dir / "key_order.json" if config.retry.key_ordered else None,
     )
     batch_commit = make_batch_commit(parts, spark, on_result=on_result, lease=prepared.lease)
     if not connect:
@@ -513,7 +515,12 @@ def _start_prepared(
         target = available_now_target(config)
         log.info("availableNow on Spark %s: up to %s", spark.version, offsets_to_json(target))
     source = source_frame(
-        spark, config, reader, parts.units, target, parts.breaker_file, parts.key_state_file
+        spark,
+        config,
+        reader,
+        parts.units,
+        target,
+        **({} if isinstance(job, RouterConfig) else job.source_options()),
     )
     writer = (
         batch_commit.routed(source)
@@ -546,19 +553,63 @@ def _start_prepared(
 
 
 @dataclass(frozen=True)
+class HandlerJob:
+    """A handler job's config with what its batch commit needs beyond a delay router's: its
+    output and dead-letter tables, ready, and the files its source reads the breaker's state
+    and the key queues from (local files on the Spark driver, fresh for each run)."""
+
+    config: Config
+    output: TableRef
+    dead_letter: TableRef
+    breaker_file: Path | None
+    key_state_file: Path | None
+
+    def source_options(self) -> dict[str, Any]:
+        """`source_frame`'s breaker and key-order arguments."""
+        key_order = None
+        if self.key_state_file is not None:
+            key_order = key_order_option(self.config, self.key_state_file)
+        return {"breaker_file": self.breaker_file, "key_order": key_order}
+
+
+def _prepare_handler_job(spark: SparkSession, config: Config) -> HandlerJob:
+    """Create the output and dead-letter tables if missing, and name the state files."""
+    output = config.output.table_ref()
+    dead_letter = config.dead_letter.table_ref()
+    ensure_table(
+        spark,
+        output,
+        config.handler.output_schema.to_spark(),
+        what="output",
+        partition_by=config.output.partition_by,
+        properties=config.output.properties,
+        evolve=config.output.schema_evolution,
+    )
+    ensure_table(spark, dead_letter, dead_letter_struct(), what="dead-letter")
+    state_dir = Path(tempfile.mkdtemp(prefix=f"retrylib-{config.job.name}-"))
+    return HandlerJob(
+        config,
+        output,
+        dead_letter,
+        breaker_file=state_dir / "breaker.json" if config.breaker is not None else None,
+        key_state_file=state_dir / "key_order.json" if config.retry.key_ordered else None,
+    )
+
+
+@dataclass(frozen=True)
 class BatchCommitParts:
     """What a job's `BatchCommit` is built from once the topics, tables and checkpoint are
     ready: plain values, which a Spark Connect server unpickles to build its own."""
 
-    config: Config
+    job: HandlerJob | RouterConfig
     partitions: dict[str, int]  # of every retry, dead-letter and control topic
     app_id: str
     signing_key: bytes
-    output: TableRef | None
-    dead_letter: TableRef | None
     units: int  # the routing tasks of a batch, one per executor core
-    breaker_file: Path | None
-    key_state_file: Path | None
+
+    @property
+    def config(self) -> AnyConfig:
+        return self.job if isinstance(self.job, RouterConfig) else self.job.config
 
 
 def _batch_commit_on_server(parts: BatchCommitParts, spark: SparkSession) -> BatchCommit:
@@ -576,44 +627,72 @@ def make_batch_commit(
     on_result: Callable[[BatchResult], None] | None = None,
     lease: RunnerLease | None = None,
 ) -> BatchCommit:
-    """The job's `BatchCommit`, with its breaker, key queues, metrics, record limits and
-    compaction, for batches run through `spark`; `lease` is released by its `close()`."""
-    config, checkpoint = parts.config, Checkpoint(parts.config.job.checkpoint)
-    breaker = None
-    if parts.breaker_file is not None and config.breaker is not None:
-        breaker = Breaker(
-            config.breaker,
-            parts.breaker_file,
-            on_change=partial(_publish_breaker, spark, checkpoint.breaker),
-        )
-    key_order = None
-    if parts.key_state_file is not None:
-        key_order = KeyOrderStore(checkpoint.key_order, parts.key_state_file)
-        key_order.load(spark)
-    metrics = MetricsRecorder(config, parts.app_id, forward=on_result, breaker=breaker)
-    metrics.prepare(spark)
+    """The job's `BatchCommit`, with its metrics and record limits, and a handler job's
+    breaker, key queues, hooks and compaction, for batches run through `spark`; `lease` is
+    released by its `close()`."""
+    config = parts.config
     limits, producer_options = record_limits(config, parts.partitions)
-    compactor = None
-    output, dead_letter = parts.output, parts.dead_letter
-    if output is not None and config.output.optimize_every_ms is not None:
-        tables = [("output", output), ("dead-letter", dead_letter)]
-        if config.metrics.table_ref() is not None:
-            tables.append(("metrics", config.metrics.table_ref()))
-        compactor = Compactor(checkpoint.compaction, config.output.optimize_every_ms, tables)
-    return BatchCommit(
-        task_plan(config, parts.partitions, parts.signing_key),
-        checkpoint=checkpoint,
+    commit = partial(
+        BatchCommit,
+        checkpoint=Checkpoint(config.job.checkpoint),
         app_id=parts.app_id,
         kafka_options=producer_options,
         bootstrap_servers=config.kafka.bootstrap_servers,
         signing_key=parts.signing_key,
         reader_options=config.kafka.client_options(),
         secret_options=tuple(config.secret_options()),
-        output_table=output,
-        evolve_output=output is not None and config.output.schema_evolution,
-        dead_letter_table=dead_letter,
         record_limits=limits,
         units=parts.units,
+        later_tables=tuple(filter(None, [config.metrics.table_ref()])),
+        lease=lease,
+    )
+    if isinstance(parts.job, RouterConfig):
+        metrics = MetricsRecorder(parts.job, parts.app_id, (), forward=on_result)
+        metrics.prepare(spark)
+        return commit(
+            forward_plan(parts.job), task=run_forwarding_task, on_result=metrics.on_result
+        )
+    plan = task_plan(parts.job.config, parts.partitions, parts.signing_key)
+    return _handler_batch_commit(commit, plan, parts.job, parts.app_id, spark, on_result)
+
+
+def _handler_batch_commit(
+    commit: Callable[..., BatchCommit],
+    plan: TaskPlan,
+    job: HandlerJob,
+    app_id: str,
+    spark: SparkSession,
+    on_result: Callable[[BatchResult], None] | None,
+) -> BatchCommit:
+    """`make_batch_commit` of a handler job: `commit` given `plan`, the tables and the rest."""
+    config, checkpoint = job.config, Checkpoint(job.config.job.checkpoint)
+    breaker = None
+    if job.breaker_file is not None and config.breaker is not None:
+        breaker = Breaker(
+            config.breaker,
+            job.breaker_file,
+            on_change=partial(_publish_breaker, spark, checkpoint.breaker),
+        )
+    key_order = None
+    if job.key_state_file is not None:
+        key_order = KeyOrderStore(checkpoint.key_order, job.key_state_file)
+        key_order.load(spark)
+    metrics = MetricsRecorder(
+        config, app_id, config.retry.tiers, forward=on_result, breaker=breaker
+    )
+    metrics.prepare(spark)
+    compactor = None
+    if config.output.optimize_every_ms is not None:
+        tables = [("output", job.output), ("dead-letter", job.dead_letter)]
+        if config.metrics.table_ref() is not None:
+            tables.append(("metrics", config.metrics.table_ref()))
+        compactor = Compactor(checkpoint.compaction, config.output.optimize_every_ms, tables)
+    return commit(
+        plan,
+        output_table=job.output,
+        evolve_output=config.output.schema_evolution,
+        dead_letter_table=job.dead_letter,
+        retry_tiers=len(config.retry.tiers),
         on_result=(
             metrics.on_result
             if breaker is None
@@ -622,37 +701,15 @@ def make_batch_commit(
         compactor=compactor,
         hooks=config.hooks.references(BATCH_HOOKS),
         hook_timeout_s=config.hooks.timeout_ms / 1000,
-        hook_paths=config.handler.paths if config.handler is not None else (),
-        task=run_task if config.delay_router is None else run_forwarding_task,
+        hook_paths=config.handler.paths,
+        task=run_task,
         key_order=key_order,
-        later_tables=tuple(filter(None, [config.metrics.table_ref()])),
-        lease=lease,
     )
 
 
 def _release_taken(preparing: Future[Prepared]) -> None:
     if preparing.exception() is None:
         preparing.result().lease.release()
-
-
-def _prepare_tables(spark: SparkSession, config: Config) -> tuple[TableRef | None, TableRef | None]:
-    """Create the output and dead-letter tables if missing; returns them (None, None for a
-    delay router, which has neither)."""
-    if config.handler is None or config.output is None or config.dead_letter is None:
-        return None, None
-    output = config.output.table_ref()
-    dead_letter = config.dead_letter.table_ref()
-    ensure_table(
-        spark,
-        output,
-        config.handler.output_schema.to_spark(),
-        what="output",
-        partition_by=config.output.partition_by,
-        properties=config.output.properties,
-        evolve=config.output.schema_evolution,
-    )
-    ensure_table(spark, dead_letter, dead_letter_struct(), what="dead-letter")
-    return output, dead_letter
 
 
 def _feed_breaker(

@@ -88,7 +88,7 @@ from retrylib.steps import reached
 from retrylib.task.forwarding import ForwardPlan
 from retrylib.task.hooks import DriverHooks
 from retrylib.task.results import placed, result_struct
-from retrylib.task.routing import TaskPlan, run_task
+from retrylib.task.routing import TaskPlan
 
 log = logging.getLogger(__name__)
 
@@ -117,20 +117,21 @@ class BatchCommit:
         kafka_options: dict[str, str],
         bootstrap_servers: str,
         *,
-        output_table: TableRef | None,
-        dead_letter_table: TableRef | None,
+        task: Task,
         record_limits: RecordLimits,
         units: int,
         signing_key: bytes,
         reader_options: Mapping[str, str],
         secret_options: tuple[str, ...] = (),
+        output_table: TableRef | None = None,
+        dead_letter_table: TableRef | None = None,
         evolve_output: bool = False,
+        retry_tiers: int = 0,
         on_result=None,
         compactor: Compactor | None = None,
         hooks: Mapping[str, str] | None = None,
         hook_paths: tuple[str, ...] = (),
         hook_timeout_s: float = 30.0,
-        task: Task = run_task,
         key_order: KeyOrderStore | None = None,
         later_tables: tuple[TableRef, ...] = (),
         lease: RunnerLease | None = None,
@@ -142,8 +143,8 @@ class BatchCommit:
         `hooks`: the batch hooks (name -> "module:function", see `retrylib.task.hooks`), each
         call waited for at most `hook_timeout_s`;
         `task` routes one Spark task's records with a plan like `plan_template`: a handler
-        job's `run_task`, or a delay router's `run_forwarding_task` (whose plans have no
-        output or dead-letter table: those are None then);
+        job's `run_task`, or a delay router's `run_forwarding_task` (a delay router has no
+        output or dead-letter table and no `retry_tiers`: it leaves them unset);
         `later_tables`: tables appended to once the batch is done (the metrics table), whose
         state is read along with the batch's own tables (`_read_tables`);
         `lease`: the job's runner lease, released by `close()`."""
@@ -152,9 +153,7 @@ class BatchCommit:
         self._key_order = key_order
         self._later_tables = later_tables
         self._template = plan_template
-        self._tiers = (
-            len(plan_template.tier_delays_ms) if isinstance(plan_template, TaskPlan) else 0
-        )
+        self._tiers = retry_tiers
         self._checkpoint = checkpoint
         self._output_table = output_table
         self._evolve_output = evolve_output

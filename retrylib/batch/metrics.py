@@ -51,7 +51,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -60,7 +60,7 @@ import pyarrow as pa
 
 from retrylib.batch.result import BatchResult
 from retrylib.checkpoint import Checkpoint
-from retrylib.config.model import Config
+from retrylib.config.model import AnyConfig, RetryTier
 from retrylib.delta.tables import append_once, ensure_table
 from retrylib.kafka.offsets import PartitionKey, delay_frontier
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
@@ -125,7 +125,7 @@ class Positions:
 
 
 def positions_after(
-    config: Config, end: Mapping[PartitionKey, int], kafka: KafkaOffsets
+    config: AnyConfig, end: Mapping[PartitionKey, int], kafka: KafkaOffsets
 ) -> Positions:
     """The job's `Positions` after a batch that ended at `end`, looked up once for
     `input_lag` and `oldest_waiting_ms`."""
@@ -138,7 +138,7 @@ def positions_after(
 
 
 def input_lag(
-    config: Config, positions: Positions, kafka: KafkaOffsets, now_ms: int
+    config: AnyConfig, positions: Positions, kafka: KafkaOffsets, now_ms: int
 ) -> dict[str, dict[str, int]]:
     """Per topic, records past the job's positions that are ready ("lag") and, on retry
     topics (or a delay router's topics), those still inside their delay ("not_due")."""
@@ -159,11 +159,13 @@ def input_lag(
     return lag
 
 
-def oldest_waiting_ms(config: Config, positions: Positions, now_ms: int) -> list[int | None]:
-    """Per retry tier, the age of the longest-waiting record at the head of the tier's
-    partitions past the job's positions, counted from its last failure; None where nothing
+def oldest_waiting_ms(
+    config: AnyConfig, retry_tiers: Sequence[RetryTier], positions: Positions, now_ms: int
+) -> list[int | None]:
+    """Per tier of `retry_tiers`, the age of the longest-waiting record at the head of the
+    tier's partitions past the job's positions, counted from its last failure; None where nothing
     waits."""
-    tiers = [set(tier.topics.values()) for tier in config.retry.tiers]
+    tiers = [set(tier.topics.values()) for tier in retry_tiers]
     if not tiers:
         return []
     tier_topics = set().union(*tiers)
@@ -257,16 +259,23 @@ class MetricsRecorder:
     """The `on_result` callback that logs and stores each batch's metrics.
 
     `app_id` is the job's Delta app id (the batch commit's); rows are committed under
-    "<app_id>:metrics". `forward` is called with each result afterwards (a caller's own
+    "<app_id>:metrics". `retry_tiers` are the job's (none for a delay router): the row
+    gives figures per tier. `forward` is called with each result afterwards (a caller's own
     callback). A `breaker`'s state (after the batch: the job feeds it first) goes into the
     row. Call `prepare(spark)` before the query starts: it creates the table if
     configured, through that session.
     """
 
     def __init__(
-        self, config: Config, app_id: str, forward=None, breaker: Breaker | None = None
+        self,
+        config: AnyConfig,
+        app_id: str,
+        retry_tiers: Sequence[RetryTier],
+        forward=None,
+        breaker: Breaker | None = None,
     ) -> None:
         self.config = config
+        self.retry_tiers = tuple(retry_tiers)
         self.breaker = breaker
         self.app_id = f"{app_id}:metrics"
         self.forward = forward
@@ -294,7 +303,7 @@ class MetricsRecorder:
         row = metrics_row(
             result,
             job=self.config.job.name,
-            tiers=len(self.config.retry.tiers),
+            tiers=len(self.retry_tiers),
             finished_ms=now_ms,
             breaker=None if self.breaker is None else self.breaker.state.phase,
             **self._backlog(result.batch_id, now_ms),
@@ -325,7 +334,7 @@ class MetricsRecorder:
             positions = positions_after(self.config, end, self._kafka)
             return {
                 "lag": input_lag(self.config, positions, self._kafka, now_ms),
-                "waiting": oldest_waiting_ms(self.config, positions, now_ms),
+                "waiting": oldest_waiting_ms(self.config, self.retry_tiers, positions, now_ms),
             }
         except Exception as e:
             log.warning("input lag after batch %d unknown: %s", batch_id, e)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from retrylib.config.locations import check_locations
-from retrylib.config.model import NO_RETRIES, Config
+from retrylib.config.model import AnyConfig, Config, RouterConfig
 from retrylib.config.secrets import OPTION_TABLES
 from retrylib.config.sections import (
     check_callable,
@@ -52,7 +52,7 @@ def load_config(
     *,
     overrides: Mapping[str, object] | None = None,
     check_imports: bool = True,
-) -> Config:
+) -> AnyConfig:
     """Read, validate and return the config at `path`.
 
     `overrides` maps dotted keys to values ({"kafka.bootstrap_servers": "127.0.0.1:5555"}) and
@@ -105,7 +105,7 @@ def _leaf_keys(t: Table) -> list[str]:
 
 def _parse(
     path: str | Path, overrides: Mapping[str, object], check_imports: bool
-) -> tuple[Config | None, list[str]]:
+) -> tuple[AnyConfig | None, list[str]]:
     """The config (None when anything is wrong) and every problem found.
 
     Only a file that cannot be read as TOML stops the checks early.
@@ -216,7 +216,7 @@ _ROUTER_SECTIONS = ("job", "kafka", "delay_router", "metrics")
 _HANDLER_SECTIONS = ("handler", "output", "retry", "dead_letter", "hooks", "breaker")
 
 
-def _build_router(root: Table, source_path: str) -> Config | None:
+def _build_router(root: Table, source_path: str) -> RouterConfig | None:
     """A delay router's config ([delay_router] set): no handler, output, retry or dead letter."""
     tables = {
         name: root.table(name, f"a [{name}] table", required=name != "metrics")
@@ -237,23 +237,18 @@ def _build_router(root: Table, source_path: str) -> Config | None:
     check_locations(root.problems, tables)
     if not (job and kafka and router and metrics):
         return None
-    from_env = frozenset(root.problems.from_env)
-    return Config(
+    return RouterConfig(
         job,
         kafka,
-        None,
-        None,
-        NO_RETRIES,
-        None,
+        router,
         metrics,
         source_path,
-        from_env,
-        delay_router=router,
-        env_variables=frozenset(root.problems.env_variables),
+        frozenset(root.problems.from_env),
+        frozenset(root.problems.env_variables),
     )
 
 
-def _build(root: Table, check_imports: bool, source_path: str) -> Config | None:
+def _build(root: Table, check_imports: bool, source_path: str) -> AnyConfig | None:
     """Read every section, then check what spans sections; None when anything is wrong."""
     if "delay_router" in root.data:
         return _build_router(root, source_path)

@@ -188,12 +188,6 @@ class RetryConfig:
         return {topic: tier.delay_ms for tier in self.tiers for topic in tier.topics.values()}
 
 
-NO_RETRIES = RetryConfig(
-    delays_ms=(), max_attempts=1, jitter=0.0, non_retryable=(), tiers=(), max_retry_after_ms=0
-)
-"""The retry config of a job that retries nothing (a delay router)."""
-
-
 @dataclass(frozen=True)
 class DeadLetterConfig:
     """[dead_letter]: where records go when they are out of attempts or non-retryable.
@@ -282,47 +276,16 @@ class HooksConfig:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
-@dataclass(frozen=True)
-class Config:
-    """A whole, validated job config. `from_env` holds the dotted keys set from ${env:...},
-    `env_variables` the names of the environment variables they refer to.
-
-    A delay router (`delay_router` set) has no handler, output or dead letter (None), and
-    a `retry` with no tiers.
-    """
+class _ConfigCommon:
+    """The rules over what every job's config holds (`Config`, `RouterConfig`): how it is
+    printed, what it hides, how its Kafka clients log in."""
 
     job: JobConfig
     kafka: KafkaConfig
-    handler: HandlerConfig | None
-    output: OutputConfig | None
-    retry: RetryConfig
-    dead_letter: DeadLetterConfig | None
     metrics: MetricsConfig
     source_path: str
-    from_env: frozenset[str] = field(default=frozenset(), repr=False)
-    hooks: HooksConfig = field(default_factory=HooksConfig)
-    delay_router: DelayRouterConfig | None = None
-    breaker: BreakerConfig | None = None
-    env_variables: frozenset[str] = field(default=frozenset(), repr=False)
-
-    def delayed_topics(self) -> dict[str, int]:
-        """Topic -> delay (ms) of every topic the job reads only as far as is due: the
-        retry tiers, or a delay router's topics."""
-        if self.delay_router is not None:
-            return dict(self.delay_router.topics)
-        return self.retry.tier_delays_ms()
-
-    def read_ahead_ms(self) -> int:
-        """How long before they are due the job reads the records of `delayed_topics`."""
-        if self.delay_router is not None:
-            return self.delay_router.read_ahead_ms
-        return self.retry.read_ahead_ms
-
-    def stamps_delayed_topics_ahead(self) -> bool:
-        """Whether the job's own producers stamp records of `delayed_topics` ahead of their
-        clock: a handler job's retry hops up to one delay (`policy.tier_timestamp_ms`); a
-        delay router holds records stamped no later than now (`forwarding.hold`)."""
-        return self.delay_router is None
+    from_env: frozenset[str]
+    env_variables: frozenset[str]
 
     def redacted(self) -> dict[str, Any]:
         """The config as plain nested dicts and lists, safe to print.
@@ -384,6 +347,71 @@ class Config:
             ]
         hidden = {value for key, value in entries if is_hidden(key, self.from_env)}
         return tuple(name for name, value in kafka.client_options().items() if value in hidden)
+
+
+@dataclass(frozen=True)
+class Config(_ConfigCommon):
+    """A handler job's whole, validated config. `from_env` holds the dotted keys set from
+    ${env:...}, `env_variables` the names of the environment variables they refer to."""
+
+    job: JobConfig
+    kafka: KafkaConfig
+    handler: HandlerConfig
+    output: OutputConfig
+    retry: RetryConfig
+    dead_letter: DeadLetterConfig
+    metrics: MetricsConfig
+    source_path: str
+    from_env: frozenset[str] = field(default=frozenset(), repr=False)
+    hooks: HooksConfig = field(default_factory=HooksConfig)
+    breaker: BreakerConfig | None = None
+    env_variables: frozenset[str] = field(default=frozenset(), repr=False)
+
+    def delayed_topics(self) -> dict[str, int]:
+        """Topic -> delay (ms) of every topic the job reads only as far as is due: the
+        retry tiers."""
+        return self.retry.tier_delays_ms()
+
+    def read_ahead_ms(self) -> int:
+        """How long before they are due the job reads the records of `delayed_topics`."""
+        return self.retry.read_ahead_ms
+
+    def stamps_delayed_topics_ahead(self) -> bool:
+        """Whether the job's own producers stamp records of `delayed_topics` ahead of their
+        clock: a handler job's retry hops do, up to one delay (`policy.tier_timestamp_ms`)."""
+        return True
+
+
+@dataclass(frozen=True)
+class RouterConfig(_ConfigCommon):
+    """A delay router's whole, validated config ([delay_router] set): it forwards records
+    and calls no handler, so it has no handler, output, retry, dead letter, hooks or
+    breaker."""
+
+    job: JobConfig
+    kafka: KafkaConfig
+    delay_router: DelayRouterConfig
+    metrics: MetricsConfig
+    source_path: str
+    from_env: frozenset[str] = field(default=frozenset(), repr=False)
+    env_variables: frozenset[str] = field(default=frozenset(), repr=False)
+
+    def delayed_topics(self) -> dict[str, int]:
+        """Topic -> delay (ms) of every topic the job reads only as far as is due: the
+        delay topics."""
+        return dict(self.delay_router.topics)
+
+    def read_ahead_ms(self) -> int:
+        """How long before they are due the job reads the records of `delayed_topics`."""
+        return self.delay_router.read_ahead_ms
+
+    def stamps_delayed_topics_ahead(self) -> bool:
+        """False: a delay router holds records stamped no later than now (`forwarding.hold`)."""
+        return False
+
+
+AnyConfig = Config | RouterConfig
+"""What `loader.load_config` gives: a handler job's config or a delay router's."""
 
 
 def _plain(value: Any, key: str, leaf: Callable[[str, Any], Any]) -> Any:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.config.durations import format_duration
-from retrylib.config.model import Config
+from retrylib.config.model import AnyConfig, RouterConfig
 from retrylib.config.topic_names import ANY_TOPIC, produced_topic
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import kafka_error_text, login_refusal
@@ -33,7 +33,11 @@ class Finding:
 
 
 def preflight(
-    config: Config, *, timeout: float = 5.0, spark: SparkSession | None = None, tables: bool = False
+    config: AnyConfig,
+    *,
+    timeout: float = 5.0,
+    spark: SparkSession | None = None,
+    tables: bool = False,
 ) -> tuple[bool, list[Finding]]:
     """What would stop the job from starting, beyond the config itself: whether the broker
     answers within `timeout`, the main topics exist and the other topics exist or may be
@@ -49,7 +53,7 @@ def preflight(
     return reachable, findings
 
 
-def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]]:
+def _topic_findings(config: AnyConfig, timeout: float) -> tuple[bool, list[Finding]]:
     kafka = config.kafka
     shown_servers = config.redacted()["kafka"]["bootstrap_servers"]
     errors: list[KafkaError] = []
@@ -119,10 +123,10 @@ def _topic_findings(config: Config, timeout: float) -> tuple[bool, list[Finding]
     return True, findings
 
 
-def _required_topics(config: Config) -> list[tuple[str, str, str]]:
+def _required_topics(config: AnyConfig) -> list[tuple[str, str, str]]:
     """(topic, label, config key) of each topic that must exist before the job starts: the
     main topics, or a delay router's delay topics."""
-    if config.delay_router is not None:
+    if isinstance(config, RouterConfig):
         return [
             (
                 topic,
@@ -137,17 +141,16 @@ def _required_topics(config: Config) -> list[tuple[str, str, str]]:
     ]
 
 
-def _created_topics(config: Config) -> list[tuple[str, str]]:
+def _created_topics(config: AnyConfig) -> list[tuple[str, str]]:
     """(topic, label) of each topic the job creates when missing (if allowed): retry tiers
     and dead-letter topics, or a delay router's fallback topic; and the control topic."""
     internal = produced_topic(config.job.name)
     topics = [(internal, f"control topic {internal!r}")]
-    router = config.delay_router
-    if router is not None:
+    if isinstance(config, RouterConfig):
+        router = config.delay_router
         if router.fallback_topic is not None:
             topics.insert(0, (router.fallback_topic, f"fallback topic {router.fallback_topic!r}"))
         return topics
-    assert config.dead_letter is not None
     tiers = [
         (
             topic,
@@ -161,7 +164,7 @@ def _created_topics(config: Config) -> list[tuple[str, str]]:
     return [*tiers, *dead, *topics]
 
 
-def _table_findings(spark: SparkSession, config: Config) -> list[Finding]:
+def _table_findings(spark: SparkSession, config: AnyConfig) -> list[Finding]:
     """One finding per table: missing (a note: the job creates it), matching, unreadable (a
     warning), or not what the job writes (an error naming every column difference).
     """
@@ -170,7 +173,7 @@ def _table_findings(spark: SparkSession, config: Config) -> list[Finding]:
     from retrylib.delta.tables import column_differences, read_table, table_exists
 
     wanted = []
-    if config.handler is not None and config.output is not None and config.dead_letter is not None:
+    if not isinstance(config, RouterConfig):
         wanted += [
             ("output.table", config.output.table_ref(), config.handler.output_schema.to_spark()),
             ("dead_letter.table", config.dead_letter.table_ref(), dead_letter_struct()),

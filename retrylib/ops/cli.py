@@ -200,27 +200,14 @@ def _check(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     config = _load(args.config)
     _out(f"config {args.config}: valid")
-    if config.delay_router is not None:
-        from retrylib.ops.render import describe_router
+    from retrylib.config.model import RouterConfig
+    from retrylib.ops.render import describe_handler_job, describe_router
 
+    if isinstance(config, RouterConfig):
         _out(describe_router(config.delay_router))
-    elif config.handler is not None and config.handler.parallelism > 1:
-        _out(
-            f"handler: {config.handler.parallelism} lanes per Spark task (handler.parallelism): "
-            "calls for different keys at once, each key's records one at a time, in order"
-        )
-    if config.retry.key_ordered:
-        _out(
-            "retry: key-ordered (retry.key_ordered): while a record waits in a retry tier, "
-            "its key's later records in its partition wait behind it"
-        )
-    if config.breaker is not None:
-        from retrylib.ops.render import describe_breaker
-
-        _out(describe_breaker(config.breaker))
-    hooks = config.hooks.references()
-    if hooks:
-        _out("hooks import: " + ", ".join(f"{name} = {ref}" for name, ref in hooks.items()))
+    else:
+        for line in describe_handler_job(config):
+            _out(line)
     if args.show:
         _out(json.dumps(config.redacted(), indent=2))
     from retrylib.ops.check import Finding, preflight

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from retrylib.config.model import Config
+from retrylib.config.model import AnyConfig, Config, RouterConfig
 from retrylib.config.topic_names import redriven_topic
 from retrylib.delta.dead_letter_table import SHOWN_COLUMNS, DeadLetterTable
 from retrylib.delta.tables import sql_string, sql_timestamp, table_exists
@@ -126,7 +126,7 @@ class RedriveReport:
 
 
 def redrive(
-    config: Config,
+    config: AnyConfig,
     selection: Selection,
     *,
     to: str | None = None,
@@ -144,7 +144,7 @@ def redrive(
     """
     if to is not None and not _TOPIC.fullmatch(to):
         raise RedriveError(f"--to: not a Kafka topic name, got {to!r}")
-    if config.dead_letter is None:
+    if isinstance(config, RouterConfig):
         raise RedriveError(
             f"{config.source_path} is a delay router: it has no dead-letter table to redrive "
             "from (its records with no destination are on its fallback topic)"

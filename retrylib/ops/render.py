@@ -1,5 +1,5 @@
 """Text and JSON for the terminal: what `retrylib status` found and `retrylib redrive` did,
-a redrive's progress, and what a delay router does (`retrylib check`)."""
+a redrive's progress, and what a job does (`retrylib check`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from retrylib.config.durations import format_duration
 
 if TYPE_CHECKING:
-    from retrylib.config.model import BreakerConfig, DelayRouterConfig
+    from retrylib.config.model import BreakerConfig, Config, DelayRouterConfig
     from retrylib.ops.redrive import RedriveReport
 
 
@@ -32,6 +32,28 @@ def describe_router(router: DelayRouterConfig) -> str:
         f"header once {router.timestamp_header} (epoch seconds) + the delay has passed; "
         f"records with no such topic {no_destination}"
     )
+
+
+def describe_handler_job(config: Config) -> list[str]:
+    """`retrylib check`'s lines for what a handler job's config turns on beyond the plain
+    flow: lanes, key order, the breaker, hooks."""
+    lines = []
+    if config.handler.parallelism > 1:
+        lines.append(
+            f"handler: {config.handler.parallelism} lanes per Spark task (handler.parallelism): "
+            "calls for different keys at once, each key's records one at a time, in order"
+        )
+    if config.retry.key_ordered:
+        lines.append(
+            "retry: key-ordered (retry.key_ordered): while a record waits in a retry tier, "
+            "its key's later records in its partition wait behind it"
+        )
+    if config.breaker is not None:
+        lines.append(describe_breaker(config.breaker))
+    hooks = config.hooks.references()
+    if hooks:
+        lines.append("hooks import: " + ", ".join(f"{name} = {ref}" for name, ref in hooks.items()))
+    return lines
 
 
 def render_status(status: Mapping[str, Any]) -> str:

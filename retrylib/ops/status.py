@@ -49,7 +49,7 @@ from confluent_kafka import KafkaError, KafkaException
 from retrylib.batch.key_order_store import stored_queues
 from retrylib.checkpoint import Checkpoint, read_json
 from retrylib.config.durations import format_duration
-from retrylib.config.model import Config, RetryTier
+from retrylib.config.model import AnyConfig, Config, RetryTier, RouterConfig
 from retrylib.errors import DamagedFile
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.offsets import PartitionKey
@@ -71,7 +71,7 @@ DEFAULT_SCAN_LIMIT = 10_000
 
 
 def collect_status(
-    config: Config,
+    config: AnyConfig,
     *,
     spark: SparkSession | None = None,
     batches: int = 5,
@@ -85,7 +85,7 @@ def collect_status(
     or through `tool_session()` when it is None. A missing table or checkpoint is reported
     in place (`exists: false`), not raised.
     """
-    dead_letter = config.dead_letter.table_ref() if config.dead_letter is not None else None
+    handler_job = config if isinstance(config, Config) else None
     metrics = config.metrics.table_ref()
     if spark is None:
         spark = tool_session(f"retrylib-status-{config.job.name}")
@@ -119,11 +119,11 @@ def collect_status(
         main_topics = _main_topics(config, kafka, position, known=committed is not None)
         tiers = [
             _tier(config, tier, kafka, position, now_ms, timeout, scan_limit)
-            for tier in config.retry.tiers
+            for tier in (() if handler_job is None else handler_job.retry.tiers)
         ]
         delay_topics = [
             _tier(config, tier, kafka, position, now_ms, timeout, scan_limit)
-            for tier in _router_tiers(config)
+            for tier in (_router_tiers(config) if isinstance(config, RouterConfig) else ())
         ]
     except KafkaException as e:
         broker["reachable"] = False
@@ -139,9 +139,21 @@ def collect_status(
         "main_topics": main_topics,
         "retry_tiers": tiers,
         "delay_topics": delay_topics,
-        "dead_letters": None if dead_letter is None else dead_letter_summary(spark, dead_letter),
-        "breaker": None if config.breaker is None else _breaker(spark, checkpoint),
-        "key_order": _key_order(spark, checkpoint) if config.retry.key_ordered else None,
+        "dead_letters": (
+            None
+            if handler_job is None
+            else dead_letter_summary(spark, handler_job.dead_letter.table_ref())
+        ),
+        "breaker": (
+            None
+            if handler_job is None or handler_job.breaker is None
+            else _breaker(spark, checkpoint)
+        ),
+        "key_order": (
+            _key_order(spark, checkpoint)
+            if handler_job is not None and handler_job.retry.key_ordered
+            else None
+        ),
         "last_batches": last_batches(spark, config, metrics, batches),
     }
 
@@ -188,7 +200,7 @@ def _key_order(spark: SparkSession, checkpoint: Checkpoint) -> dict[str, Any]:
 
 
 def _main_topics(
-    config: Config, kafka: KafkaOffsets, position: Mapping[PartitionKey, int], known: bool
+    config: AnyConfig, kafka: KafkaOffsets, position: Mapping[PartitionKey, int], known: bool
 ) -> list[dict[str, Any]]:
     found = kafka.partitions(config.kafka.topics, config.kafka.topic_pattern)
     topics = list(dict.fromkeys([*config.kafka.topics, *found]))
@@ -208,11 +220,9 @@ def _main_topics(
     return result
 
 
-def _router_tiers(config: Config) -> list[RetryTier]:
-    """A delay router's topics, each shown as a tier of its own (none for a handler job)."""
+def _router_tiers(config: RouterConfig) -> list[RetryTier]:
+    """A delay router's topics, each shown as a tier of its own."""
     router = config.delay_router
-    if router is None:
-        return []
     return [
         RetryTier(index, delay_ms, {topic: topic})
         for index, (topic, delay_ms) in enumerate(router.topics.items())
@@ -220,7 +230,7 @@ def _router_tiers(config: Config) -> list[RetryTier]:
 
 
 def _tier(
-    config: Config,
+    config: AnyConfig,
     tier: RetryTier,
     kafka: KafkaOffsets,
     position: Mapping[PartitionKey, int],
@@ -259,7 +269,7 @@ def _tier(
 
 
 def _scan(
-    config: Config,
+    config: AnyConfig,
     start: Mapping[PartitionKey, int],
     latest: Mapping[PartitionKey, int],
     delay_ms: int,
@@ -391,13 +401,13 @@ ROUTER_BATCH_COUNTS = (
 """`BATCH_COUNTS` of a delay router."""
 
 
-def batch_counts(config: Config) -> tuple[str, ...]:
+def batch_counts(config: AnyConfig) -> tuple[str, ...]:
     """The record counts `last_batches` gives for each batch of the job of `config`."""
-    return BATCH_COUNTS if config.delay_router is None else ROUTER_BATCH_COUNTS
+    return ROUTER_BATCH_COUNTS if isinstance(config, RouterConfig) else BATCH_COUNTS
 
 
 def last_batches(
-    spark: SparkSession, config: Config, metrics: TableRef | None, count: int
+    spark: SparkSession, config: AnyConfig, metrics: TableRef | None, count: int
 ) -> dict[str, Any]:
     """The last `count` batches' figures (`batch_counts`), newest first, and where they came
     from: the `metrics` table when given and holding rows, else the checkpoint's manifests.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from retrylib.config.model import RECORD_HOOKS, Config
+from retrylib.config.model import RECORD_HOOKS, AnyConfig, Config
 from retrylib.errors import ConfigError
 from retrylib.spark.connect import is_connect
 
@@ -41,22 +41,22 @@ def code_source(reference: str, paths: tuple[str, ...], key: str) -> Path:
     return origin.parent if origin.name == "__init__.py" else origin
 
 
-def ship_code(spark: SparkSession, config: Config) -> None:
-    """Add the top-level package or module of the handler, of the record hooks and of the
-    OAUTHBEARER token provider, if any, to every executor's Python path.
+def ship_code(spark: SparkSession, config: AnyConfig) -> None:
+    """Add the top-level package or module of a handler job's handler and record hooks, and
+    of the OAUTHBEARER token provider, if any, to every executor's Python path.
 
     Packages that come from site-packages (installed as a wheel on the cluster) are left
     alone.
     """
     references = {}
     paths = config.kafka.import_paths
-    if config.handler is not None:
+    if isinstance(config, Config):
         references["handler.function"] = config.handler.function
         paths = config.handler.paths
-    references.update(
-        (f"hooks.{name}", reference)
-        for name, reference in config.hooks.references(RECORD_HOOKS).items()
-    )
+        references.update(
+            (f"hooks.{name}", reference)
+            for name, reference in config.hooks.references(RECORD_HOOKS).items()
+        )
     security = config.kafka.security
     if security is not None and security.token_provider is not None:
         references["kafka.security.token_provider"] = security.token_provider

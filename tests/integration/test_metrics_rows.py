@@ -19,7 +19,7 @@ def result(batch_id: int, **counters: int) -> BatchResult:
 
 def test_one_metrics_row_per_batch(spark, tmp_path):
     cfg = metrics_job_config(tmp_path)
-    recorder = MetricsRecorder(cfg, "m-1")
+    recorder = MetricsRecorder(cfg, "m-1", cfg.retry.tiers)
     recorder.prepare(spark)
 
     recorder.record(result(2, records_main=3, retried_tier_1=1))
