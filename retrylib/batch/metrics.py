@@ -66,7 +66,7 @@ from retrylib.kafka.offsets import PartitionKey, delay_frontier
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.logs import METRICS_LOGGER
 from retrylib.retry.headers import LAST_FAILURE, header_ms, split_headers
-from retrylib.retry.outcomes import Count, retried_tier
+from retrylib.retry.outcomes import Count, ForwardCount, retried_tier
 from retrylib.retry.policy import due_timestamp_ms
 
 if TYPE_CHECKING:
@@ -76,9 +76,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(METRICS_LOGGER)  # the batch lines and the warnings
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
-_REPORTED_COUNTS = tuple(count for count in Count if count is not Count.KAFKA_READ_MS)
-"""The routing tasks' counters the metrics carry: every one but `kafka_read_ms`, which only
-the batch's own log line shows (README, "Metrics")."""
+_REPORTED_COUNTS = (
+    *(count for count in Count if count is not Count.KAFKA_READ_MS),
+    *ForwardCount,
+)
+"""The tasks' counters the metrics carry: every one but `kafka_read_ms`, which only the
+batch's own log line shows (docs/operating.md). A handler job's and a delay router's rows
+have the same columns, so one table or dashboard can hold both."""
 OBSERVED_COUNTERS = (*_REPORTED_COUNTS, "retried")
 """The counters the routing tasks count (`observed`): theirs, and `retried`, the tiers'
 `retried_tier_N` summed."""

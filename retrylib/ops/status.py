@@ -55,7 +55,7 @@ from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.retry import headers
-from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count
+from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count, ForwardCount
 from retrylib.retry.policy import due_time_ms, latest_fair_timestamp_ms
 from retrylib.spark.session import tool_session
 
@@ -392,11 +392,11 @@ BATCH_COUNTS = (
 )
 """The record counts `last_batches` gives for each batch, in the order `status` shows them."""
 ROUTER_BATCH_COUNTS = (
-    Count.RECORDS_DELAYED,
-    Count.FORWARDED,
+    ForwardCount.RECORDS_DELAYED,
+    ForwardCount.FORWARDED,
     Count.REQUEUED_NOT_DUE,
-    Count.FORWARDED_TO_FALLBACK,
-    Count.UNROUTABLE,
+    ForwardCount.FORWARDED_TO_FALLBACK,
+    ForwardCount.UNROUTABLE,
 )
 """`BATCH_COUNTS` of a delay router."""
 

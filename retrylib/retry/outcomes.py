@@ -41,7 +41,9 @@ class Reason(StrEnum):
 
 
 class Count(StrEnum):
-    """A counter a routing task keeps for its batch (summed over the batch's tasks)."""
+    """A counter a routing task keeps for its batch (summed over the batch's tasks). A delay
+    router's forwarding tasks keep those that apply to them (records lost, requeued, Kafka
+    clients opened), and `ForwardCount`."""
 
     RECORDS_MAIN = "records_main"
     """Records read from main topics."""
@@ -77,8 +79,20 @@ class Count(StrEnum):
     """retrylib's own header names taken off main-topic records."""
     HOOK_ERRORS = "hook_errors"
     """Calls of the user's lifecycle hooks that raised (`hooks`)."""
+    HANDLER_MS = "handler_ms"
+    """Time spent in the handler."""
+    KAFKA_READ_MS = "kafka_read_ms"
+    """Time a task spent reading Kafka itself (`kafka.source = "python"` and tiers)."""
+    KAFKA_CLIENTS_OPENED = "kafka_clients_opened"
+    """Kafka clients a routing task opened in its Python worker (`worker_clients.opened`);
+    the worker keeps them for its next tasks."""
+
+
+class ForwardCount(StrEnum):
+    """A counter only a delay router's forwarding task keeps (`task.forwarding`)."""
+
     RECORDS_DELAYED = "records_delayed"
-    """Records read from a delay router's topics (`task.forwarding`)."""
+    """Records read from a delay router's topics."""
     FORWARDED = "forwarded"
     """Records a delay router produced to the topic they name."""
     FORWARDED_TO_FALLBACK = "forwarded_to_fallback"
@@ -87,13 +101,6 @@ class Count(StrEnum):
     """Records with no destination and no fallback topic: logged at ERROR, not produced."""
     TIMESTAMP_HEADER_MISSING = "timestamp_header_missing"
     """Records whose sent-at header was missing or unreadable: delayed from their timestamp."""
-    HANDLER_MS = "handler_ms"
-    """Time spent in the handler."""
-    KAFKA_READ_MS = "kafka_read_ms"
-    """Time a task spent reading Kafka itself (`kafka.source = "python"` and tiers)."""
-    KAFKA_CLIENTS_OPENED = "kafka_clients_opened"
-    """Kafka clients a routing task opened in its Python worker (`worker_clients.opened`);
-    the worker keeps them for its next tasks."""
 
 
 RETRIED_TIER_PREFIX = "retried_tier_"

@@ -44,7 +44,7 @@ from retrylib.kafka.outgoing_records import STAGED_SCHEMA
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
 from retrylib.logs import configure_worker_logging
 from retrylib.retry.headers import DEAD_LETTER_REASON, ERROR_MESSAGE
-from retrylib.retry.outcomes import Count, Reason
+from retrylib.retry.outcomes import Count, ForwardCount, Reason
 from retrylib.retry.policy import due_time_ms, due_timestamp_ms
 from retrylib.task.read_ahead import DueClock
 from retrylib.task.results import ResultRows
@@ -200,13 +200,13 @@ class ForwardingTask:
         )
         delay_ms = plan.delays_ms[topic]
         for messages in read_messages(part, self._count_lost):
-            self.counters[Count.RECORDS_DELAYED] += len(messages)
+            self.counters[ForwardCount.RECORDS_DELAYED] += len(messages)
             for message in messages:
                 headers = message.headers() or []
                 where = f"{topic}[{partition}]@{message.offset()}"
                 sent_ms = sent_at_ms(_header(headers, plan.timestamp_header))
                 if sent_ms is None:
-                    self.counters[Count.TIMESTAMP_HEADER_MISSING] += 1
+                    self.counters[ForwardCount.TIMESTAMP_HEADER_MISSING] += 1
                     self._unstamped_example = self._unstamped_example or where
                     sent_ms = message.timestamp()[1]
                 too_far = too_far_ahead(sent_ms, plan)
@@ -223,7 +223,7 @@ class ForwardingTask:
                     _header(headers, plan.target_header), plan.target_header, self._cluster()
                 )
                 if isinstance(target, Forward):
-                    self.counters[Count.FORWARDED] += 1
+                    self.counters[ForwardCount.FORWARDED] += 1
                     self._stage(target.topic, None, plan.now_ms, message, headers)
                 else:
                     self._set_aside(where, message, headers, target)
@@ -233,7 +233,7 @@ class ForwardingTask:
         """A record with no destination: to the fallback topic, or logged and counted."""
         fallback = self.plan.fallback_topic
         if fallback is None:
-            self.counters[Count.UNROUTABLE] += 1
+            self.counters[ForwardCount.UNROUTABLE] += 1
             log.error(
                 "%s not forwarded: %s, and delay_router.fallback_topic is not set; "
                 "counted as unroutable (%s)",
@@ -242,7 +242,7 @@ class ForwardingTask:
                 why.reason,
             )
             return
-        self.counters[Count.FORWARDED_TO_FALLBACK] += 1
+        self.counters[ForwardCount.FORWARDED_TO_FALLBACK] += 1
         self._fallback_example = self._fallback_example or f"{where}: {why.message}"
         reasons = [
             (DEAD_LETTER_REASON, str(why.reason).encode()),
@@ -293,7 +293,7 @@ class ForwardingTask:
         if self._fallback_example is not None:
             log.warning(
                 "%d record(s) sent to fallback topic %s, the first %s",
-                self.counters[Count.FORWARDED_TO_FALLBACK],
+                self.counters[ForwardCount.FORWARDED_TO_FALLBACK],
                 self.plan.fallback_topic,
                 self._fallback_example,
             )
@@ -301,7 +301,7 @@ class ForwardingTask:
             log.warning(
                 "%d record(s) without a readable %s header (epoch seconds) counted their "
                 "delay from their Kafka timestamp, the first %s",
-                self.counters[Count.TIMESTAMP_HEADER_MISSING],
+                self.counters[ForwardCount.TIMESTAMP_HEADER_MISSING],
                 self.plan.timestamp_header,
                 self._unstamped_example,
             )
