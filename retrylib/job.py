@@ -12,7 +12,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
@@ -304,7 +303,8 @@ def source_frame(
     `range_groups`: the input partitions of the python reader, one per executor core.
     `available_now_offsets` holds the `retrylib_kafka` source to them (an availableNow run
     on Spark 4.0/4.1); `breaker_file` holds its main topics while the breaker is open;
-    `key_order` (`key_order_option`) has it plan key groups with a key-ordered job's queues.
+    `key_order` (`HandlerJob.key_order_option`) has it plan key groups with a key-ordered
+    job's queues.
     """
     main, tiers = source_options(config)
     if reader == CONNECTOR:
@@ -327,18 +327,6 @@ def source_frame(
     if key_order is not None:
         every_topic[OPTION_KEY_ORDER] = json.dumps(key_order)
     return _read_kafka(spark, "retrylib_kafka", _held_to(every_topic, available_now_offsets))
-
-
-def key_order_option(config: Config, key_state_file: Path) -> dict[str, object]:
-    """The `retrylib_kafka` source's key-order option of a key-ordered job: each main topic's
-    tiers, and the file of the queues (`batch.key_order_store`)."""
-    return {
-        "tiers": {
-            key: [tier.topics[key] for tier in config.retry.tiers]
-            for key in config.kafka.topic_keys()
-        },
-        "stateFile": str(key_state_file),
-    }
 
 
 def task_plan(config: Config, partitions: dict[str, int], signing_key: bytes) -> TaskPlan:
@@ -514,14 +502,10 @@ def _start_prepared(
     if available_now and not ENGINE_LIMITS_PYTHON_SOURCES:
         target = available_now_target(config)
         log.info("availableNow on Spark %s: up to %s", spark.version, offsets_to_json(target))
-    source = source_frame(
-        spark,
-        config,
-        reader,
-        parts.units,
-        target,
-        **({} if isinstance(job, RouterConfig) else job.source_options()),
-    )
+    breaker_file = key_order = None
+    if isinstance(job, HandlerJob):
+        breaker_file, key_order = job.breaker_file, job.key_order_option()
+    source = source_frame(spark, config, reader, parts.units, target, breaker_file, key_order)
     writer = (
         batch_commit.routed(source)
         .writeStream.queryName(config.job.name)
@@ -564,12 +548,18 @@ class HandlerJob:
     breaker_file: Path | None
     key_state_file: Path | None
 
-    def source_options(self) -> dict[str, Any]:
-        """`source_frame`'s breaker and key-order arguments."""
-        key_order = None
-        if self.key_state_file is not None:
-            key_order = key_order_option(self.config, self.key_state_file)
-        return {"breaker_file": self.breaker_file, "key_order": key_order}
+    def key_order_option(self) -> dict[str, object] | None:
+        """The `retrylib_kafka` source's key-order option (`source_frame`) of a key-ordered
+        job: each main topic's tiers, and the file of the queues (`batch.key_order_store`)."""
+        if self.key_state_file is None:
+            return None
+        tiers = self.config.retry.tiers
+        return {
+            "tiers": {
+                key: [tier.topics[key] for tier in tiers] for key in self.config.kafka.topic_keys()
+            },
+            "stateFile": str(self.key_state_file),
+        }
 
 
 def _prepare_handler_job(spark: SparkSession, config: Config) -> HandlerJob:
