@@ -52,16 +52,16 @@ def build_spark_session(
     `master` is only applied when given (spark-submit, clusters and a Spark Connect server
     set their own). On a Spark installed from PyPI (a laptop, CI) the session gets Spark's
     Kafka connector and Delta Lake from `retrylib.spark.jars` (fetched once); a cluster's
-    Spark, spark-submit and a Spark Connect server bring their own. The retrylib Kafka data
-    source is registered on the session. Raises `JarsError` when the jars are needed and
-    cannot be resolved.
+    Spark, spark-submit and a Spark Connect server bring their own. `extra` settings are
+    applied last, over retrylib's own. The retrylib Kafka data source is registered on the
+    session. Raises `JarsError` when the jars are needed and cannot be resolved.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     remote = connect_server()
     if master and not remote:
         builder = builder.master(master)
-    settings = {**_QUIET_DEFAULTS, **dict(extra or {})}
+    settings = dict(_QUIET_DEFAULTS)
     server = remote is not None and remote.startswith("sc://")
     if not runs_on_cluster_spark() and not server:
         # Imported here: spark-submit.sh leaves the jar resolver out of what it ships, and
@@ -73,6 +73,7 @@ def build_spark_session(
         # Delta rebuilds a table's state (to read its app transactions) in this many tasks;
         # its default of 50 is sized for clusters and costs local runs a second per append.
         settings["spark.databricks.delta.snapshotPartitions"] = "2"
+    settings.update(extra or {})  # the caller's settings win over retrylib's defaults
     for key, value in ({} if server else settings).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
