@@ -85,7 +85,9 @@ def collect_status(
     or through `tool_session()` when it is None. A missing table or checkpoint is reported
     in place (`exists: false`), not raised.
     """
-    handler_job = config if isinstance(config, Config) else None
+    router = isinstance(config, RouterConfig)
+    # A delay router's topics are shown as tiers of their own, under "delay_topics".
+    shown_tiers = _router_tiers(config) if isinstance(config, RouterConfig) else config.retry.tiers
     metrics = config.metrics.table_ref()
     if spark is None:
         spark = tool_session(f"retrylib-status-{config.job.name}")
@@ -114,47 +116,44 @@ def collect_status(
     }
     main_topics: list[dict[str, Any]] = []
     tiers: list[dict[str, Any]] = []
-    delay_topics: list[dict[str, Any]] = []
     try:
         main_topics = _main_topics(config, kafka, position, known=committed is not None)
         tiers = [
             _tier(config, tier, kafka, position, now_ms, timeout, scan_limit)
-            for tier in (() if handler_job is None else handler_job.retry.tiers)
-        ]
-        delay_topics = [
-            _tier(config, tier, kafka, position, now_ms, timeout, scan_limit)
-            for tier in (_router_tiers(config) if isinstance(config, RouterConfig) else ())
+            for tier in shown_tiers
         ]
     except KafkaException as e:
         broker["reachable"] = False
         kafka.serve_errors()
         refused = login_refusal(errors, broker["bootstrap_servers"], config.kafka_login())
         broker["error"] = refused or (errors[0].str() if errors else kafka_error_text(e))
-    return {
+    status = {
         "job": config.job.name,
         "generated_at": _iso(now_ms),
         "checkpoint": config.job.checkpoint,
         "last_completed_batch": last_batch,
         "broker": broker,
         "main_topics": main_topics,
-        "retry_tiers": tiers,
-        "delay_topics": delay_topics,
-        "dead_letters": (
-            None
-            if handler_job is None
-            else dead_letter_summary(spark, handler_job.dead_letter.table_ref())
-        ),
-        "breaker": (
-            None
-            if handler_job is None or handler_job.breaker is None
-            else _breaker(spark, checkpoint)
-        ),
-        "key_order": (
-            _key_order(spark, checkpoint)
-            if handler_job is not None and handler_job.retry.key_ordered
-            else None
-        ),
+        "retry_tiers": [] if router else tiers,
+        "delay_topics": tiers if router else [],
+        "dead_letters": None,
+        "breaker": None,
+        "key_order": None,
         "last_batches": last_batches(spark, config, metrics, batches),
+    }
+    if isinstance(config, Config):
+        status.update(_handler_job_state(spark, config, checkpoint))
+    return status
+
+
+def _handler_job_state(
+    spark: SparkSession, config: Config, checkpoint: Checkpoint
+) -> dict[str, Any]:
+    """A handler job's dead letters, and its breaker's state and key queues when it has them."""
+    return {
+        "dead_letters": dead_letter_summary(spark, config.dead_letter.table_ref()),
+        "breaker": None if config.breaker is None else _breaker(spark, checkpoint),
+        "key_order": _key_order(spark, checkpoint) if config.retry.key_ordered else None,
     }
 
 
