@@ -35,8 +35,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
-from retrylib.kafka.transactional_producer import StagedProducer, transactional_id
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
+from retrylib.kafka.transactional_producer import UnitProducer, transactional_id
 from retrylib.kafka.worker_clients import MAX_PRODUCERS, Pool, opened
 from retrylib.logs import configure_worker_logging
 
@@ -127,7 +127,7 @@ def spread_keys(units: int) -> list[int]:
 
 # -- the executor side ----------------------------------------------------------------------
 
-_producers: Pool[StagedProducer] = Pool(MAX_PRODUCERS, lambda producer: producer.close())
+_producers: Pool[UnitProducer] = Pool(MAX_PRODUCERS, lambda producer: producer.close())
 
 
 def _produce_task(plan: ProducePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -152,7 +152,7 @@ def _local_dir() -> str | None:
 
 
 def _spool_units(batches: Iterator[pa.RecordBatch], folder: str) -> Iterator[tuple[int, str]]:
-    """Write each unit's rows (`STAGED_SCHEMA` columns, in order) to a file of its own in
+    """Write each unit's rows (`OUTGOING_SCHEMA` columns, in order) to a file of its own in
     `folder`; yields (unit, path) once a unit's file is complete."""
     unit: int | None = None
     writer: pa.ipc.RecordBatchStreamWriter | None = None
@@ -166,10 +166,11 @@ def _spool_units(batches: Iterator[pa.RecordBatch], folder: str) -> Iterator[tup
                         writer = None
                         yield unit, path
                     unit, path = current, os.path.join(folder, f"unit-{current}.arrow")
-                    writer = pa.ipc.new_stream(path, STAGED_SCHEMA)
+                    writer = pa.ipc.new_stream(path, OUTGOING_SCHEMA)
                 writer.write_batch(
                     pa.RecordBatch.from_arrays(
-                        [part.column(name) for name in STAGED_SCHEMA.names], schema=STAGED_SCHEMA
+                        [part.column(name) for name in OUTGOING_SCHEMA.names],
+                        schema=OUTGOING_SCHEMA,
                     )
                 )
         if writer is not None:
@@ -197,7 +198,7 @@ def _produce_unit(plan: ProducePlan, unit: int, path: str) -> int:
     key = (plan.bootstrap_servers, transactional_id(plan.app_id, unit))
     producer = _producers.take(
         key,
-        lambda: StagedProducer(
+        lambda: UnitProducer(
             plan.job,
             plan.app_id,
             unit,

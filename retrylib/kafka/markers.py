@@ -1,7 +1,7 @@
 """Produce markers: the records in a job's control topic that say a unit of a batch was
 produced.
 
-Executors produce a batch's staged records in units (`produce_units`), each in one Kafka
+Executors produce a batch's outgoing records in units (`produce_units`), each in one Kafka
 transaction that also writes the unit's marker to partition 0 of the job's control topic
 (`config.topics.produced_topic`): key = the checkpoint's app id, value =
 "<batch>:<unit>:<signature>". The signature is an HMAC of the app id, batch and unit under the

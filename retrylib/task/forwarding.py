@@ -40,7 +40,7 @@ from retrylib.config.topic_names import CONTROL_TOPIC_PREFIX
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import READ_COMMITTED
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
 from retrylib.logs import configure_worker_logging
 from retrylib.retry.headers import DEAD_LETTER_REASON, ERROR_MESSAGE
@@ -280,7 +280,7 @@ class ForwardingTask:
 
     def _hand_over(self) -> None:
         if self._staged:
-            staged = pa.RecordBatch.from_pylist(self._staged, schema=STAGED_SCHEMA)
+            staged = pa.RecordBatch.from_pylist(self._staged, schema=OUTGOING_SCHEMA)
             self.results.add("staged", staged)
             self._staged = []
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.retry.key_order import KEY_STATE_SCHEMA
 
 KINDS = ("output", "dead_letter", "staged", "lateness", "key_state")
@@ -51,7 +51,7 @@ def result_schema(output: pa.Schema | None) -> pa.Schema:
             ("kind", pa.string()),
             *outputs,
             ("dead_letter", _nullable(DEAD_LETTER_SCHEMA)),
-            ("staged", _nullable(STAGED_SCHEMA)),
+            ("staged", _nullable(OUTGOING_SCHEMA)),
             ("lateness", _nullable(LATENESS_SCHEMA)),
             ("key_state", _nullable(KEY_STATE_SCHEMA)),
             ("counters", pa.string()),

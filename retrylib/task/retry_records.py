@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
 from retrylib.errors import CorruptRetryHeaders, RetrylibError, Skip, UnverifiedRetryRecord
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
 from retrylib.record import Record
 from retrylib.retry.headers import (
@@ -373,7 +373,7 @@ class RetryRecords:
         """Move the staged records, dead-letter rows and lateness rows gathered so far into
         `results`."""
         if self._staged_rows:
-            staged = pa.RecordBatch.from_pylist(self._staged_rows, schema=STAGED_SCHEMA)
+            staged = pa.RecordBatch.from_pylist(self._staged_rows, schema=OUTGOING_SCHEMA)
             results.add("staged", staged)
             self._staged_rows = []
         if self._dead_rows:
