@@ -1,15 +1,16 @@
-"""Producing a batch's staged records from the executors, in units, each exactly once.
+"""Producing a batch's outgoing records from the executors, in units, each exactly once.
 
 The routing tasks stamp every result row with the task's partition (`unit`) and its place
 in the task's output (`seq`, see `results.placed`), and Spark writes them to the batch's
 staging folder. Once the batch's manifest is claimed, the driver runs one Spark job over the
-staged records (`produce_units`):
+outgoing records (`produce_units`):
 
-    staging (Parquet) -> the "staged" rows -> a partition per unit -> in unit order -> one
-    Kafka transaction per unit (`kafka.transactional_producer`) -> one row per unit back
+    staging folder (Parquet) -> the outgoing records -> a partition per unit -> in unit
+    order -> one Kafka transaction per unit (`kafka.transactional_producer`) -> one row per
+    unit back
 
-A unit is the records one routing task staged, so what a unit holds is fixed by the staging
-folder: every attempt of a unit's task, and every replay of the batch, produces the same
+A unit is the outgoing records of one routing task, so what a unit holds is fixed by the
+staging folder: every attempt of a unit's task, and every replay of the batch, produces the same
 records under the same transactional id and marker. The units are spread over the job's
 partitions one to a partition (`spread_keys`), so the work is as parallel as the routing
 was. The driver gets back one row per unit (its count, and the Kafka clients opened),
@@ -39,6 +40,7 @@ from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.kafka.transactional_producer import UnitProducer, transactional_id
 from retrylib.kafka.worker_clients import MAX_PRODUCERS, Pool, opened
 from retrylib.logs import configure_worker_logging
+from retrylib.task.results import OUTGOING_KIND
 
 UNIT_RESULT_SCHEMA = pa.schema(
     [
@@ -67,16 +69,16 @@ class ProducePlan:
     topic_max_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
-def produce_units(staged: DataFrame, plan: ProducePlan) -> tuple[int, int]:
-    """Produce the "staged" rows of `staged` (a batch's staging folder, read by Spark) in
-    units, each once; returns (records produced, Kafka clients the tasks opened).
+def produce_units(decisions: DataFrame, plan: ProducePlan) -> tuple[int, int]:
+    """Produce the outgoing records among `decisions` (a batch's staging folder, read by
+    Spark) in units, each once; returns (records produced, Kafka clients the tasks opened).
 
     Raises what Spark raises when a task fails for good (its error names the cause).
     """
     keys = F.array(*(F.lit(key) for key in spread_keys(plan.units)))
     records = (
-        staged.where("kind = 'staged'")
-        .select("unit", "seq", "staged.*")
+        decisions.where(f"kind = '{OUTGOING_KIND}'")
+        .select("unit", "seq", f"{OUTGOING_KIND}.*")
         .withColumn("spread", F.element_at(keys, F.col("unit") + 1))
         .repartition(plan.units, "spread")
         .sortWithinPartitions("unit", "seq")
