@@ -63,7 +63,7 @@ _ABORT_TIMEOUT_S = 30.0
 
 
 def transactional_id(app_id: str, unit: int) -> str:
-    """The Kafka transactional id of produce unit `unit` of checkpoint `app_id`."""
+    """The Kafka transactional id of produce unit `unit` of app id `app_id`."""
     return f"retrylib-{app_id}-{unit}"
 
 

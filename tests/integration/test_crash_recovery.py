@@ -106,7 +106,7 @@ def test_the_first_manifest_wins(spark, tmp_path, scheme):
 
 @pytest.mark.every_spark
 @pytest.mark.parametrize("scheme", ["", "file:"])
-def test_the_checkpoint_identity_is_created_once(spark, tmp_path, scheme):
+def test_a_checkpoint_s_app_id_is_created_once(spark, tmp_path, scheme):
     app_id = Checkpoint(f"{scheme}{tmp_path}").app_id(spark, "orders")
     assert re.fullmatch(r"orders-[0-9a-f]{12}", app_id)
     assert Checkpoint(f"{scheme}{tmp_path}").app_id(spark, "orders") == app_id
@@ -170,7 +170,7 @@ def _read(bootstrap: str, topic: str, isolation: str = "read_committed") -> Seen
 
 
 def _markers(bootstrap: str, job: str, app: str = "app-1") -> list[tuple[int, int]]:
-    """(batch, unit) of the committed markers of checkpoint `app` in the control topic."""
+    """(batch, unit) of the committed markers of app id `app` in the control topic."""
     found = [
         read_marker(KEY, app, m.key(), m.value())
         for m in read_topic(bootstrap, produced_topic(job), isolation="read_committed")
@@ -233,7 +233,7 @@ def test_a_replay_after_the_commit_produces_nothing(bootstrap_servers, topics):
 def _produce_and_crash(
     bootstrap: str, job: str, outgoing: Outgoing, batch_id: int, point: str
 ) -> subprocess.CompletedProcess[str]:
-    """Unit 0 of checkpoint "app-1" produces `outgoing`'s rows as batch `batch_id` in a process
+    """Unit 0 of app id "app-1" produces `outgoing`'s rows as batch `batch_id` in a process
     of its own, which crash point `point` kills."""
     return _python(
         "import pyarrow as pa\n"
