@@ -1149,11 +1149,11 @@ class Bench:
                 "triggerExecution; staging write = the Spark job running the handler tasks and "
                 "writing their result rows as Parquet (commit._run_tasks), counting them as "
                 "it writes; rest of routing = the rest of BatchCommit._route (the control "
-                "topic's end offset); Kafka produce = the executors producing the staged "
+                "topic's end offset); Kafka produce = the executors producing the outgoing "
                 "retry/dead-letter records; Delta appends = append_once of output and "
                 "dead-letter rows (produce and appends run at once, so they overlap); rest of "
                 "batch = "
-                "the rest of foreachBatch (manifest, clean-up, metrics, reading staged rows "
+                "the rest of foreachBatch (manifest, clean-up, metrics, reading the staging folder "
                 "for the produce); engine = the trigger outside foreachBatch (offsets, "
                 "planning, commit); for bare, the whole Spark write is in 'rest of batch')",
             )

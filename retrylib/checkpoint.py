@@ -7,8 +7,9 @@
     <root>/retrylib/identity.json      the checkpoint's app id ("<job>-<random>")
     <root>/retrylib/signing_key.json   the key that signs the job's Kafka records
     <root>/retrylib/main_reader.json   the reader of the main topics it was started with
-    <root>/retrylib/manifests/<N>.json batch N's clock, counters and staged rows
-    <root>/retrylib/staged/<N>/        batch N's decisions (Parquet) until batch N+1 ran
+    <root>/retrylib/manifests/<N>.json batch N's clock, counters and counts of its decisions
+    <root>/retrylib/staged/<N>/        batch N's staging folder: its decisions (Parquet), kept
+                                       until batch N+1 ran
     <root>/retrylib/compaction.json    when the tables were last compacted
     <root>/retrylib/breaker.json       the breaker's last change of state
     <root>/retrylib/key_order/<N>.json the keys waiting behind retries after batch N
@@ -43,6 +44,9 @@ from retrylib.spark.connect import is_connect
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+STAGING_FOLDER = "staged"
+"""The folder of the batches' staging folders. A replayed batch reads its own back, possibly
+in a newer version of retrylib: the name stays "staged"."""
 MANIFESTS_KEPT = 20
 KEY_ORDER_KEPT = 2  # the newest, and the one before it should the newest be unreadable
 
@@ -231,8 +235,8 @@ class Checkpoint:
     def manifest(self, batch_id: int) -> str:
         return join(self.manifests, f"{batch_id}.json")
 
-    def staged(self, batch_id: int) -> str:
-        return join(self.state, "staged", str(batch_id))
+    def staging(self, batch_id: int) -> str:
+        return join(self.state, STAGING_FOLDER, str(batch_id))
 
     @property
     def compaction(self) -> str:
@@ -304,7 +308,7 @@ class Checkpoint:
 
     def clean_up(self, spark: SparkSession, batch_id: int) -> None:
         """Delete the batch state `expired_state` names, so that it stays a few files."""
-        for folder in ("staged", "manifests", "key_order"):
+        for folder in (STAGING_FOLDER, "manifests", "key_order"):
             names = list_names(spark, join(self.state, folder))
             for name in expired_state(folder, names, batch_id):
                 delete_tree(spark, join(self.state, folder, name))
@@ -383,11 +387,11 @@ def _reader_in(stored: Any, uri: str) -> str:
 
 
 def expired_state(folder: str, names: Iterable[str], batch_id: int) -> list[str]:
-    """The entries of retrylib's `folder` ("staged", "manifests" or "key_order") to delete
-    once batch `batch_id` is done: staging folders of earlier batches (a replay of this one
-    may still read its own), manifests older than the last `MANIFESTS_KEPT`, key queues but
-    the last two, and temporary files of writes that crashed. Names retrylib does not write
-    are left alone.
+    """The entries of retrylib's `folder` (`STAGING_FOLDER`, "manifests" or "key_order") to
+    delete once batch `batch_id` is done: staging folders of earlier batches (a replay of this
+    one may still read its own), manifests older than the last `MANIFESTS_KEPT`, key queues
+    but the last two, and temporary files of writes that crashed. Names retrylib does not
+    write are left alone.
     """
     expired = []
     if folder == "key_order":
@@ -400,7 +404,7 @@ def expired_state(folder: str, names: Iterable[str], batch_id: int) -> list[str]
             or (".json.tmp" in name and name.partition(".json")[0].isdigit())
         ]
     for name in names:
-        if folder == "staged":
+        if folder == STAGING_FOLDER:
             if name.isdigit() and int(name) < batch_id:
                 expired.append(name)
             continue

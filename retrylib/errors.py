@@ -39,11 +39,11 @@ class KafkaSourceError(RetrylibError):
 
 
 class ProduceError(RetrylibError):
-    """Raised when a batch's staged records could not be produced (after retrying)."""
+    """Raised when a batch's outgoing records could not be produced (after retrying)."""
 
 
 class RecordTooLargeError(ProduceError):
-    """Raised when Kafka refuses a staged record as too large; retrying cannot help."""
+    """Raised when Kafka refuses an outgoing record as too large; retrying cannot help."""
 
 
 class MarkerReadError(RetrylibError):

@@ -16,11 +16,12 @@ The steps, in the order a batch reaches them:
   returned.
 - after_produce: every unit's transaction is committed; no Delta commit yet.
 - after_output_commit: the output table holds the batch; the dead-letter table not yet.
-- after_dead_letter_commit: both tables hold the batch; staged files not yet removed.
+- after_dead_letter_commit: both tables hold the batch; earlier batches' staging folders not
+  yet removed.
 - before_batch_end: the batch's effects are all done (the same state as the step
-  before, reached one step later); staged files not yet removed.
-- after_cleanup: staged files removed, `foreachBatch` about to return (Spark has not yet
-  written the batch to its commit log).
+  before, reached one step later); earlier batches' staging folders not yet removed.
+- after_cleanup: earlier batches' staging folders removed, `foreachBatch` about to return
+  (Spark has not yet written the batch to its commit log).
 """
 
 from __future__ import annotations

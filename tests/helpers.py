@@ -497,7 +497,7 @@ def kafka_batch(rows: list[dict]) -> pa.RecordBatch:
 
 def route(plan: TaskPlan, rows: list[dict]) -> tuple[dict, dict[str, list[dict]]]:
     """Run the executor task on one batch of `rows`: its counters, and the rows it wrote by
-    kind ("output", "dead_letter", "staged", "lateness")."""
+    kind (`KINDS`: "output", "dead_letter", `OUTGOING_KIND`, "lateness", ...)."""
     batches = list(run_task(plan, iter([kafka_batch(rows)])))
     assert all(batch.schema == result_schema(plan.output_schema) for batch in batches)
     results = pa.Table.from_batches(batches).to_pylist()
@@ -509,9 +509,9 @@ def route(plan: TaskPlan, rows: list[dict]) -> tuple[dict, dict[str, list[dict]]
     return counters, written
 
 
-def staged_headers(staged: dict) -> list[tuple[str, bytes | None]]:
-    """A staged record's headers as (key, value) pairs."""
-    return [(h["key"], h["value"]) for h in staged["headers"]]
+def outgoing_headers(record: dict) -> list[tuple[str, bytes | None]]:
+    """An outgoing record's headers as (key, value) pairs."""
+    return [(h["key"], h["value"]) for h in record["headers"]]
 
 
 class FakeKafka:

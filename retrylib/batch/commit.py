@@ -11,9 +11,9 @@ A batch runs in steps, each safe to repeat after a crash:
    limits reach them as Spark local properties, set here before the batch's one job.
    The manifest is the commit point of the batch's decisions: a replay after it reads them
    back instead of calling the handler again.
-2. Staged retry and dead-letter records are produced by the executors, each routing task's
-   records (a produce unit) in one Kafka transaction with the unit's marker, so they are
-   produced once (`produce_units`). The driver sees only a count per unit.
+2. The outgoing records (for retry tiers and the dead-letter topic) are produced by the
+   executors, each routing task's (a produce unit) in one Kafka transaction with the unit's
+   marker, so they are produced once (`produce_units`). The driver sees only a count per unit.
 3. The output and dead-letter rows are appended to their Delta tables by Spark's Delta
    writer with the app transaction (`txnAppId` = the checkpoint's app id, `txnVersion` =
    batch id), so they are committed once (`delta.tables`).
@@ -27,7 +27,7 @@ tables' state that the appends ask for (their app transactions, a Spark job per 
 version) is read during step 1, while the handler runs.
 
 A batch's staging folder is removed once the next batch has run: Spark replays at most the
-last batch, and a replay of it may still need its staged rows.
+last batch, and a replay of it may still need its decisions.
 
 The manifest is claimed, not overwritten (`checkpoint.claim_json`): it is created only if no
 manifest exists yet, and a loser of that race (a zombie instance of the job routing the
@@ -87,7 +87,7 @@ from retrylib.spark.connect import is_connect, set_job_property
 from retrylib.steps import reached
 from retrylib.task.forwarding import ForwardPlan
 from retrylib.task.hooks import DriverHooks
-from retrylib.task.results import placed, result_struct
+from retrylib.task.results import OUTGOING_KIND, placed, result_struct
 from retrylib.task.routing import TaskPlan
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ Task = Callable[[Any, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 """A `mapInArrow` body given its batch's plan: `run_task` or `run_forwarding_task`."""
 
 _WORKER_DIED = "Python worker exited unexpectedly"
-_COUNTED_KINDS = ("output", "dead_letter", "staged", "key_state")
+_COUNTED_KINDS = ("output", "dead_letter", OUTGOING_KIND, "key_state")
 """The kinds of result rows (`results`) a manifest counts: what the batch's effects write."""
 _BATCH_PROPERTY = "spark.retrylib.batch"
 """The Spark local property that carries a batch's id, clock and record limits to its tasks
@@ -300,7 +300,7 @@ class BatchCommit:
             now_ms=int(time.time() * 1000),
             max_record_bytes=self._record_limits.current(),
         )
-        staging = self._checkpoint.staged(batch_id)
+        staging = self._checkpoint.staging(batch_id)
         decided = _run_tasks(df, plan, staging, decision_columns(_COUNTED_KINDS, self._tiers))
         reached("after_handler", batch_id)
         counters: Counter[str] = Counter()
@@ -317,7 +317,7 @@ class BatchCommit:
             "staging": staging,
             "units": self._units,
             # Every marker of the batch comes after this offset: its produce starts later.
-            "control_from": self._control.end_offset() if rows["staged"] else None,
+            "control_from": self._control.end_offset() if rows[OUTGOING_KIND] else None,
             "rows": rows,
             "tables": manifest_tables(self._tables()),
             "counters": dict(counters),
@@ -335,14 +335,14 @@ class BatchCommit:
         rows = manifest["rows"]
         # Listing the staging folder costs a round trip to the storage: a batch with nothing
         # to produce or append (one that read only transaction markers) skips it.
-        effects = rows["staged"] or rows["output"] or rows["dead_letter"]
-        staged = spark.read.parquet(manifest["staging"]) if effects else None
+        effects = rows[OUTGOING_KIND] or rows["output"] or rows["dead_letter"]
+        decisions = spark.read.parquet(manifest["staging"]) if effects else None
 
         def of_kind(kind: str) -> DataFrame:
-            return staged.where(f"kind = '{kind}'").select(f"{kind}.*")
+            return decisions.where(f"kind = '{kind}'").select(f"{kind}.*")
 
         def produce() -> tuple[int, int]:
-            sent = self._produce(staged, manifest, batch_id) if rows["staged"] else (0, 0)
+            sent = self._produce(decisions, manifest, batch_id) if rows[OUTGOING_KIND] else (0, 0)
             reached("after_produce", batch_id)
             return sent
 
@@ -385,13 +385,13 @@ class BatchCommit:
         )
 
     def _produce(
-        self, staged: DataFrame, manifest: dict[str, Any], batch_id: int
+        self, decisions: DataFrame, manifest: dict[str, Any], batch_id: int
     ) -> tuple[int, int]:
-        """Produce the batch's staged records from the executors; returns their count and
-        the Kafka clients the produce tasks opened."""
+        """Produce the batch's outgoing records (among its `decisions`) from the executors;
+        returns their count and the Kafka clients the produce tasks opened."""
         if "units" not in manifest:
             raise RetrylibError(
-                f"batch {batch_id} was staged by an earlier version of retrylib, which "
+                f"batch {batch_id} was routed by an earlier version of retrylib, which "
                 "produced it from the driver: run that version until the batch is done, stop "
                 "it gracefully (SIGTERM), then start this one"
             )
@@ -402,7 +402,7 @@ class BatchCommit:
             control_from=manifest["control_from"],
         )
         try:
-            return produce_units(staged, plan)
+            return produce_units(decisions, plan)
         except Exception as e:  # a task's error, as Spark wraps it
             raised = task_error(e)
             if raised is None:

@@ -5,7 +5,7 @@ two kept: a file cut short by a crash, as HDFS may leave one, is passed over for
 before), and in a local file that the source's planner reads when it plans the next batch.
 After each batch the batch commit folds in the queues its tasks changed (`key_state` result rows,
 staged with the batch's other decisions). A replayed batch that was folded in already is
-not folded in twice; one that was not (a crash before) is folded in from its staged rows,
+not folded in twice; one that was not (a crash before) is folded in from its staging folder,
 as the first run would.
 """
 
@@ -53,7 +53,8 @@ class KeyOrderStore:
         write_queues(self.state_file, self._document())
 
     def after_batch(self, spark: SparkSession, manifest: dict[str, Any], batch_id: int) -> None:
-        """Fold in the queues batch `batch_id` changed (its manifest's staged rows)."""
+        """Fold in the queues batch `batch_id` changed (its `key_state` rows in its staging
+        folder)."""
         if self.batch_id is not None and self.batch_id >= batch_id:
             return  # a replay of a batch folded in before
         changed = manifest["rows"].get("key_state", 0)

@@ -38,7 +38,7 @@ def lateness_metric(percentile: str, tier: int) -> str:
 
 
 def rows_metric(kind: str) -> str:
-    """The manifest's count of a batch's result rows of `kind` ("staged", ...)."""
+    """The manifest's count of a batch's result rows of `kind` ("output", ...)."""
     return f"rows_{kind}"
 
 

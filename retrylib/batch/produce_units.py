@@ -1,15 +1,16 @@
-"""Producing a batch's staged records from the executors, in units, each exactly once.
+"""Producing a batch's outgoing records from the executors, in units, each exactly once.
 
 The routing tasks stamp every result row with the task's partition (`unit`) and its place
 in the task's output (`seq`, see `results.placed`), and Spark writes them to the batch's
 staging folder. Once the batch's manifest is claimed, the driver runs one Spark job over the
-staged records (`produce_units`):
+outgoing records (`produce_units`):
 
-    staging (Parquet) -> the "staged" rows -> a partition per unit -> in unit order -> one
-    Kafka transaction per unit (`kafka.transactional_producer`) -> one row per unit back
+    staging folder (Parquet) -> the outgoing records -> a partition per unit -> in unit
+    order -> one Kafka transaction per unit (`kafka.transactional_producer`) -> one row per
+    unit back
 
-A unit is the records one routing task staged, so what a unit holds is fixed by the staging
-folder: every attempt of a unit's task, and every replay of the batch, produces the same
+A unit is the outgoing records of one routing task, so what a unit holds is fixed by the
+staging folder: every attempt of a unit's task, and every replay of the batch, produces the same
 records under the same transactional id and marker. The units are spread over the job's
 partitions one to a partition (`spread_keys`), so the work is as parallel as the routing
 was. The driver gets back one row per unit (its count, and the Kafka clients opened),
@@ -35,10 +36,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
-from retrylib.kafka.transactional_producer import StagedProducer, transactional_id
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
+from retrylib.kafka.transactional_producer import UnitProducer, transactional_id
 from retrylib.kafka.worker_clients import MAX_PRODUCERS, Pool, opened
 from retrylib.logs import configure_worker_logging
+from retrylib.task.results import OUTGOING_KIND
 
 UNIT_RESULT_SCHEMA = pa.schema(
     [
@@ -67,16 +69,16 @@ class ProducePlan:
     topic_max_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
-def produce_units(staged: DataFrame, plan: ProducePlan) -> tuple[int, int]:
-    """Produce the "staged" rows of `staged` (a batch's staging folder, read by Spark) in
-    units, each once; returns (records produced, Kafka clients the tasks opened).
+def produce_units(decisions: DataFrame, plan: ProducePlan) -> tuple[int, int]:
+    """Produce the outgoing records among `decisions` (a batch's staging folder, read by
+    Spark) in units, each once; returns (records produced, Kafka clients the tasks opened).
 
     Raises what Spark raises when a task fails for good (its error names the cause).
     """
     keys = F.array(*(F.lit(key) for key in spread_keys(plan.units)))
     records = (
-        staged.where("kind = 'staged'")
-        .select("unit", "seq", "staged.*")
+        decisions.where(f"kind = '{OUTGOING_KIND}'")
+        .select("unit", "seq", f"{OUTGOING_KIND}.*")
         .withColumn("spread", F.element_at(keys, F.col("unit") + 1))
         .repartition(plan.units, "spread")
         .sortWithinPartitions("unit", "seq")
@@ -127,7 +129,7 @@ def spread_keys(units: int) -> list[int]:
 
 # -- the executor side ----------------------------------------------------------------------
 
-_producers: Pool[StagedProducer] = Pool(MAX_PRODUCERS, lambda producer: producer.close())
+_producers: Pool[UnitProducer] = Pool(MAX_PRODUCERS, lambda producer: producer.close())
 
 
 def _produce_task(plan: ProducePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -152,7 +154,7 @@ def _local_dir() -> str | None:
 
 
 def _spool_units(batches: Iterator[pa.RecordBatch], folder: str) -> Iterator[tuple[int, str]]:
-    """Write each unit's rows (`STAGED_SCHEMA` columns, in order) to a file of its own in
+    """Write each unit's rows (`OUTGOING_SCHEMA` columns, in order) to a file of its own in
     `folder`; yields (unit, path) once a unit's file is complete."""
     unit: int | None = None
     writer: pa.ipc.RecordBatchStreamWriter | None = None
@@ -166,10 +168,11 @@ def _spool_units(batches: Iterator[pa.RecordBatch], folder: str) -> Iterator[tup
                         writer = None
                         yield unit, path
                     unit, path = current, os.path.join(folder, f"unit-{current}.arrow")
-                    writer = pa.ipc.new_stream(path, STAGED_SCHEMA)
+                    writer = pa.ipc.new_stream(path, OUTGOING_SCHEMA)
                 writer.write_batch(
                     pa.RecordBatch.from_arrays(
-                        [part.column(name) for name in STAGED_SCHEMA.names], schema=STAGED_SCHEMA
+                        [part.column(name) for name in OUTGOING_SCHEMA.names],
+                        schema=OUTGOING_SCHEMA,
                     )
                 )
         if writer is not None:
@@ -197,7 +200,7 @@ def _produce_unit(plan: ProducePlan, unit: int, path: str) -> int:
     key = (plan.bootstrap_servers, transactional_id(plan.app_id, unit))
     producer = _producers.take(
         key,
-        lambda: StagedProducer(
+        lambda: UnitProducer(
             plan.job,
             plan.app_id,
             unit,

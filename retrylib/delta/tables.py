@@ -310,7 +310,7 @@ def append_once(
         return committed
     # The outcome is read from the table rather than from the write, which returns nothing.
     # A table version moving on alone is no proof (another app id may commit meanwhile), and
-    # the app's txn version alone cannot tell this commit from an earlier one; together they
+    # the app id's txn version alone cannot tell this commit from an earlier one; together they
     # can. Reading the txn map first is free: the write reuses the same snapshot and its state.
     before = _latest_snapshot(spark, target)
     done = _txn_version(before, app_id)

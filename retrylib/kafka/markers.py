@@ -1,7 +1,7 @@
 """Produce markers: the records in a job's control topic that say a unit of a batch was
 produced.
 
-Executors produce a batch's staged records in units (`produce_units`), each in one Kafka
+Executors produce a batch's outgoing records in units (`produce_units`), each in one Kafka
 transaction that also writes the unit's marker to partition 0 of the job's control topic
 (`config.topics.produced_topic`): key = the checkpoint's app id, value =
 "<batch>:<unit>:<signature>". The signature is an HMAC of the app id, batch and unit under the
@@ -45,14 +45,14 @@ def _signature(signing_key: bytes, app_id: str, batch_id: int, unit: int) -> str
 
 
 def marker_value(signing_key: bytes, app_id: str, batch_id: int, unit: int) -> bytes:
-    """The value of unit `unit`'s marker for batch `batch_id` of checkpoint `app_id`."""
+    """The value of unit `unit`'s marker for batch `batch_id` of app id `app_id`."""
     return f"{batch_id}:{unit}:{_signature(signing_key, app_id, batch_id, unit)}".encode()
 
 
 def read_marker(
     signing_key: bytes, app_id: str, key: bytes | None, value: bytes | None
 ) -> tuple[int, int] | None:
-    """(batch, unit) of a control-topic record that is a marker of checkpoint `app_id`
+    """(batch, unit) of a control-topic record that is a marker of app id `app_id`
     signed with `signing_key`, else None."""
     if key != app_id.encode() or value is None:
         return None

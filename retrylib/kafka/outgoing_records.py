@@ -1,9 +1,11 @@
-"""The Kafka-bound records (for retry tiers, the dead-letter topic, a delay router's
-destinations): their Arrow form, and producing one batch of them with every delivery checked.
+"""The outgoing records, the Kafka-bound ones (for retry tiers, the dead-letter topic, a delay
+router's destinations): their Arrow form, and producing one batch of them with every delivery
+checked.
 
-The routing tasks stage a batch's records as Arrow RecordBatches of `STAGED_SCHEMA`;
-`transactional_producer.StagedProducer` produces them inside its transaction through
-`produce_staged`, and `Deliveries` tells, before the commit, whether the broker took them all.
+The routing tasks return a batch's outgoing records as Arrow RecordBatches of
+`OUTGOING_SCHEMA` (kept in the batch's staging folder until produced);
+`transactional_producer.UnitProducer` produces them inside its transaction through
+`produce_outgoing`, and `Deliveries` tells, before the commit, whether the broker took them all.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from retrylib.errors import RecordTooLargeError, RetrylibError
 from retrylib.kafka.reading import produce
 from retrylib.kafka.record_size import producer_limit, wire_size
 
-STAGED_SCHEMA = pa.schema(
+OUTGOING_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string(), nullable=False),
         pa.field("partition", pa.int32()),  # null: the producer's partitioner, by key
@@ -29,16 +31,16 @@ STAGED_SCHEMA = pa.schema(
     ]
 )
 
-StagedRecords = Callable[[], Iterable[pa.RecordBatch]]
-"""Returns a fresh iterator of RecordBatches with the `STAGED_SCHEMA` columns on each call."""
+OutgoingRecords = Callable[[], Iterable[pa.RecordBatch]]
+"""Returns a fresh iterator of RecordBatches with the `OUTGOING_SCHEMA` columns on each call."""
 
 _TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
 
 
-def produce_staged(
+def produce_outgoing(
     producer: Producer,
     batch_id: int,
-    records: StagedRecords,
+    records: OutgoingRecords,
     deliveries: Deliveries,
     options: Mapping[str, str],
 ) -> int:
@@ -50,13 +52,13 @@ def produce_staged(
     """
     count = 0
     for batch in records():
-        missing = [n for n in STAGED_SCHEMA.names if batch.schema.get_field_index(n) < 0]
+        missing = [n for n in OUTGOING_SCHEMA.names if batch.schema.get_field_index(n) < 0]
         if missing:
             raise RetrylibError(
-                f"the staged records of batch {batch_id} lack column(s) {missing}: got "
-                f"columns {batch.schema.names}, expected {STAGED_SCHEMA.names}"
+                f"the outgoing records of batch {batch_id} lack column(s) {missing}: got "
+                f"columns {batch.schema.names}, expected {OUTGOING_SCHEMA.names}"
             )
-        columns = [batch.column(name).to_pylist() for name in STAGED_SCHEMA.names]
+        columns = [batch.column(name).to_pylist() for name in OUTGOING_SCHEMA.names]
         for topic, partition, timestamp_ms, key, value, headers in zip(*columns, strict=True):
             pairs = [(h["key"], h["value"]) for h in headers or ()]
             try:

@@ -40,7 +40,7 @@ timestamp delta (10), offset delta (5), key length (5), value length (5), header
 HEADER_OVERHEAD_BYTES = 10
 """One header's framing: name length and value length, varints at their widest (5 + 5)."""
 SIGNATURE_BYTES = HEADER_OVERHEAD_BYTES + len(SIGNATURE) + signature_length()
-"""What `headers.sign` adds to a record: staged records are sized before they are signed."""
+"""What `headers.sign` adds to a record: outgoing records are sized before they are signed."""
 
 LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000
 """librdkafka's default `message.max.bytes`, the largest record its producer accepts."""

@@ -1,12 +1,12 @@
-"""The transactional producer: one produce unit of a batch's staged records (retry tiers,
+"""The transactional producer: one produce unit of a batch's outgoing records (retry tiers,
 dead-letter topic, a delay router's destinations), produced to Kafka exactly once.
 
-A batch's staged records are split into produce units (`produce_units`), each produced by
+A batch's outgoing records are split into produce units (`produce_units`), each produced by
 one Spark task in one Kafka transaction that also writes the unit's marker (`markers`) to the
 job's one-partition control topic. Readers use read_committed, so a crash mid-produce leaves
 no visible half, and an attempt that finds its unit's marker produces nothing again. The
 records come from a callable that returns a fresh iterator of Arrow RecordBatches
-(`STAGED_SCHEMA`) each time, so every attempt reads them anew. The records' form and their
+(`OUTGOING_SCHEMA`) each time, so every attempt reads them anew. The records' form and their
 produce are `outgoing_records`.
 
 Each unit of a checkpoint has its own transactional id, "retrylib-<app id>-<unit>", the same
@@ -48,7 +48,7 @@ from retrylib.config.topic_names import produced_topic
 from retrylib.errors import MarkerReadError, ProduceError, RetrylibError
 from retrylib.kafka.clients import make_producer
 from retrylib.kafka.markers import marker_value, unit_produced
-from retrylib.kafka.outgoing_records import Deliveries, StagedRecords, produce_staged
+from retrylib.kafka.outgoing_records import Deliveries, OutgoingRecords, produce_outgoing
 from retrylib.kafka.reading import produce, serve
 from retrylib.kafka.worker_clients import note_opened
 from retrylib.steps import reached
@@ -63,12 +63,12 @@ _ABORT_TIMEOUT_S = 30.0
 
 
 def transactional_id(app_id: str, unit: int) -> str:
-    """The Kafka transactional id of produce unit `unit` of checkpoint `app_id`."""
+    """The Kafka transactional id of produce unit `unit` of app id `app_id`."""
     return f"retrylib-{app_id}-{unit}"
 
 
-class StagedProducer:
-    """Produces one unit's staged records of each batch exactly once (see the module
+class UnitProducer:
+    """Produces one unit's outgoing records of each batch exactly once (see the module
     docstring). It makes its Kafka producer when it first needs one, and keeps it between
     batches."""
 
@@ -131,12 +131,12 @@ class StagedProducer:
 
     # -- producing ----------------------------------------------------------------------
 
-    def produce_once(self, batch_id: int, records: StagedRecords, since: int) -> int:
+    def produce_once(self, batch_id: int, records: OutgoingRecords, since: int) -> int:
         """Produce the records that `records()` yields for `batch_id` unless already done.
 
         `since`: the control topic's offset before the batch's first produce (its manifest's).
         `records` is called once per attempt, inside the attempt's open transaction, and must
-        return a fresh iterator of RecordBatches with the `STAGED_SCHEMA` columns each time;
+        return a fresh iterator of RecordBatches with the `OUTGOING_SCHEMA` columns each time;
         it is not called when the marker shows the unit was produced. The time it takes
         counts against the transaction's `transaction.timeout.ms`.
 
@@ -214,7 +214,7 @@ class StagedProducer:
                 self._discard_producer(e)  # it may hold an open transaction: never reuse
                 raise
 
-    def _produce_transaction(self, batch_id: int, records: StagedRecords) -> int:
+    def _produce_transaction(self, batch_id: int, records: OutgoingRecords) -> int:
         """One transaction: the records of `records()` and the marker; returns the count.
 
         The marker is produced once every record is acknowledged, so that the transaction
@@ -225,7 +225,7 @@ class StagedProducer:
         deliveries = Deliveries()
         producer.begin_transaction()
         try:
-            count = produce_staged(producer, batch_id, records, deliveries, self._options)
+            count = produce_outgoing(producer, batch_id, records, deliveries, self._options)
             deliveries.check(serve(producer.flush, _COMMIT_TIMEOUT_S), self._topic_max_bytes())
             produce(
                 producer,

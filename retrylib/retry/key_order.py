@@ -5,7 +5,7 @@ A key is a record key within one main-topic partition: Kafka orders records per 
 and a keyed producer keeps a key in one partition. A key is blocked while it has records
 waiting in the tiers; their origin offsets are its queue, and the lowest is its head. Only
 the head (or a record of a key that is not blocked) reaches the handler. Any other record of
-a blocked key is held: staged to the tier the head waits in, due when the head is, its
+a blocked key is held: sent to the tier the head waits in, due when the head is, its
 attempt unchanged. When the head is handled, skipped or dead-lettered it leaves the queue
 and the next one becomes the head; an empty queue releases the key.
 
@@ -48,7 +48,7 @@ KeyId = tuple[str, int, bytes]
 @dataclass
 class Queue:
     """The records of one key waiting in the tiers: their origin offsets, lowest first, and
-    the tier and time the head waits for (held records are staged there, due with it)."""
+    the tier and time the head waits for (held records are sent there, due with it)."""
 
     offsets: list[int]
     tier: int

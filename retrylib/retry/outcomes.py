@@ -71,7 +71,7 @@ class Count(StrEnum):
     SKIPPED_BY_HANDLER = "skipped_by_handler"
     """Records the handler dropped with `Skip`."""
     HELD_BEHIND_KEY = "held_behind_key"
-    """Records staged behind an earlier record of their key waiting in a tier
+    """Records held behind an earlier record of their key waiting in a tier
     (`retry.key_ordered`); a record held again in a later batch counts again."""
     RECORDS_LOST = "records_lost"
     """Records deleted from Kafka before the job read them, skipped (failOnDataLoss false)."""

@@ -7,12 +7,12 @@ hands over the records whose Kafka timestamp is one delay old, or will be within
 router's read-ahead (`ForwardPlan.read_ahead_ms`: the task then ends only once each is due,
 and the batch produces after its tasks); each then is:
 
-- forwarded: staged as it is (key, value, every header) for its destination, which must be
+- forwarded: sent on as it is (key, value, every header) to its destination, which must be
   a topic of the cluster other than Kafka's own "__" topics and retrylib's control topics
   ("_retrylib."), partitioned by its key;
 - held: its `msg_ts` + delay is still ahead, past the read-ahead (the sender stamped it
   later than Kafka did):
-  staged for its delay topic again, stamped so that the topic releases it when it is due;
+  sent to its delay topic again, stamped so that the topic releases it when it is due;
 - sent to the fallback topic when its destination is missing or not a topic, or when it was
   sent further ahead of the router's clock than `delay_router.max_timestamp_ahead` (it
   would never fall due), with the reason in `retrylib.dead_letter.reason` and
@@ -20,7 +20,7 @@ and the batch produces after its tasks); each then is:
 - with no fallback topic, logged at ERROR and counted as `unroutable`.
 
 A record with no readable `msg_ts` counts from its Kafka timestamp, and is counted. The
-staged records go through the batch's Kafka transaction like the handler job's
+outgoing records go through the batch's Kafka transaction like the handler job's
 (`batch.commit`), so each record is forwarded once.
 """
 
@@ -40,14 +40,14 @@ from retrylib.config.topic_names import CONTROL_TOPIC_PREFIX
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import READ_COMMITTED
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
 from retrylib.logs import configure_worker_logging
 from retrylib.retry.headers import DEAD_LETTER_REASON, ERROR_MESSAGE
 from retrylib.retry.outcomes import Count, ForwardCount, Reason
 from retrylib.retry.policy import due_time_ms, due_timestamp_ms
 from retrylib.task.read_ahead import DueClock
-from retrylib.task.results import ResultRows
+from retrylib.task.results import OUTGOING_KIND, ResultRows
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class ForwardingTask:
         self.plan = plan
         self.results = ResultRows(None)
         self.counters: Counter[str] = Counter()
-        self._staged: list[dict] = []
+        self._outgoing: list[dict] = []
         self._topics: frozenset[str] | None = None
         self._fallback_example: str | None = None
         self._unstamped_example: str | None = None
@@ -216,7 +216,7 @@ class ForwardingTask:
                 held = hold(sent_ms, delay_ms, plan.now_ms, plan.read_ahead_ms)
                 if held is not None:
                     self.counters[Count.REQUEUED_NOT_DUE] += 1
-                    self._stage(topic, partition, held.timestamp_ms, message, headers)
+                    self._add_outgoing(topic, partition, held.timestamp_ms, message, headers)
                     continue
                 self._last_due_ms = max(self._last_due_ms, due_time_ms(sent_ms, delay_ms))
                 target = destination(
@@ -224,7 +224,7 @@ class ForwardingTask:
                 )
                 if isinstance(target, Forward):
                     self.counters[ForwardCount.FORWARDED] += 1
-                    self._stage(target.topic, None, plan.now_ms, message, headers)
+                    self._add_outgoing(target.topic, None, plan.now_ms, message, headers)
                 else:
                     self._set_aside(where, message, headers, target)
             self._hand_over()
@@ -248,7 +248,7 @@ class ForwardingTask:
             (DEAD_LETTER_REASON, str(why.reason).encode()),
             (ERROR_MESSAGE, why.message.encode("utf-8")),
         ]
-        self._stage(fallback, None, self.plan.now_ms, message, [*headers, *reasons])
+        self._add_outgoing(fallback, None, self.plan.now_ms, message, [*headers, *reasons])
 
     def _cluster(self) -> frozenset[str]:
         """The cluster's topics, looked up once per task with a consumer the Python worker
@@ -264,10 +264,10 @@ class ForwardingTask:
     def _count_lost(self, records: int) -> None:
         self.counters[Count.RECORDS_LOST] += records
 
-    def _stage(
+    def _add_outgoing(
         self, topic: str, partition: int | None, timestamp_ms: int, message, headers: list
     ) -> None:
-        self._staged.append(
+        self._outgoing.append(
             {
                 "topic": topic,
                 "partition": partition,
@@ -279,14 +279,14 @@ class ForwardingTask:
         )
 
     def _hand_over(self) -> None:
-        if self._staged:
-            staged = pa.RecordBatch.from_pylist(self._staged, schema=STAGED_SCHEMA)
-            self.results.add("staged", staged)
-            self._staged = []
+        if self._outgoing:
+            outgoing = pa.RecordBatch.from_pylist(self._outgoing, schema=OUTGOING_SCHEMA)
+            self.results.add(OUTGOING_KIND, outgoing)
+            self._outgoing = []
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         """Waits until every record it released is due (one read ahead may not be yet: the
-        batch produces them once its tasks have ended), then yields the staged records not
+        batch produces them once its tasks have ended), then yields the outgoing records not
         yet handed over and the task's counters row."""
         DueClock(self.plan.now_ms).sleep_until(self._last_due_ms)
         self._hand_over()

@@ -5,7 +5,7 @@ Spark runs one task per core, so a handler that mostly waits (an HTTP call, a da
 write) leaves the core idle. With lanes a task waits on that many calls at once. A record's
 lane is a hash of its key (CRC-32, the same in every process), so the records of one key
 are handled one at a time, in the order they were read; records without a key are spread
-by offset. The outcomes are kept in the records' order, so what the task stages does not
+by offset. The outcomes are kept in the records' order, so what the task returns does not
 depend on which call finished first.
 
 The handler's timeout (`handler.timeout`) is kept by the task's own thread, since SIGALRM

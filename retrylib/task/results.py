@@ -4,7 +4,8 @@ Each row is one of:
 
 - `kind = "output"`: a row for the output table, in the `output` struct;
 - `kind = "dead_letter"`: a row for the dead-letter table, in `dead_letter`;
-- `kind = "staged"`: a record to produce to a retry tier or the dead-letter topic, in `staged`;
+- `kind = OUTGOING_KIND` ("staged"): an outgoing record, to produce to a retry tier, the
+  dead-letter topic or a delay router's destination, in the struct of the same name;
 - `kind = "lateness"`: a retry record handed to the handler, in `lateness`: its tier and how
   long after it was due that happened (`LATENESS_SCHEMA`);
 - `kind = "key_state"`: with `retry.key_ordered`, a key's queue as the task left it, in
@@ -14,7 +15,7 @@ Each row is one of:
 The driver writes these rows to the batch's staging folder through Spark before any effect,
 so a replayed batch reads its decisions back instead of calling the handler again. On their
 way there every row is `placed`: given the routing task's partition (`unit`) and its place in
-the task's output (`seq`), which fix the produce unit of a staged record
+the task's output (`seq`), which fix the produce unit of an outgoing record
 (`produce_units`).
 """
 
@@ -23,10 +24,14 @@ from __future__ import annotations
 import pyarrow as pa
 
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.retry.key_order import KEY_STATE_SCHEMA
 
-KINDS = ("output", "dead_letter", "staged", "lateness", "key_state")
+OUTGOING_KIND = "staged"
+"""The kind of the result rows that hold an outgoing record, and the name of their struct.
+It is written to the staging folder and to the manifest's counts, which a replayed batch reads
+back, possibly in a newer version of retrylib: the value stays "staged"."""
+KINDS = ("output", "dead_letter", OUTGOING_KIND, "lateness", "key_state")
 LATENESS_SCHEMA = pa.schema(
     [
         pa.field("tier", pa.int32(), nullable=False),  # 0 = the first retry tier
@@ -51,7 +56,7 @@ def result_schema(output: pa.Schema | None) -> pa.Schema:
             ("kind", pa.string()),
             *outputs,
             ("dead_letter", _nullable(DEAD_LETTER_SCHEMA)),
-            ("staged", _nullable(STAGED_SCHEMA)),
+            (OUTGOING_KIND, _nullable(OUTGOING_SCHEMA)),
             ("lateness", _nullable(LATENESS_SCHEMA)),
             ("key_state", _nullable(KEY_STATE_SCHEMA)),
             ("counters", pa.string()),

@@ -3,7 +3,7 @@
 Out: a failed record becomes a signed copy for its next retry tier, or a dead letter (a row
 for the dead-letter table and a signed record for the dead-letter topic). In: a record read
 back from a tier is checked (this job's, signed, not seen, due) before the handler sees it.
-Staged records and dead-letter rows wait here until the task hands them to Spark.
+Outgoing records and dead-letter rows wait here until the task hands them to Spark.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
 from retrylib.errors import CorruptRetryHeaders, RetrylibError, Skip, UnverifiedRetryRecord
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
 from retrylib.record import Record
 from retrylib.retry.headers import (
@@ -43,7 +43,7 @@ from retrylib.retry.policy import (
     tier_timestamp_ms,
     tiers_of,
 )
-from retrylib.task.results import LATENESS_SCHEMA, ResultRows
+from retrylib.task.results import LATENESS_SCHEMA, OUTGOING_KIND, ResultRows
 
 if TYPE_CHECKING:
     from retrylib.retry.key_order import KeyOrder
@@ -119,7 +119,7 @@ class RetryRecords:
         self.seen: set[tuple[str, int]] = set()
         self.job_header = plan.job.encode("utf-8")
         self.dead_letter_topics = {plan.dead_letter_topic, *(t for _, t in plan.dead_letter_routes)}
-        self._staged_rows: list[dict] = []
+        self._outgoing: list[dict] = []
         self._dead_rows: list[dict] = []
         self._lateness: tuple[list[int], list[int]] = ([], [])  # tiers, lateness in ms
         self.key_order: KeyOrder | None = None  # with retry.key_ordered: told every outcome
@@ -189,7 +189,7 @@ class RetryRecords:
             self.counters[Count.REQUEUED_NOT_DUE] += 1
             delay_ms = self.plan.tier_delays_ms[self.tier_of[topic]]
             timestamp = tier_timestamp_ms(state.not_before_ms, delay_ms, self.plan.now_ms)
-            self.stage(topic, partition, timestamp, record, header_pairs[:-1])
+            self.add_outgoing(topic, partition, timestamp, record, header_pairs[:-1])
             return None
         return delivery
 
@@ -248,7 +248,7 @@ class RetryRecords:
         if self._too_large(topic, record, headers):
             self.dead_letter(delivery, error, Reason.RECORD_TOO_LARGE, attempts, failed_at)
             return
-        self.stage(topic, record.partition, decision.kafka_timestamp_ms, record, headers)
+        self.add_outgoing(topic, record.partition, decision.kafka_timestamp_ms, record, headers)
         self.counters[retried_tier(decision.tier)] += 1
         if self.key_order is not None:
             self.key_order.retried(record, decision.tier, decision.not_before_ms)
@@ -271,7 +271,7 @@ class RetryRecords:
         state = _state(delivery, record.attempt, not_before_ms, held_at, "", _HELD_MESSAGE)
         headers = encode_retry_headers(record.headers, state)
         timestamp = tier_timestamp_ms(not_before_ms, self.plan.tier_delays_ms[tier], held_at)
-        self.stage(tier_topics[tier], record.partition, timestamp, record, headers)
+        self.add_outgoing(tier_topics[tier], record.partition, timestamp, record, headers)
         self.counters[Count.HELD_BEHIND_KEY] += 1
 
     def dead_letter(
@@ -308,7 +308,7 @@ class RetryRecords:
             record.headers, state, attempts=attempts, reason=reason, stack_trace=trace
         )
         topic = self.policy.dead_letter_topic(error, self.plan.dead_letter_topic)
-        self.stage(topic, record.partition, failed_at, record, headers)
+        self.add_outgoing(topic, record.partition, failed_at, record, headers)
         self.counters[Count.DEAD_LETTERED] += 1
         if self.key_order is not None:
             self.key_order.handled(record)
@@ -336,9 +336,10 @@ class RetryRecords:
         self.counters[Count.DEAD_LETTERED_TOO_LARGE] += 1
         return True
 
-    def stage(self, topic, partition, timestamp_ms, record, headers) -> None:
-        """Stage `record` for `topic` with `headers` and the signature that covers them; a
-        dead-letter record is first cut to fit its topic (the table keeps it in full)."""
+    def add_outgoing(self, topic, partition, timestamp_ms, record, headers) -> None:
+        """Add `record` as an outgoing record for `topic`, with `headers` and the signature
+        that covers them; a dead-letter record is first cut to fit its topic (the table keeps
+        it in full)."""
         key, value = record.key, record.value
         limit = self.plan.max_record_bytes.get(topic)
         if topic in self.dead_letter_topics and limit is not None:
@@ -358,7 +359,7 @@ class RetryRecords:
                 )
                 self.counters[Count.DEAD_LETTER_TRUNCATED] += 1
         signed = sign(headers, signing_key=self.plan.signing_key, topic=topic, key=key, value=value)
-        self._staged_rows.append(
+        self._outgoing.append(
             {
                 "topic": topic,
                 "partition": partition % self.plan.partition_counts[topic],
@@ -370,12 +371,12 @@ class RetryRecords:
         )
 
     def hand_over(self, results: ResultRows) -> None:
-        """Move the staged records, dead-letter rows and lateness rows gathered so far into
+        """Move the outgoing records, dead-letter rows and lateness rows gathered so far into
         `results`."""
-        if self._staged_rows:
-            staged = pa.RecordBatch.from_pylist(self._staged_rows, schema=STAGED_SCHEMA)
-            results.add("staged", staged)
-            self._staged_rows = []
+        if self._outgoing:
+            outgoing = pa.RecordBatch.from_pylist(self._outgoing, schema=OUTGOING_SCHEMA)
+            results.add(OUTGOING_KIND, outgoing)
+            self._outgoing = []
         if self._dead_rows:
             dead = pa.RecordBatch.from_pylist(self._dead_rows, schema=DEAD_LETTER_SCHEMA)
             results.add("dead_letter", dead)

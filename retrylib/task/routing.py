@@ -1,8 +1,9 @@
 """The executor side of one micro-batch: route every record of one Spark task.
 
 For each record the task calls the handler and keeps the outcome as data (`results`):
-output rows, failures with attempts left staged for their retry tier, the rest staged for
-the dead-letter topic and as dead-letter rows (`retry_records`), and the task's counters.
+output rows, failures with attempts left as outgoing records for their retry tier, the rest
+as outgoing records for the dead-letter topic and as dead-letter rows (`retry_records`), and
+the task's counters.
 The task only returns them to Spark; the driver stages them and applies them once
 (`batch.commit`).
 """
@@ -85,7 +86,7 @@ class TaskPlan:
     jitter: float
     non_retryable: tuple[str, ...]
     max_retry_after_ms: int
-    signing_key: bytes  # signs every staged record; a retry record must carry its signature
+    signing_key: bytes  # signs every outgoing record; a retry record must carry its signature
     handler_kind: str = "record"
     handler_parallelism: int = 1  # lanes per task (`lanes`), for record handlers
     bootstrap_servers: str = ""  # and client_options: how the task reads offset ranges

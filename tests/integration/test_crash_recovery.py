@@ -27,8 +27,8 @@ from retrylib.errors import ProduceError
 from retrylib.kafka import transactional_producer
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.kafka.markers import ControlTopic, read_marker
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
-from retrylib.kafka.transactional_producer import StagedProducer
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
+from retrylib.kafka.transactional_producer import UnitProducer
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 REPO = FAULTS_DIR.parents[1]
@@ -106,7 +106,7 @@ def test_the_first_manifest_wins(spark, tmp_path, scheme):
 
 @pytest.mark.every_spark
 @pytest.mark.parametrize("scheme", ["", "file:"])
-def test_the_checkpoint_identity_is_created_once(spark, tmp_path, scheme):
+def test_a_checkpoint_s_app_id_is_created_once(spark, tmp_path, scheme):
     app_id = Checkpoint(f"{scheme}{tmp_path}").app_id(spark, "orders")
     assert re.fullmatch(r"orders-[0-9a-f]{12}", app_id)
     assert Checkpoint(f"{scheme}{tmp_path}").app_id(spark, "orders") == app_id
@@ -117,7 +117,7 @@ def test_the_checkpoint_identity_is_created_once(spark, tmp_path, scheme):
 
 
 def _rows(name: str, topic: str, count: int) -> list[dict]:
-    """`count` staged records of value `name` over `topic`'s partitions 0 and 1."""
+    """`count` outgoing records of value `name` over `topic`'s partitions 0 and 1."""
     return [
         {
             "topic": topic,
@@ -131,15 +131,15 @@ def _rows(name: str, topic: str, count: int) -> list[dict]:
     ]
 
 
-class Staged:
-    """A `records` callable for `StagedProducer.produce_once`: `_rows(name, topic, count)` in
+class Outgoing:
+    """A `records` callable for `UnitProducer.produce_once`: `_rows(name, topic, count)` in
     RecordBatches of two rows. `midway(call)`, if given, runs after the first RecordBatch was
     taken, on each call (1, 2, ...); `calls` counts the calls."""
 
     def __init__(self, name: str, topic: str, count: int, midway=None) -> None:
         self.rows = _rows(name, topic, count)
         self.batches = [
-            pa.RecordBatch.from_pylist(self.rows[i : i + 2], schema=STAGED_SCHEMA)
+            pa.RecordBatch.from_pylist(self.rows[i : i + 2], schema=OUTGOING_SCHEMA)
             for i in range(0, count, 2)
         ]
         self.midway = midway
@@ -159,9 +159,9 @@ class Staged:
 Seen = list[tuple[bytes | None, bytes | None]]
 
 
-def _once(*staged: Staged) -> Seen:
-    """What `_read` returns when each record of `staged` is in the topic once."""
-    return sorted((row["key"], row["value"]) for s in staged for row in s.rows)
+def _once(*outgoing: Outgoing) -> Seen:
+    """What `_read` returns when each record of `outgoing` is in the topic once."""
+    return sorted((row["key"], row["value"]) for s in outgoing for row in s.rows)
 
 
 def _read(bootstrap: str, topic: str, isolation: str = "read_committed") -> Seen:
@@ -170,7 +170,7 @@ def _read(bootstrap: str, topic: str, isolation: str = "read_committed") -> Seen
 
 
 def _markers(bootstrap: str, job: str, app: str = "app-1") -> list[tuple[int, int]]:
-    """(batch, unit) of the committed markers of checkpoint `app` in the control topic."""
+    """(batch, unit) of the committed markers of app id `app` in the control topic."""
     found = [
         read_marker(KEY, app, m.key(), m.value())
         for m in read_topic(bootstrap, produced_topic(job), isolation="read_committed")
@@ -178,8 +178,8 @@ def _markers(bootstrap: str, job: str, app: str = "app-1") -> list[tuple[int, in
     return sorted(marker for marker in found if marker is not None)
 
 
-def _unit(job: str, unit: int = 0, app: str = "app-1", bootstrap: str = "") -> StagedProducer:
-    return StagedProducer(job, app, unit, bootstrap, {}, signing_key=KEY)
+def _unit(job: str, unit: int = 0, app: str = "app-1", bootstrap: str = "") -> UnitProducer:
+    return UnitProducer(job, app, unit, bootstrap, {}, signing_key=KEY)
 
 
 @pytest.fixture
@@ -195,7 +195,7 @@ def test_a_replay_after_the_commit_produces_nothing(bootstrap_servers, topics):
     job, tier = topics
     producer = _unit(job, bootstrap=bootstrap_servers)
     assert producer.transactional_id == "retrylib-app-1-0"
-    b0 = Staged("b0", tier, 4)
+    b0 = Outgoing("b0", tier, 4)
     assert producer.produce_once(0, b0, 0) == 4
     # Many aborted transactions carrying our key, then plain records that look like markers
     # of this and another checkpoint (what a forwarded record could plant): the backward scan
@@ -219,7 +219,7 @@ def test_a_replay_after_the_commit_produces_nothing(bootstrap_servers, topics):
     assert control.last_produced_batch() == 0
 
     since = control.end_offset()
-    b1 = Staged("b1", tier, 3)
+    b1 = Outgoing("b1", tier, 3)
     assert producer.produce_once(1, b1, since) == 3
     assert producer.produce_once(1, b1, since) == 0  # replay in the same worker
     restarted = _unit(job, bootstrap=bootstrap_servers)  # a crash after the commit
@@ -231,18 +231,18 @@ def test_a_replay_after_the_commit_produces_nothing(bootstrap_servers, topics):
 
 
 def _produce_and_crash(
-    bootstrap: str, job: str, staged: Staged, batch_id: int, point: str
+    bootstrap: str, job: str, outgoing: Outgoing, batch_id: int, point: str
 ) -> subprocess.CompletedProcess[str]:
-    """Unit 0 of checkpoint "app-1" produces `staged`'s rows as batch `batch_id` in a process
+    """Unit 0 of app id "app-1" produces `outgoing`'s rows as batch `batch_id` in a process
     of its own, which crash point `point` kills."""
     return _python(
         "import pyarrow as pa\n"
-        "from retrylib.kafka.outgoing_records import STAGED_SCHEMA\n"
-        "from retrylib.kafka.transactional_producer import StagedProducer\n"
-        f"rows = {staged.rows!r}\n"
-        f"p = StagedProducer({job!r}, 'app-1', 0, {bootstrap!r}, {{}}, signing_key={KEY!r})\n"
+        "from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA\n"
+        "from retrylib.kafka.transactional_producer import UnitProducer\n"
+        f"rows = {outgoing.rows!r}\n"
+        f"p = UnitProducer({job!r}, 'app-1', 0, {bootstrap!r}, {{}}, signing_key={KEY!r})\n"
         f"p.produce_once({batch_id}, "
-        "lambda: [pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)], 0)\n",
+        "lambda: [pa.RecordBatch.from_pylist(rows, schema=OUTGOING_SCHEMA)], 0)\n",
         crash_env(point),
     )
 
@@ -250,11 +250,11 @@ def _produce_and_crash(
 @pytest.mark.every_spark
 def test_a_crash_before_the_commit_then_replay_produces_once(bootstrap_servers, topics):
     job, tier = topics
-    crashed = _produce_and_crash(bootstrap_servers, job, Staged("b5", tier, 6), 5, "in_produce")
+    crashed = _produce_and_crash(bootstrap_servers, job, Outgoing("b5", tier, 6), 5, "in_produce")
     assert crashed.returncode == -9, crashed.stderr
     assert "crash at in_produce in batch 5" in crashed.stderr
     replay = _unit(job, bootstrap=bootstrap_servers)  # aborts the open transaction
-    b5, b6 = Staged("b5", tier, 6), Staged("b6", tier, 2)
+    b5, b6 = Outgoing("b5", tier, 6), Outgoing("b6", tier, 2)
     assert replay.produce_once(5, b5, 0) == 6
     assert replay.produce_once(6, b6, 0) == 2
     replay.close()
@@ -268,14 +268,14 @@ def test_a_crash_before_the_commit_then_replay_produces_once(bootstrap_servers, 
 def test_a_crash_after_the_commit_then_replay_produces_nothing(bootstrap_servers, topics):
     job, tier = topics
     other_unit = _unit(job, unit=1, bootstrap=bootstrap_servers)
-    b3_of_1 = Staged("b3u1", tier, 2)
+    b3_of_1 = Outgoing("b3u1", tier, 2)
     assert other_unit.produce_once(3, b3_of_1, 0) == 2
     crashed = _produce_and_crash(
-        bootstrap_servers, job, Staged("b3", tier, 4), 3, "after_unit_commit"
+        bootstrap_servers, job, Outgoing("b3", tier, 4), 3, "after_unit_commit"
     )
     assert crashed.returncode == -9, crashed.stderr
     replay = _unit(job, bootstrap=bootstrap_servers)  # a new attempt of unit 0
-    b3 = Staged("b3", tier, 4)
+    b3 = Outgoing("b3", tier, 4)
     assert replay.produce_once(3, b3, 0) == 0
     assert b3.calls == 0
     replay.close()
@@ -289,13 +289,13 @@ def test_a_zombie_fenced_inside_its_transaction_commits_nothing(bootstrap_server
     job, tier = topics
     old = _unit(job, bootstrap=bootstrap_servers)
     new = _unit(job, bootstrap=bootstrap_servers)
-    live = Staged("live", tier, 4)
+    live = Outgoing("live", tier, 4)
     done: list[int] = []
 
     def new_attempt_runs(call: int) -> None:  # Spark ran the task again meanwhile
         done.append(new.produce_once(0, live, 0))
 
-    zombie = Staged("zombie", tier, 6, midway=new_attempt_runs)
+    zombie = Outgoing("zombie", tier, 6, midway=new_attempt_runs)
     with pytest.raises(ProduceError, match="fenced"):
         old.produce_once(0, zombie, 0)
     assert zombie.calls == 1  # not retried
@@ -309,7 +309,7 @@ def test_a_zombie_fenced_inside_its_transaction_commits_nothing(bootstrap_server
 def test_a_kept_producer_taken_over_by_another_worker_produces_once(bootstrap_servers, topics):
     job, tier = topics
     first, second = _unit(job, bootstrap=bootstrap_servers), _unit(job, bootstrap=bootstrap_servers)
-    b0, b1, b2 = Staged("b0", tier, 2), Staged("b1", tier, 2), Staged("b2", tier, 2)
+    b0, b1, b2 = Outgoing("b0", tier, 2), Outgoing("b1", tier, 2), Outgoing("b2", tier, 2)
     assert first.produce_once(0, b0, 0) == 2
     assert second.produce_once(1, b1, 0) == 2  # the unit moved: fences the first's producer
     assert first.produce_once(2, b2, 0) == 2  # and back: the kept producer is replaced
@@ -337,7 +337,7 @@ def own_broker(tmp_path):
 def test_broker_restarts_between_batches_and_inside_a_transaction(own_broker):
     bootstrap = own_broker.bootstrap_servers
     producer = _unit("j", app="app", bootstrap=bootstrap)
-    b0, b1 = Staged("b0", "tier", 2), Staged("b1", "tier", 4)
+    b0, b1 = Outgoing("b0", "tier", 2), Outgoing("b1", "tier", 4)
     assert producer.produce_once(0, b0, 0) == 2
     own_broker.stop()
     own_broker.start()
@@ -351,7 +351,7 @@ def test_broker_restarts_between_batches_and_inside_a_transaction(own_broker):
 
     # The broker keeps the open transaction across a clean restart: it commits, or fails
     # and is produced whole once more.
-    b2 = Staged("b2", "tier", 6, midway=restart)
+    b2 = Outgoing("b2", "tier", 6, midway=restart)
     assert producer.produce_once(2, b2, 0) == 6
     producer.close()
     assert _read(bootstrap, "tier") == _once(b0, b1, b2)
@@ -363,7 +363,7 @@ def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
 ):
     bootstrap = own_broker.bootstrap_servers
     producer = _unit("j", app="app", bootstrap=bootstrap)
-    b0 = Staged("b0", "tier", 2)
+    b0 = Outgoing("b0", "tier", 2)
     assert producer.produce_once(0, b0, 0) == 2
     # Each Kafka call gives up after 3 s, so the batch's transaction fails, and so do the
     # new producers' init_transactions, until the broker is back some 8 s later.
@@ -385,7 +385,7 @@ def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
             outage.append(threading.Thread(target=start_again))
             outage[0].start()
 
-    b1 = Staged("b1", "tier", 6, midway=crash_broker)
+    b1 = Outgoing("b1", "tier", 6, midway=crash_broker)
     with caplog.at_level(logging.WARNING, logger=transactional_producer.__name__):
         assert producer.produce_once(1, b1, 0) == 6
     outage[0].join()

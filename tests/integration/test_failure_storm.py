@@ -9,10 +9,10 @@ the batch: the whole backlog is one batch, and every record of it a retry record
 The job runs as a user runs it, `./spark-submit.sh CONF --available-now`, with
 `--driver-memory DRIVER_MEMORY` (local mode: the driver JVM is also the executor).
 
-On commit d9cd6ce the router collects every staged retry record into the driver
+On commit d9cd6ce the router collects every outgoing retry record into the driver
 (`BatchCommit._apply`: `toArrow()`) and produces them from one driver-side producer. At this
 size, 100,000 records x 1 KB with a 512m driver, that fails in 3 runs out of 3: a task of
-the `toArrow()` collect (stage 18 of batch 0) runs out of heap serializing the staged
+the `toArrow()` collect (stage 18 of batch 0) runs out of heap serializing the outgoing
 records it collected as its result for the driver, `java.lang.OutOfMemoryError: Java heap
 space`, Spark's uncaught-exception handler ends the JVM and spark-submit.sh exits 52, with
 batch 0 unfinished and nothing produced to the retry tier. At 200,000 a task of the same
@@ -21,7 +21,7 @@ stage ran out of heap writing its Arrow batches (the stack names
 task results, TaskResultLost, exit 1) and passed once; at 37,500 and 25,000 it passed. (The
 issue saw the OOM at 400,000 x 1 KB with Spark's default driver memory.) 512m is about the
 least a driver can have (Spark refuses a heap under 450 MiB: INVALID_DRIVER_MEMORY), so the
-size is 2x the smallest one seen failing. With executors producing the staged records, the
+size is 2x the smallest one seen failing. With executors producing the outgoing records, the
 driver holds none of them, and the test passes.
 
 RETRYLIB_STORM_RECORDS and RETRYLIB_STORM_DRIVER_MEMORY override the size, to reproduce at
@@ -163,16 +163,16 @@ def test_a_failure_storm_stages_every_record_to_the_first_tier_once(
     assert done.returncode == 0, output[-3000:]
 
     [tier_topic] = config.retry.tiers[0].topics.values()
-    staged = committed_ids_and_attempts(bootstrap_servers, tier_topic)
-    ids = Counter(record for record, _ in staged.elements())
-    attempts = Counter(attempt for _, attempt in staged.elements())
+    produced = committed_ids_and_attempts(bootstrap_servers, tier_topic)
+    ids = Counter(record for record, _ in produced.elements())
+    attempts = Counter(attempt for _, attempt in produced.elements())
     duplicated = sum(1 for count in ids.values() if count > 1)
     assert attempts == {"1": RECORDS}, attempts
     assert set(ids) == expected, (
         f"{len(expected - set(ids)):,} records missing from {tier_topic}, "
         f"{len(set(ids) - expected):,} unknown ids"
     )
-    assert duplicated == 0, f"{duplicated:,} records staged more than once"
+    assert duplicated == 0, f"{duplicated:,} records produced more than once"
 
     assert committed_ids_and_attempts(bootstrap_servers, config.dead_letter.topic) == Counter()
     assert files_added(Path(str(config.dead_letter.table))) == 0

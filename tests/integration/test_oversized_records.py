@@ -21,9 +21,9 @@ from helpers import produce, read_table, read_topic, run_until, settled_count
 from retrylib.config.topic_names import produced_topic
 from retrylib.errors import RecordTooLargeError
 from retrylib.kafka.clients import make_admin
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.kafka.record_size import wire_size
-from retrylib.kafka.transactional_producer import StagedProducer
+from retrylib.kafka.transactional_producer import UnitProducer
 from retrylib.retry import headers as h
 
 TIER_LIMIT, DEAD_LETTER_LIMIT = 200_000, 100_000
@@ -78,10 +78,10 @@ def test_a_retry_copy_over_the_tier_limit_is_dead_lettered_and_the_rest_goes_on(
     assert counted == {"dead_lettered_too_large": 1, "dead_letter_truncated": 1, "dead_lettered": 1}
 
 
-def staged(topic: str, value: bytes) -> pa.RecordBatch:
+def outgoing(topic: str, value: bytes) -> pa.RecordBatch:
     row = {"topic": topic, "partition": 0, "timestamp_ms": int(time.time() * 1000)}
     row.update({"key": b"k", "value": value, "headers": []})
-    return pa.RecordBatch.from_pylist([row], schema=STAGED_SCHEMA)
+    return pa.RecordBatch.from_pylist([row], schema=OUTGOING_SCHEMA)
 
 
 @pytest.mark.parametrize(
@@ -99,7 +99,7 @@ def test_a_record_kafka_refuses_as_too_large_fails_at_once_naming_sizes(
     job = f"sizes-{uuid.uuid4().hex[:10]}"
     topic = f"{job}-big"
     create_topics(bootstrap_servers, {topic: limit, produced_topic(job): 1_048_588}, partitions=1)
-    producer = StagedProducer(
+    producer = UnitProducer(
         job,
         f"{job}-app",
         0,
@@ -112,7 +112,7 @@ def test_a_record_kafka_refuses_as_too_large_fails_at_once_naming_sizes(
     started = time.monotonic()
     try:
         with pytest.raises(RecordTooLargeError, match=message.replace("TOPIC", re.escape(topic))):
-            producer.produce_once(0, lambda: iter([staged(topic, value)]), 0)
+            producer.produce_once(0, lambda: iter([outgoing(topic, value)]), 0)
     finally:
         producer.close()
     assert time.monotonic() - started < 30  # not retried for PRODUCE_RETRY_SECONDS (90 s)

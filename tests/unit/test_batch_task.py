@@ -7,7 +7,7 @@ import gc
 import time
 
 import pytest
-from helpers import TIER, route, staged_headers
+from helpers import TIER, outgoing_headers, route
 
 from retrylib.retry.headers import (
     RetryState,
@@ -17,6 +17,7 @@ from retrylib.retry.headers import (
     sign,
     split_headers,
 )
+from retrylib.task.results import OUTGOING_KIND
 from retrylib.task.routing import TaskPlan
 
 
@@ -45,13 +46,13 @@ def retry_row(
     return {"key": key, "topic": TIER, "offset": offset, "headers": headers}
 
 
-def is_signed(plan: TaskPlan, staged: dict) -> bool:
+def is_signed(plan: TaskPlan, outgoing: dict) -> bool:
     return is_signed_by(
-        staged_headers(staged),
+        outgoing_headers(outgoing),
         signing_key=plan.signing_key,
-        topic=staged["topic"],
-        key=staged["key"],
-        value=staged["value"],
+        topic=outgoing["topic"],
+        key=outgoing["key"],
+        value=outgoing["value"],
     )
 
 
@@ -64,9 +65,9 @@ def test_success_writes_output_rows(plan):
 def test_failure_goes_to_first_tier_never_early(plan):
     before = int(time.time() * 1000)
     counters, written = route(plan, [{"key": b"fail-1", "offset": 9, "headers": [("h", b"x")]}])
-    [staged] = written["staged"]
-    assert (staged["topic"], staged["partition"]) == (TIER, 1)
-    user, own = split_headers([(h["key"], h["value"]) for h in staged["headers"]])
+    [outgoing] = written[OUTGOING_KIND]
+    assert (outgoing["topic"], outgoing["partition"]) == (TIER, 1)
+    user, own = split_headers([(h["key"], h["value"]) for h in outgoing["headers"]])
     state = decode_retry_state(own)
     assert user == [("h", b"x")]
     assert (state.attempt, state.origin_offset, state.error_class) == (
@@ -75,7 +76,7 @@ def test_failure_goes_to_first_tier_never_early(plan):
         "builtins.RuntimeError",
     )
     assert state.not_before_ms >= before + 5000
-    assert staged["timestamp_ms"] == state.not_before_ms - 5000
+    assert outgoing["timestamp_ms"] == state.not_before_ms - 5000
     assert counters["retried_tier_0"] == 1
 
 
@@ -87,7 +88,7 @@ def test_non_retryable_goes_to_dead_letter(plan):
         1,
         "retrylib.errors.NonRetryable",
     )
-    assert [s["topic"] for s in written["staged"]] == ["orders.dlt"]
+    assert [s["topic"] for s in written[OUTGOING_KIND]] == ["orders.dlt"]
     assert counters["dead_lettered"] == 1
     assert counters["main_failed"] == 1  # what [breaker] watches: main-topic records only
 
@@ -129,7 +130,7 @@ def test_retries_read_ahead_are_handled_once_due_after_the_due_ones(plan):
     # Each was handed over once due, not when the last one was: lateness stays small.
     assert all(0 <= row["lateness_ms"] < 250 for row in written["lateness"]), written["lateness"]
     assert counters["requeued_not_due"] == 1  # past the read-ahead: back to its tier
-    assert [staged["key"] for staged in written["staged"]] == [b"ok-past"]
+    assert [outgoing["key"] for outgoing in written[OUTGOING_KIND]] == [b"ok-past"]
 
 
 def test_a_vectorised_call_takes_its_retries_once_the_last_is_due(plan):
@@ -179,18 +180,18 @@ def test_retry_not_yet_due_is_requeued_not_handled(plan):
     rows = [retry_row(plan, b"ok-5", 60, not_before_ms=not_before)]
     counters, written = route(plan, rows)
     assert written["output"] == [] and counters["requeued_not_due"] == 1
-    [staged] = written["staged"]
+    [outgoing] = written[OUTGOING_KIND]
     # At most one delay ahead of now: a later timestamp would hold back the tier behind it.
-    assert (staged["topic"], staged["timestamp_ms"]) == (TIER, plan.now_ms + 5000)
-    assert staged_headers(staged) == rows[0]["headers"] and is_signed(plan, staged)
+    assert (outgoing["topic"], outgoing["timestamp_ms"]) == (TIER, plan.now_ms + 5000)
+    assert outgoing_headers(outgoing) == rows[0]["headers"] and is_signed(plan, outgoing)
 
 
 def test_rows_that_do_not_fit_the_schema_fail_only_their_record(plan):
     rows = [{"key": b"ok-6", "offset": 1}, {"key": b"wrongtype", "offset": 2}]
     counters, written = route(plan, rows)
     assert [r["key"] for r in written["output"]] == ["ok-6"]
-    [staged] = written["staged"]
-    _, own = split_headers([(h["key"], h["value"]) for h in staged["headers"]])
+    [outgoing] = written[OUTGOING_KIND]
+    _, own = split_headers([(h["key"], h["value"]) for h in outgoing["headers"]])
     assert decode_retry_state(own).error_class.endswith("BadHandlerResult")
     assert counters["succeeded"] == 1 and counters["retried_tier_0"] == 1
 
@@ -213,7 +214,7 @@ def test_vectorised_per_row_results_fail_only_their_rows(plan):
     rows = [{"key": b"ok-1", "offset": 1}, {"key": b"fail-2", "offset": 2}]
     counters, written = route(vectorised(plan, "arrow_rows"), rows)
     assert [r["key"] for r in written["output"]] == ["ok-1"]
-    assert [s["topic"] for s in written["staged"]] == [TIER]
+    assert [s["topic"] for s in written[OUTGOING_KIND]] == [TIER]
     assert counters["succeeded"] == 1 and counters["retried_tier_0"] == 1
 
 
@@ -272,7 +273,7 @@ def test_a_forged_retry_never_shadows_the_genuine_one(plan, kind):
     ]
     assert all(d["error_class"] == "retrylib.errors.UnverifiedRetryRecord" for d in dead)
     assert [d["key"] for d in dead] == [b"ok-forged", b"ok-plain"]
-    assert all(s["topic"] == "orders.dlt" and is_signed(plan, s) for s in written["staged"])
+    assert all(s["topic"] == "orders.dlt" and is_signed(plan, s) for s in written[OUTGOING_KIND])
 
 
 def test_a_record_moved_to_another_tier_is_not_verified(plan):
@@ -291,10 +292,11 @@ def test_another_jobs_retry_is_skipped_and_counted(plan):
 
 def test_retries_and_dead_letters_are_signed_for_their_topic(plan):
     _, written = route(plan, [{"key": b"fail-1", "offset": 9}, {"key": b"stop-1", "offset": 10}])
-    assert sorted(s["topic"] for s in written["staged"]) == ["orders.dlt", TIER]
-    assert all(is_signed(plan, s) for s in written["staged"])
+    assert sorted(s["topic"] for s in written[OUTGOING_KIND]) == ["orders.dlt", TIER]
+    assert all(is_signed(plan, s) for s in written[OUTGOING_KIND])
     assert all(
-        split_headers(staged_headers(s))[1]["retrylib.job"] == b"job" for s in written["staged"]
+        split_headers(outgoing_headers(s))[1]["retrylib.job"] == b"job"
+        for s in written[OUTGOING_KIND]
     )
 
 
@@ -314,8 +316,8 @@ def test_reserved_headers_on_a_main_record_are_taken_off_and_others_kept(plan, k
         vectorised(plan, handler, kind), [{"key": b"fail-h", "offset": 7, "headers": headers}]
     )
     assert counters["reserved_headers_removed"] == 2
-    [staged] = written["staged"]
-    user, own = split_headers(staged_headers(staged))
+    [outgoing] = written[OUTGOING_KIND]
+    user, own = split_headers(outgoing_headers(outgoing))
     assert user == [("retrylib.x", b"mine"), ("h", None)]
     state = decode_retry_state(own)
     assert (state.attempt, state.origin_offset) == (1, 7)
@@ -325,8 +327,8 @@ def test_reserved_headers_on_a_main_record_are_taken_off_and_others_kept(plan, k
 def test_the_handler_never_sees_reserved_headers(plan):
     headers = [("retrylib.signature", b"00"), ("retrylib.xy", b"1")]
     _, written = route(plan, [{"key": b"headers", "offset": 8, "headers": headers}])
-    [staged] = written["staged"]
-    state = decode_retry_state(split_headers(staged_headers(staged))[1])
+    [outgoing] = written[OUTGOING_KIND]
+    state = decode_retry_state(split_headers(outgoing_headers(outgoing))[1])
     assert state.error_message == repr([("retrylib.xy", b"1")])
 
 
@@ -352,12 +354,12 @@ def test_a_retry_after_nan_is_an_ordinary_retry(plan):
 def test_a_long_retry_after_waits_in_hops_never_holding_the_tier(plan):
     before = int(time.time() * 1000)
     _, written = route(plan, [{"key": b"after-3000", "offset": 13}])
-    [staged] = written["staged"]
-    state = decode_retry_state(split_headers(staged_headers(staged))[1])
-    assert staged["topic"] == "orders.retry.1m"
+    [outgoing] = written[OUTGOING_KIND]
+    state = decode_retry_state(split_headers(outgoing_headers(outgoing))[1])
+    assert outgoing["topic"] == "orders.retry.1m"
     assert state.not_before_ms >= before + 3_000_000
     after = int(time.time() * 1000)
-    assert staged["timestamp_ms"] <= after + 60_000
+    assert outgoing["timestamp_ms"] <= after + 60_000
 
 
 # --- skip, routes, timeout -----------------------------------------------------------------
@@ -377,8 +379,11 @@ def test_dead_letters_go_to_the_topic_routed_for_their_error(plan):
     )
     rows = [{"key": b"stop-1", "offset": 15}, retry_row(plan, b"fail-3", 16, attempt=2)]
     _, written = route(routed, rows)
-    assert sorted(s["topic"] for s in written["staged"]) == ["orders.dlt", "orders.stopped.dlt"]
-    assert all(is_signed(plan, s) for s in written["staged"])
+    assert sorted(s["topic"] for s in written[OUTGOING_KIND]) == [
+        "orders.dlt",
+        "orders.stopped.dlt",
+    ]
+    assert all(is_signed(plan, s) for s in written[OUTGOING_KIND])
     assert len(written["dead_letter"]) == 2
 
 

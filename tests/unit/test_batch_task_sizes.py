@@ -9,6 +9,7 @@ from helpers import TIER, route
 
 from retrylib.kafka.record_size import wire_size
 from retrylib.retry import headers as h
+from retrylib.task.results import OUTGOING_KIND
 from retrylib.task.routing import TaskPlan
 
 TIER_LIMIT, DEAD_LETTER_LIMIT = 20_000, 18_000
@@ -20,8 +21,8 @@ def sized(plan: TaskPlan) -> TaskPlan:
     return dataclasses.replace(plan, max_record_bytes=limits)
 
 
-def _headers(staged: dict) -> list[tuple[str, bytes]]:
-    return [(header["key"], header["value"]) for header in staged["headers"]]
+def _headers(outgoing: dict) -> list[tuple[str, bytes]]:
+    return [(header["key"], header["value"]) for header in outgoing["headers"]]
 
 
 def test_a_retry_copy_over_the_tier_limit_is_dead_lettered_and_the_batch_goes_on(sized, caplog):
@@ -40,7 +41,7 @@ def test_a_retry_copy_over_the_tier_limit_is_dead_lettered_and_the_batch_goes_on
     assert dead["headers"] == [{"key": "trace", "value": b"t1"}]
     assert dead["error_class"] == "builtins.RuntimeError"  # the handler's error is kept
 
-    by_topic = {staged["topic"]: staged for staged in written["staged"]}
+    by_topic = {outgoing["topic"]: outgoing for outgoing in written[OUTGOING_KIND]}
     assert sorted(by_topic) == ["orders.dlt", TIER]  # the small failure is retried as usual
     on_topic = by_topic["orders.dlt"]
     produced = _headers(on_topic)
@@ -62,7 +63,7 @@ def test_a_dead_letter_record_over_the_topic_limit_is_cut_on_the_topic_only(size
     counters, written = route(sized, [{"key": b"stop-big", "offset": 3, "value": big}])
     [dead] = written["dead_letter"]
     assert (dead["reason"], dead["value"]) == ("non_retryable", big)
-    [on_topic] = written["staged"]
+    [on_topic] = written[OUTGOING_KIND]
     assert (h.VALUE_TRUNCATED, b"19000") in _headers(on_topic)
     assert wire_size(on_topic["key"], on_topic["value"], _headers(on_topic)) <= DEAD_LETTER_LIMIT
     assert counters["dead_letter_truncated"] == 1
@@ -70,12 +71,12 @@ def test_a_dead_letter_record_over_the_topic_limit_is_cut_on_the_topic_only(size
     assert "orders[1]@3: dead-letter record of" in caplog.text
 
 
-def test_records_within_the_limits_are_staged_unchanged(sized):
+def test_records_within_the_limits_go_out_unchanged(sized):
     value = b"v" * 10_000
     counters, written = route(
         sized,
         [{"key": b"fail-1", "offset": 1, "value": value}, {"key": b"stop-1", "offset": 2}],
     )
-    assert [s["value"] for s in written["staged"]] == [value, b"v"]
-    assert all(not n.endswith("_truncated") for s in written["staged"] for n, _ in _headers(s))
+    assert [s["value"] for s in written[OUTGOING_KIND]] == [value, b"v"]
+    assert all(not n.endswith("_truncated") for s in written[OUTGOING_KIND] for n, _ in _headers(s))
     assert "dead_letter_truncated" not in counters and "dead_lettered_too_large" not in counters

@@ -22,6 +22,7 @@ from retrylib.retry.key_order import (
     queues_from_json,
     queues_to_json,
 )
+from retrylib.task.results import OUTGOING_KIND
 
 
 def record(key: bytes | None, offset: int, topic: str = "orders", partition: int = 1) -> Record:
@@ -113,10 +114,10 @@ def test_queues_survive_json_and_changes_fold_in():
 
 
 def tier_states(written: dict) -> list:
-    """The retry states of the records staged to the first tier, in staging order."""
+    """The retry states of the outgoing records to the first tier, in their order."""
     return [
         decode_retry_state(split_headers([(h["key"], h["value"]) for h in s["headers"]])[1])
-        for s in written["staged"]
+        for s in written[OUTGOING_KIND]
         if s["topic"] == TIER
     ]
 

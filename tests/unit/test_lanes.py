@@ -11,6 +11,7 @@ import pytest
 from retrylib.handler import HandlerTimeout
 from retrylib.record import Record
 from retrylib.task.lanes import Lanes, lane_of
+from retrylib.task.results import OUTGOING_KIND
 
 
 def records(keys: list[bytes | None]) -> list[Record]:
@@ -139,10 +140,10 @@ def test_a_task_on_lanes_decides_what_it_decides_on_one(plan) -> None:
     assert lanes_counters == one_counters
     assert on_lanes["output"] == one["output"]
 
-    def where(staged: dict) -> tuple:  # failure times differ from run to run
-        return staged["topic"], staged["partition"], staged["key"], staged["value"]
+    def where(outgoing: dict) -> tuple:  # failure times differ from run to run
+        return outgoing["topic"], outgoing["partition"], outgoing["key"], outgoing["value"]
 
-    assert list(map(where, on_lanes["staged"])) == list(map(where, one["staged"]))
+    assert list(map(where, on_lanes[OUTGOING_KIND])) == list(map(where, one[OUTGOING_KIND]))
     assert [r["id"] for r in on_lanes["dead_letter"]] == [r["id"] for r in one["dead_letter"]]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from retrylib.batch.produce_units import _spool_units, spark_hash_int, spread_keys
 from retrylib.kafka.markers import marker_value, read_marker
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 
 # What Spark 4.2's `hash()` gives for these ints (read off `spark.range(-3, 6)`).
 SPARK_HASHES = {
@@ -49,7 +49,9 @@ def _rows(units: list[int]) -> pa.RecordBatch:
         }
         for i, unit in enumerate(units)
     ]
-    schema = pa.schema([pa.field("unit", pa.int32()), pa.field("seq", pa.int64()), *STAGED_SCHEMA])
+    schema = pa.schema(
+        [pa.field("unit", pa.int32()), pa.field("seq", pa.int64()), *OUTGOING_SCHEMA]
+    )
     return pa.RecordBatch.from_pylist(rows, schema=schema)
 
 
@@ -59,7 +61,7 @@ def test_a_tasks_rows_are_cut_into_a_file_per_unit_in_order(tmp_path) -> None:
     for unit, path in _spool_units(iter(batches), str(tmp_path)):
         with pa.ipc.open_stream(path) as reader:
             table = reader.read_all()
-        assert table.schema == STAGED_SCHEMA
+        assert table.schema == OUTGOING_SCHEMA
         spooled[unit] = table.column("value").to_pylist()
     assert spooled == {0: [b"0-0", b"0-1"], 3: [b"3-2", b"3-0", b"3-1"], 5: [b"5-0"]}
 

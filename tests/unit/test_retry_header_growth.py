@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from helpers import TIER, route, staged_headers
+from helpers import TIER, outgoing_headers, route
 
 from retrylib.retry.headers import (
     ERROR_STACK_TRACE,
@@ -15,6 +15,7 @@ from retrylib.retry.headers import (
     decode_retry_state,
     split_headers,
 )
+from retrylib.task.results import OUTGOING_KIND
 
 ATTEMPTS = 8
 
@@ -30,8 +31,8 @@ def test_retry_headers_keep_their_size_over_many_attempts(plan):
     sizes, attempts = [], []
     for _ in range(ATTEMPTS - 1):
         _, written = route(plan, [delivery])
-        [staged] = written["staged"]
-        headers = staged_headers(staged)
+        [outgoing] = written[OUTGOING_KIND]
+        headers = outgoing_headers(outgoing)
         own = split_headers(headers)[1]
         state = decode_retry_state(own)
         attempts.append(state.attempt)
@@ -39,18 +40,18 @@ def test_retry_headers_keep_their_size_over_many_attempts(plan):
         assert split_headers(headers)[0] == user  # the record's own headers, once, in order
         # The next delivery: this copy read back from its tier once it is due.
         delivery = {
-            "key": staged["key"],
-            "value": staged["value"],
-            "topic": staged["topic"],
-            "partition": staged["partition"],
+            "key": outgoing["key"],
+            "value": outgoing["value"],
+            "topic": outgoing["topic"],
+            "partition": outgoing["partition"],
             "offset": 100 + state.attempt,
             "headers": headers,
         }
         plan = dataclasses.replace(plan, now_ms=state.not_before_ms + 1)
 
     _, written = route(plan, [delivery])
-    [dead] = [s for s in written["staged"] if s["topic"] == "orders.dlt"]
-    dead_headers = staged_headers(dead)
+    [dead] = [s for s in written[OUTGOING_KIND] if s["topic"] == "orders.dlt"]
+    dead_headers = outgoing_headers(dead)
 
     assert attempts == list(range(1, ATTEMPTS))
     assert delivery["topic"] != TIER  # the later attempts went round the last tier

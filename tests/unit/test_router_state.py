@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from retrylib.checkpoint import MANIFESTS_KEPT, Checkpoint, expired_state, read_json
+from retrylib.checkpoint import MANIFESTS_KEPT, STAGING_FOLDER, Checkpoint, expired_state, read_json
 from retrylib.errors import DamagedFile, RetrylibError
 
 OFFSETS = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1700000000000}\n{"orders":{"0":42}}\n'
 
 
 def test_staging_folders_of_earlier_batches_expire_but_not_this_ones() -> None:
-    assert sorted(expired_state("staged", ["3", "4", "5", "6", ".crc", "x"], 5)) == ["3", "4"]
+    assert sorted(expired_state(STAGING_FOLDER, ["3", "4", "5", "6", ".crc", "x"], 5)) == ["3", "4"]
 
 
 def test_manifests_beyond_the_last_few_and_crashed_writes_expire() -> None:
@@ -27,14 +27,14 @@ def test_manifests_beyond_the_last_few_and_crashed_writes_expire() -> None:
 
 
 def test_over_many_batches_the_state_stays_bounded() -> None:
-    staged: set[str] = set()
+    staging: set[str] = set()
     manifests: set[str] = set()
     for batch in range(1000):
-        staged.add(str(batch))
+        staging.add(str(batch))
         manifests.add(f"{batch}.json")
-        staged -= set(expired_state("staged", staged, batch))
+        staging -= set(expired_state(STAGING_FOLDER, staging, batch))
         manifests -= set(expired_state("manifests", manifests, batch))
-    assert staged == {"999"}
+    assert staging == {"999"}
     assert len(manifests) == MANIFESTS_KEPT + 1
 
 

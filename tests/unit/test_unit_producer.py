@@ -1,4 +1,4 @@
-"""StagedProducer's produce-once logic on a scripted stand-in for the Kafka producer (no broker).
+"""UnitProducer's produce-once logic on a scripted stand-in for the Kafka producer (no broker).
 
 What the real broker adds (fencing, aborts, restarts) is in
 tests/integration/test_crash_recovery.py.
@@ -17,8 +17,8 @@ from retrylib.config.topic_names import produced_topic
 from retrylib.errors import ProduceError, RetrylibError
 from retrylib.kafka import transactional_producer
 from retrylib.kafka.markers import read_marker
-from retrylib.kafka.outgoing_records import STAGED_SCHEMA
-from retrylib.kafka.transactional_producer import StagedProducer
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
+from retrylib.kafka.transactional_producer import UnitProducer
 
 JOB, APP, UNIT, KEY = "orders", "orders-0123456789ab", 2, b"k" * 32
 
@@ -101,7 +101,7 @@ def kafka(monkeypatch) -> Kafka:
     fake = Kafka()
     monkeypatch.setattr(transactional_producer, "make_producer", fake.make_producer)
     monkeypatch.setattr(
-        StagedProducer, "produced", lambda _, batch_id, since: fake.produced(batch_id)
+        UnitProducer, "produced", lambda _, batch_id, since: fake.produced(batch_id)
     )
     monkeypatch.setattr(transactional_producer.time, "sleep", lambda seconds: None)
     return fake
@@ -137,21 +137,21 @@ def records(n: int, per_batch: int = 2) -> Records:
     data = rows(n)
     return Records(
         *(
-            pa.RecordBatch.from_pylist(data[i : i + per_batch], schema=STAGED_SCHEMA)
+            pa.RecordBatch.from_pylist(data[i : i + per_batch], schema=OUTGOING_SCHEMA)
             for i in range(0, n, per_batch)
         )
     )
 
 
-def producer(**kwargs) -> StagedProducer:
-    return StagedProducer(
+def producer(**kwargs) -> UnitProducer:
+    return UnitProducer(
         JOB, APP, UNIT, "broker:9092", {"client.id": "x"}, signing_key=KEY, **kwargs
     )
 
 
 def test_one_transaction_holds_the_records_then_the_marker(kafka):
-    staged = producer()
-    assert staged.produce_once(3, records(5), 0) == 5
+    unit_producer = producer()
+    assert unit_producer.produce_once(3, records(5), 0) == 5
     real = kafka.producers[0]()
     assert real.config["transactional.id"] == f"retrylib-{APP}-{UNIT}"
     assert real.config["client.id"] == "x"
@@ -169,40 +169,40 @@ def test_one_transaction_holds_the_records_then_the_marker(kafka):
 
 def test_columns_are_taken_by_name(kafka):
     data = rows(3)
-    shuffled = pa.schema([STAGED_SCHEMA.field(n) for n in reversed(STAGED_SCHEMA.names)])
+    shuffled = pa.schema([OUTGOING_SCHEMA.field(n) for n in reversed(OUTGOING_SCHEMA.names)])
     batch = pa.RecordBatch.from_pylist(data, schema=shuffled)
-    staged = producer()
-    assert staged.produce_once(0, Records(batch), 0) == 3
+    unit_producer = producer()
+    assert unit_producer.produce_once(0, Records(batch), 0) == 3
     sent = kafka.producers[0]().produced[:-1]
     assert [(t, k) for t, _, _, k, _, _ in sent] == [(r["topic"], r["key"]) for r in data]
 
 
 def test_a_batch_whose_marker_is_there_is_skipped_without_reading_its_records(kafka):
     kafka.marker = 7
-    staged = producer()
+    unit_producer = producer()
     replayed = records(4)
-    assert staged.produce_once(7, replayed, 0) == 0
+    assert unit_producer.produce_once(7, replayed, 0) == 0
     assert replayed.calls == 0
-    assert staged.produce_once(8, records(2), 0) == 2
-    assert staged.produce_once(8, records(2), 0) == 0  # known since its own commit
+    assert unit_producer.produce_once(8, records(2), 0) == 2
+    assert unit_producer.produce_once(8, records(2), 0) == 0  # known since its own commit
     assert kafka.marker_reads == 1
 
 
 def test_a_unit_that_committed_a_later_batch_refuses_an_older_one(kafka):
-    staged = producer()
-    assert staged.produce_once(7, records(1), 0) == 1
+    unit_producer = producer()
+    assert unit_producer.produce_once(7, records(1), 0) == 1
     behind = records(1)
     with pytest.raises(RetrylibError, match="committed batch 7, but .* running batch 6"):
-        staged.produce_once(6, behind, 0)
+        unit_producer.produce_once(6, behind, 0)
     assert behind.calls == 0
 
 
 def test_a_failure_is_retried_on_a_new_producer_with_the_records_read_again(kafka):
     error = KafkaError(KafkaError._TIMED_OUT, "flush timed out")
     kafka.scripts = [{"fail_at": "commit", "error": error}, {"fail_at": "init", "error": error}]
-    staged = producer()
+    unit_producer = producer()
     again = records(3)
-    assert staged.produce_once(0, again, 0) == 3
+    assert unit_producer.produce_once(0, again, 0) == 3
     assert again.calls == 2
     assert kafka.marker_reads == 2  # checked again once a new producer was initialised
     assert kafka.live_at_init == [0, 0, 0]  # each discarded producer was gone before the next
@@ -224,10 +224,10 @@ def test_the_failed_transaction_is_aborted_and_its_producer_purged(kafka):
 )
 def test_a_producer_made_for_the_call_being_fenced_is_not_retried(kafka, code):
     kafka.scripts = [{"fail_at": "commit", "error": KafkaError(code)}]
-    staged = producer()
+    unit_producer = producer()
     once = records(2)
     with pytest.raises(ProduceError, match="fenced .*another attempt of the same work"):
-        staged.produce_once(0, once, 0)
+        unit_producer.produce_once(0, once, 0)
     assert once.calls == 1
     assert len(kafka.producers) == 1
 
@@ -235,11 +235,11 @@ def test_a_producer_made_for_the_call_being_fenced_is_not_retried(kafka, code):
 def test_a_kept_producer_found_fenced_is_replaced_at_once(kafka):
     # Another worker took the unit's id since this producer's last batch: its next
     # transaction is fenced, and a new producer checks the marker and produces.
-    staged = producer(retry_seconds=0)
-    assert staged.produce_once(0, records(1), 0) == 1
+    unit_producer = producer(retry_seconds=0)
+    assert unit_producer.produce_once(0, records(1), 0) == 1
     kafka.producers[0]().fail_next("commit", KafkaError(KafkaError.PRODUCER_FENCED))
     again = records(2)
-    assert staged.produce_once(1, again, 0) == 2
+    assert unit_producer.produce_once(1, again, 0) == 2
     assert again.calls == 2
     assert len(kafka.producers) == 2
     assert kafka.marker_reads == 2
@@ -248,24 +248,24 @@ def test_a_kept_producer_found_fenced_is_replaced_at_once(kafka):
 def test_retrying_stops_after_retry_seconds(kafka):
     error = KafkaError(KafkaError._TRANSPORT, "broker down")
     kafka.scripts = [{"fail_at": "commit", "error": error}]
-    staged = producer(retry_seconds=0)
+    unit_producer = producer(retry_seconds=0)
     with pytest.raises(ProduceError, match=r"failed 1 time\(s\) over 0s; last error: .*down"):
-        staged.produce_once(0, records(2), 0)
+        unit_producer.produce_once(0, records(2), 0)
 
 
 def test_a_missing_column_fails_the_batch_without_retrying(kafka):
     batch = pa.RecordBatch.from_pylist(rows(1)).drop_columns(["timestamp_ms"])
-    staged = producer()
+    unit_producer = producer()
     with pytest.raises(RetrylibError, match=r"batch 2 lack column\(s\) \['timestamp_ms'\]"):
-        staged.produce_once(2, Records(batch), 0)
+        unit_producer.produce_once(2, Records(batch), 0)
     assert len(kafka.producers) == 1  # not retried
     assert kafka.producers[0]() is None  # but discarded: the next batch starts afresh
-    assert staged.produce_once(2, records(1), 0) == 1
+    assert unit_producer.produce_once(2, records(1), 0) == 1
 
 
 def test_an_error_from_records_is_raised_as_it_is_and_the_transaction_aborted(kafka):
     def broken() -> Iterator[pa.RecordBatch]:
-        yield pa.RecordBatch.from_pylist(rows(2), schema=STAGED_SCHEMA)
+        yield pa.RecordBatch.from_pylist(rows(2), schema=OUTGOING_SCHEMA)
         raise OSError("the driver lost its executors")
 
     calls = []
@@ -280,9 +280,9 @@ def test_a_discarded_producer_is_gone_even_while_its_error_is_kept(kafka):
     # The error that ends produce_once holds (through its traceback) the frames that used the
     # producer; the next batch's new producer must still be the only one alive.
     kafka.scripts = [{"fail_at": "commit", "error": KafkaError(KafkaError._TRANSPORT)}]
-    staged = producer(retry_seconds=0)
+    unit_producer = producer(retry_seconds=0)
     with pytest.raises(ProduceError) as kept:
-        staged.produce_once(0, records(1), 0)
-    assert staged.produce_once(0, records(1), 0) == 1
+        unit_producer.produce_once(0, records(1), 0)
+    assert unit_producer.produce_once(0, records(1), 0) == 1
     assert isinstance(kept.value.__cause__, KafkaException)
     assert kafka.live_at_init == [0, 0]
