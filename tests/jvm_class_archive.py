@@ -15,11 +15,14 @@ if there were none, and `-Xlog:cds*=off` keeps it from saying so on its stdout.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyspark
@@ -49,11 +52,25 @@ spark.stop()
 
 
 def archive_options(jvm_options: str) -> str:
-    """`jvm_options` with this virtualenv's class archive, made first if there is none."""
+    """`jvm_options` with this virtualenv's class archive, made first if there is none.
+
+    Made once by the test processes of one run (pytest's workers): the first to find none
+    makes it under a lock, and the others wait for it and then map it.
+    """
     archive = _archive_path()
     if not archive.exists():
-        _make_archive(archive, jvm_options)
+        with _locked(archive.with_suffix(".lock")):
+            if not archive.exists():
+                _make_archive(archive, jvm_options)
     return f"{jvm_options} -XX:SharedArchiveFile={archive} -Xlog:cds*=off"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (made if missing) while the block runs."""
+    with path.open("a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        yield  # closing the file lets the lock go
 
 
 def _archive_path() -> Path:
