@@ -576,13 +576,18 @@ def _prepare_handler_job(spark: SparkSession, config: Config) -> HandlerJob:
         evolve=config.output.schema_evolution,
     )
     ensure_table(spark, dead_letter, dead_letter_struct(), what="dead-letter")
-    state_dir = Path(tempfile.mkdtemp(prefix=f"retrylib-{config.job.name}-"))
-    return HandlerJob(
-        config,
-        output,
-        dead_letter,
-        breaker_file=state_dir / "breaker.json" if config.breaker is not None else None,
-        key_state_file=state_dir / "key_order.json" if config.retry.key_ordered else None,
+    return HandlerJob(config, output, dead_letter, *_state_files(config))
+
+
+def _state_files(config: Config) -> tuple[Path | None, Path | None]:
+    """The files of the breaker's state and of the key queues, for a job that has either, in
+    a folder made for this run."""
+    if config.breaker is None and not config.retry.key_ordered:
+        return None, None
+    folder = Path(tempfile.mkdtemp(prefix=f"retrylib-{config.job.name}-"))
+    return (
+        folder / "breaker.json" if config.breaker is not None else None,
+        folder / "key_order.json" if config.retry.key_ordered else None,
     )
 
 
@@ -622,9 +627,10 @@ def make_batch_commit(
     released by its `close()`."""
     config = parts.config
     limits, producer_options = record_limits(config, parts.partitions)
+    checkpoint = Checkpoint(config.job.checkpoint)
     commit = partial(
         BatchCommit,
-        checkpoint=Checkpoint(config.job.checkpoint),
+        checkpoint=checkpoint,
         app_id=parts.app_id,
         kafka_options=producer_options,
         bootstrap_servers=config.kafka.bootstrap_servers,
@@ -643,19 +649,23 @@ def make_batch_commit(
             forward_plan(parts.job), task=run_forwarding_task, on_result=metrics.on_result
         )
     plan = task_plan(parts.job.config, parts.partitions, parts.signing_key)
-    return _handler_batch_commit(commit, plan, parts.job, parts.app_id, spark, on_result)
+    return _handler_batch_commit(
+        commit, checkpoint, plan, parts.job, parts.app_id, spark, on_result
+    )
 
 
 def _handler_batch_commit(
     commit: Callable[..., BatchCommit],
+    checkpoint: Checkpoint,
     plan: TaskPlan,
     job: HandlerJob,
     app_id: str,
     spark: SparkSession,
     on_result: Callable[[BatchResult], None] | None,
 ) -> BatchCommit:
-    """`make_batch_commit` of a handler job: `commit` given `plan`, the tables and the rest."""
-    config, checkpoint = job.config, Checkpoint(job.config.job.checkpoint)
+    """`make_batch_commit` of a handler job: `commit` given `plan`, the tables and the rest;
+    the breaker, key queues and compaction keep their state in `checkpoint`."""
+    config = job.config
     breaker = None
     if job.breaker_file is not None and config.breaker is not None:
         breaker = Breaker(
