@@ -85,9 +85,11 @@ def collect_status(
     or through `tool_session()` when it is None. A missing table or checkpoint is reported
     in place (`exists: false`), not raised.
     """
-    router = isinstance(config, RouterConfig)
     # A delay router's topics are shown as tiers of their own, under "delay_topics".
-    shown_tiers = _router_tiers(config) if isinstance(config, RouterConfig) else config.retry.tiers
+    if isinstance(config, RouterConfig):
+        shown_tiers, tiers_key = _router_tiers(config), "delay_topics"
+    else:
+        shown_tiers, tiers_key = config.retry.tiers, "retry_tiers"
     metrics = config.metrics.table_ref()
     if spark is None:
         spark = tool_session(f"retrylib-status-{config.job.name}")
@@ -134,13 +136,14 @@ def collect_status(
         "last_completed_batch": last_batch,
         "broker": broker,
         "main_topics": main_topics,
-        "retry_tiers": [] if router else tiers,
-        "delay_topics": tiers if router else [],
+        "retry_tiers": [],
+        "delay_topics": [],
         "dead_letters": None,
         "breaker": None,
         "key_order": None,
         "last_batches": last_batches(spark, config, metrics, batches),
     }
+    status[tiers_key] = tiers
     if isinstance(config, Config):
         status.update(_handler_job_state(spark, config, checkpoint))
     return status
