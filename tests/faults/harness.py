@@ -54,7 +54,15 @@ from retrylib.steps import STEPS
 # tests/, for the helpers shared by the tests, when this file runs as a script
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from faults.crash.crash_points import crash_env
-from helpers import JVM_OPTIONS, read_table, read_topic, tests_session, write_job_toml
+from helpers import (
+    JVM_OPTIONS,
+    job_env,
+    read_table,
+    read_topic,
+    retrylib_command,
+    tests_session,
+    write_job_toml,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -492,26 +500,18 @@ class FaultHarness:
     # -- running the job ------------------------------------------------------------------
 
     def _start_job(self, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        full_env = {
-            **os.environ,
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "PYSPARK_SUBMIT_ARGS": (
-                f'--driver-java-options "{JVM_OPTIONS} -Xss4m" --driver-memory 768m pyspark-shell'
-            ),
-            "RETRYLIB_LOG_LEVEL": "INFO",
-            "RETRYLIB_FAULTS_CALL_LOG": str(self.calls_log),
-            **env,
-        }
-        command = [
-            sys.executable,
-            "-m",
-            "retrylib",
-            "run",
-            str(self.config_path),
-            "--master",
-            self.master,
-        ]
+        full_env = job_env(
+            {
+                "PYSPARK_SUBMIT_ARGS": (
+                    f'--driver-java-options "{JVM_OPTIONS} -Xss4m" --driver-memory 768m'
+                    " pyspark-shell"
+                ),
+                "RETRYLIB_LOG_LEVEL": "INFO",
+                "RETRYLIB_FAULTS_CALL_LOG": str(self.calls_log),
+                **env,
+            }
+        )
+        command = retrylib_command("run", str(self.config_path), "--master", self.master)
         with open(log, "wb") as out:
             self._process = subprocess.Popen(
                 command,

@@ -123,12 +123,15 @@ def test_main_records_flow_while_retries_wait(spark, bootstrap_servers, make_top
             assert time.monotonic() < deadline and query.isActive
             time.sleep(0.2)
         produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(100)])
-        while read_table(config.output.table).num_rows < 100:
+        # Counted from the batches' results: a table read each time would be a Spark job
+        # beside the query's, on the same two task slots.
+        while sum(r.counters.get("output_rows", 0) for r in results) < 100:
             assert time.monotonic() < deadline and query.isActive, "main records held up"
             time.sleep(0.2)
     finally:
         stop_gracefully(query, router)
         router.close()
+    assert read_table(config.output.table).num_rows == 100
     assert read_table(config.dead_letter.table).num_rows == 0  # the retry is still waiting
     assert sum(r.counters.get("records_retry", 0) for r in results) == 0
 
