@@ -10,7 +10,9 @@ Python retrylib is installed in.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -65,7 +67,12 @@ class ConnectServer:
         env.pop("SPARK_REMOTE", None)
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self._workdir
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self._workdir,
+                start_new_session=True,  # a process group of its own, with its Python workers
             )
         deadline = time.monotonic() + timeout
         while not self._answers():
@@ -83,18 +90,32 @@ class ConnectServer:
             return False
 
     def kill(self) -> None:
-        """End the server at once (SIGKILL), as a machine's crash would: its Python workers
-        go with it when their connection to it closes."""
+        """End the server at once, as a machine's crash would: SIGKILL to its process group.
+
+        The group holds the Python workers the server started. Its foreachBatch worker, a
+        Spark Connect client of the server, outlived a JVM killed alone: orphaned, it dialed
+        the dead server's port twice a second for as long as it lived (past the test run),
+        and when a Spark JVM of another test listened on that port for its own Python worker
+        to connect back, that JVM read the dial as a wrong secret and failed its query
+        ("Python worker failed to connect back": "Authentication failed").
+        """
         assert self._process is not None
-        self._process.kill()
+        self._kill_group()
         self._process.wait()
 
     def stop(self) -> None:
-        if self._process is None or self._process.poll() is not None:
+        if self._process is None:
             return
-        self._process.terminate()
-        try:
-            self._process.wait(30)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._kill_group()  # any Python worker the JVM left behind
+
+    def _kill_group(self) -> None:
+        assert self._process is not None
+        with contextlib.suppress(ProcessLookupError):  # no member of the group is left
+            os.killpg(self._process.pid, signal.SIGKILL)
