@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
 
     from bench.procmem import cpu_between, tree_cpu_by_group
-    from bench.retrylib_driver import progress_of
+    from bench.retrylib_driver import progress_of, query_error
     from retrylib.spark.session import build_spark_session
 
     spark = build_spark_session("bench-bare", master=args.master)
@@ -117,17 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     query = writer.start(options["table"])
     query_started = time.time()
-    error = None
     if trigger:
         run_until_stopped(query, options["stop_file"], options["events"], args.timeout)
-    else:
-        query.awaitTermination(args.timeout)
-        if query.isActive:
-            error = f"timed out after {args.timeout}s"
-            query.stop()
-    exception = query.exception()
-    if exception is not None:
-        error = str(exception)
+    error = query_error(query, None if trigger else args.timeout)
     done = time.time()
     query_cpu = cpu_between(cpu_before, tree_cpu_by_group(os.getpid()))
     progress = progress_of(query)

@@ -40,6 +40,20 @@ def progress_of(query) -> list[dict]:
     ]
 
 
+def query_error(query, available_now_timeout: float | None) -> str | None:
+    """The error the query ended with, as text, or None. An availableNow query (given
+    `available_now_timeout`) is first given that many seconds to end by itself, and stopped
+    if it has not."""
+    error = None
+    if available_now_timeout is not None:
+        query.awaitTermination(available_now_timeout)
+        if query.isActive:
+            error = f"timed out after {available_now_timeout}s"
+            query.stop()
+    exception = query.exception()
+    return error if exception is None else str(exception)
+
+
 def jvm_heap(spark) -> dict:
     """The driver JVM's heap limit and its old generation's peak (`bench.report.heap_figures`),
     read from its memory pools over py4j; empty when the JVM does not answer."""
@@ -126,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         spark, config, available_now=not args.continuous, on_result=on_result
     )
     query_started = time.time()
-    error = None
     try:
         if args.continuous:
             deadline = time.monotonic() + args.timeout
@@ -135,14 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 settled.wait(0.2)
             stop_gracefully(query, router)
-        else:
-            query.awaitTermination(args.timeout)
-            if query.isActive:
-                error = f"timed out after {args.timeout}s"
-                query.stop()
-        exception = query.exception()
-        if exception is not None:
-            error = str(exception)
+        error = query_error(query, None if args.continuous else args.timeout)
     finally:
         router.close()
     done = time.time()
