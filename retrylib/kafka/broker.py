@@ -12,6 +12,7 @@ import base64
 import ipaddress
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -58,11 +59,49 @@ _KEYSTORE_PASSWORD = "embedded-broker"  # guards nothing: a throwaway test key
 _JVM_OPTIONS = ["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
 
 
+# Where servers' ports are drawn from: below the kernel's ephemeral ports (Linux 32768-60999,
+# macOS 49152-65535), which it hands to bind(0) and to outgoing connections.
+_SERVER_PORTS = range(10_000, 32_768)
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port no one listens on at `host` now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port no one listens on at `host` now, outside the kernel's ephemeral ports.
+
+    A port from that range can be handed to another process between this check and the
+    server's bind. And a client still dialing a server that stopped (a Kafka client during a
+    broker's outage, an orphaned Spark Connect client) reaches whatever listens on that port
+    next: a Spark JVM waiting there for its Python worker to connect back took such a dial for
+    a wrong secret and failed its query.
+    """
+    ports = server_ports(_ephemeral_ports())
+    chooser = random.SystemRandom()
+    for _ in range(50):
+        port = chooser.choice(ports) if ports else 0
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise RetrylibError(f"no free TCP port at {host} in {ports}")
+
+
+def server_ports(ephemeral: range | None) -> range:
+    """`_SERVER_PORTS` less the ephemeral ports this machine set (`ephemeral`, when known):
+    those below the range's start, or none (then any free port will do)."""
+    if ephemeral is None or ephemeral.start >= _SERVER_PORTS.stop:
+        return _SERVER_PORTS
+    return range(_SERVER_PORTS.start, max(_SERVER_PORTS.start, ephemeral.start))
+
+
+def _ephemeral_ports() -> range | None:
+    """The ephemeral ports Linux hands out, from /proc; None elsewhere."""
+    try:
+        low, high = map(int, _EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return range(low, high + 1)
 
 
 def _san(host: str) -> str:
