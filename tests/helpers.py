@@ -40,11 +40,15 @@ from retrylib.task.routing import TaskPlan, run_task
 
 REPO = Path(__file__).resolve().parents[1]
 
-JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 """The Java options of the Spark JVMs the tests start (`tests/conftest.py` sets them for all).
 
 A test's JVM lives for a minute or less on two cores: the client compiler alone and one GC
-thread leave the cores to the job instead of to the optimizing compiler's threads."""
+thread leave the cores to the job instead of to the optimizing compiler's threads. With the
+client compiler alone the JVM reserves 48 MB for compiled code (240 MB with both): a Spark
+Connect server filled that in 41 s, ran on interpreted from then on, and once failed a task
+with "Out of space in CodeCache" and stopped. The longer-lived JVMs (the tests' session, a
+Connect server) get the tiered default back."""
 
 
 def job_toml(
