@@ -47,8 +47,8 @@ A test's JVM lives for a minute or less on two cores: the client compiler alone 
 thread leave the cores to the job instead of to the optimizing compiler's threads. With the
 client compiler alone the JVM reserves 48 MB for compiled code (240 MB with both): a Spark
 Connect server filled that in 41 s, ran on interpreted from then on, and once failed a task
-with "Out of space in CodeCache" and stopped. The longer-lived JVMs (the tests' session, a
-Connect server) get the tiered default back."""
+with "Out of space in CodeCache" and stopped. So every test JVM reserves the tiered default,
+which the longer-lived ones (the tests' session, a Connect server) need."""
 
 
 def job_toml(
