@@ -26,20 +26,26 @@ calls these (they need the session's JVM).
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
-import shutil
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from retrylib.config.table_ref import is_uri
 from retrylib.errors import DamagedFile, RetrylibError
 from retrylib.kafka.main_reader import READERS, main_reader
 from retrylib.kafka.offsets import PartitionKey
-from retrylib.spark.connect import is_connect
+from retrylib.state_files import (
+    TEMPORARY_MARK,
+    claim_json,
+    delete_tree,
+    join,
+    list_names,
+    read_json,
+    read_text,
+    replace_json,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,167 +55,6 @@ STAGING_FOLDER = "staged"
 in a newer version of retrylib: the name stays "staged"."""
 MANIFESTS_KEPT = 20
 KEY_ORDER_KEPT = 2  # the newest, and the one before it should the newest be unreadable
-
-
-def join(base: str, *parts: str) -> str:
-    return "/".join([base.rstrip("/"), *parts])
-
-
-def _is_local(uri: str) -> bool:
-    return not is_uri(uri)
-
-
-def _hadoop(spark: SparkSession, uri: str) -> tuple[Any, Any]:
-    """The Hadoop FileSystem holding `uri`, and `uri` as a Hadoop Path.
-
-    Raises `RetrylibError` for a Spark Connect session, which has no JVM on this side."""
-    if is_connect(spark):
-        raise RetrylibError(
-            f"{uri}: through Spark Connect the checkpoint (job.checkpoint) must be a path of a "
-            "file system the client and the server share, such as /Volumes/... on Databricks: "
-            "a URI needs Hadoop's FileSystem, which a Spark Connect client cannot reach"
-        )
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
-
-
-def _java_error(error: Exception, class_name: str) -> bool:
-    java = getattr(error, "java_exception", None)
-    return java is not None and java.getClass().getName() == class_name
-
-
-def read_json(spark: SparkSession, uri: str) -> Any | None:
-    """The JSON content of `uri`, or None when the file does not exist.
-
-    Raises `DamagedFile` naming `uri` when it holds no JSON (cut short, a bad copy)."""
-    text = read_text(spark, uri)
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError as error:
-        raise DamagedFile(uri, f"not JSON: {error}") from error
-
-
-def read_text(spark: SparkSession, uri: str) -> str | None:
-    """The UTF-8 text of `uri`, or None when the file does not exist."""
-    if _is_local(uri):
-        try:
-            with open(uri, encoding="utf-8") as stream:
-                return stream.read()
-        except FileNotFoundError:
-            return None
-    fs, path = _hadoop(spark, uri)
-    if not fs.exists(path):
-        return None
-    stream = fs.open(path)
-    try:
-        data = spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
-    finally:
-        stream.close()
-    return bytes(data).decode("utf-8")
-
-
-def claim_json(spark: SparkSession, uri: str, content: dict[str, Any]) -> dict[str, Any]:
-    """Write `content` at `uri` unless a file is there already; return what is in place.
-
-    The caller compares the result with `content` by identity to learn whether it won. On a
-    local path the file is written and synced beside, then hard-linked into place, which
-    fails when the name exists: the first writer wins, readers never see a partial file,
-    and the decision survives a machine crash. Elsewhere Hadoop's create-if-absent does it
-    (atomic on HDFS; on object stores a single PUT, where the job relies on Kafka's fencing
-    of a second instance instead).
-    """
-    data = json.dumps(content).encode()
-    if not _is_local(uri):
-        fs, path = _hadoop(spark, uri)
-        try:
-            out = fs.create(path, False)
-        except Exception as error:
-            if not _java_error(error, "org.apache.hadoop.fs.FileAlreadyExistsException"):
-                raise
-            existing = read_json(spark, uri)
-            if existing is None:  # pragma: no cover - removed between create and read
-                raise
-            return existing
-        try:
-            out.write(bytearray(data))
-        finally:
-            out.close()
-        return content
-    temporary = _synced_beside(uri, data)
-    try:
-        os.link(temporary, uri)
-    except FileExistsError:
-        existing = read_json(spark, uri)
-        if existing is None:  # pragma: no cover - removed between link and read
-            raise
-        return existing
-    finally:
-        os.unlink(temporary)
-    directory = os.open(os.path.dirname(uri) or ".", os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-    return content
-
-
-def replace_json(spark: SparkSession, uri: str, content: dict[str, Any]) -> None:
-    """Write `content` at `uri`, replacing what is there.
-
-    On a local path the file is written beside and renamed into place, so a reader sees the
-    old content or the new, never a part. Elsewhere Hadoop's create with overwrite writes it
-    (a single PUT on object stores; on HDFS a crash while writing can leave the file short,
-    so callers must treat unreadable content as absent).
-    """
-    data = json.dumps(content).encode()
-    if not _is_local(uri):
-        fs, path = _hadoop(spark, uri)
-        out = fs.create(path, True)
-        try:
-            out.write(bytearray(data))
-        finally:
-            out.close()
-        return
-    os.replace(_synced_beside(uri, data), uri)
-
-
-def _synced_beside(uri: str, data: bytes) -> str:
-    """Write `data` to a temporary file next to the local path `uri`, synced; its path."""
-    os.makedirs(os.path.dirname(uri) or ".", exist_ok=True)
-    temporary = f"{uri}.tmp-{os.getpid()}"
-    with open(temporary, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    return temporary
-
-
-def delete_tree(spark: SparkSession, uri: str) -> None:
-    """Delete a file, or a directory and all below it; a missing one is fine."""
-    if _is_local(uri):
-        if os.path.isdir(uri):
-            shutil.rmtree(uri, ignore_errors=True)
-        elif os.path.exists(uri):
-            os.unlink(uri)
-        return
-    fs, path = _hadoop(spark, uri)
-    fs.delete(path, True)
-
-
-def list_names(spark: SparkSession, uri: str) -> list[str]:
-    """Names of the entries directly in directory `uri` (empty when it does not exist)."""
-    if _is_local(uri):
-        try:
-            return os.listdir(uri)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-    fs, path = _hadoop(spark, uri)
-    if not fs.exists(path):
-        return []
-    return [status.getPath().getName() for status in fs.listStatus(path)]
 
 
 @dataclass(frozen=True)
@@ -401,7 +246,7 @@ def expired_state(folder: str, names: Iterable[str], batch_id: int) -> list[str]
             name
             for name in names
             if (_is_numbered_json(name) and int(name[:-5]) not in kept)
-            or (".json.tmp" in name and name.partition(".json")[0].isdigit())
+            or (f".json{TEMPORARY_MARK}" in name and name.partition(".json")[0].isdigit())
         ]
     for name in names:
         if folder == STAGING_FOLDER:
@@ -411,7 +256,7 @@ def expired_state(folder: str, names: Iterable[str], batch_id: int) -> list[str]
         number, _, rest = name.partition(".json")
         if not number.isdigit():
             continue
-        leftover = rest.startswith(".tmp") and int(number) <= batch_id  # a crashed write
+        leftover = rest.startswith(TEMPORARY_MARK) and int(number) <= batch_id  # a crashed write
         if leftover or int(number) < batch_id - MANIFESTS_KEPT:
             expired.append(name)
     return expired

@@ -17,12 +17,13 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from retrylib import steps
 from retrylib.batch.commit import BatchCommit, BatchFunction, task_error
 from retrylib.batch.key_order_store import KeyOrderStore
 from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
 from retrylib.breaker import OPEN, Breaker, BreakerState
-from retrylib.checkpoint import Checkpoint, replace_json
+from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import (
     BATCH_HOOKS,
     RECORD_HOOKS,
@@ -70,6 +71,7 @@ from retrylib.spark.connect import default_parallelism, is_connect
 from retrylib.spark.session import build_spark_session
 from retrylib.spark.shipping import ship_code
 from retrylib.spark.signals import stop_requests
+from retrylib.state_files import replace_json
 from retrylib.task.forwarding import ForwardPlan, run_forwarding_task
 from retrylib.task.routing import TaskPlan, run_task
 
@@ -428,6 +430,7 @@ def prepare_to_run(config: AnyConfig) -> Prepared:
     then take the lease of its checkpoint (`retrylib.kafka.runner_lease`), held on its
     control topic. Raises `LeaseHeld` naming the copy that runs the job now."""
     partitions = prepare_topics(config)
+    steps.reached("after_topics", steps.STARTING)
     kafka = config.kafka
     lease = take_lease(
         kafka.bootstrap_servers,
@@ -437,6 +440,7 @@ def prepare_to_run(config: AnyConfig) -> Prepared:
         group=runner_group(config.job.name, config.job.checkpoint),
         what=f"job {config.job.name!r}",
     )
+    steps.reached("after_lease", steps.STARTING)
     return Prepared(partitions, lease)
 
 
@@ -485,12 +489,17 @@ def _start_prepared(
     reader = checkpoint.main_reader(
         spark, config.kafka.source, partial(builtin_kafka_available, spark)
     )
+    steps.reached("after_main_reader", steps.STARTING)
     job = config if isinstance(config, RouterConfig) else _prepare_handler_job(spark, config)
+    app_id = checkpoint.app_id(spark, config.job.name)
+    steps.reached("after_identity", steps.STARTING)
+    signing_key = checkpoint.signing_key(spark)
+    steps.reached("after_signing_key", steps.STARTING)
     parts = BatchCommitParts(
         job=job,
         partitions=prepared.partitions,
-        app_id=checkpoint.app_id(spark, config.job.name),
-        signing_key=checkpoint.signing_key(spark),
+        app_id=app_id,
+        signing_key=signing_key,
         units=default_parallelism(spark),
     )
     batch_commit = make_batch_commit(parts, spark, on_result=on_result, lease=prepared.lease)
@@ -524,6 +533,7 @@ def _start_prepared(
     else:
         writer = writer.trigger(processingTime=f"{config.job.trigger_ms} milliseconds")
     query = writer.start()
+    steps.reached("after_query_start", steps.STARTING)
     if connect:
         batch_commit.follow(query)
     if target is not None:

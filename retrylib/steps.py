@@ -1,10 +1,25 @@
-"""The named steps of a batch, and the one listener told when a process reaches one.
+"""The named steps of a job's start and of a batch, and the one listener told when a process
+reaches one.
 
-`batch.commit` and `kafka.transactional_producer` call `reached(step, batch_id)` at each step;
+`job`, `delta.tables`, `batch.commit` and `kafka.transactional_producer` call
+`reached(step, batch_id)` at each step (a start-up step with `STARTING` for the batch id);
 with no listener set that costs one comparison. A listener is set from outside the job
 (the fault tests' crash listener kills the process at a step: tests/faults/crash/), in
 every process it should hear from: the driver reaches the driver's steps, a Python worker
 the executor's. A listener runs inline and may raise; what it raises fails the step.
+
+The start-up steps, in the order a job's first start reaches them (a later start reaches
+those whose work it does again: the topics, the lease and the query's start, and the others
+only where a crash left their work undone):
+
+- after_topics: the job's topics exist; its runner lease is not taken yet.
+- after_lease: the runner lease is held (Spark may still be starting).
+- after_main_reader: the main topics' reader is chosen and recorded in the checkpoint.
+- in_table_create: a Delta table's creation is about to begin (once per table created: the
+  output table, then the dead-letter table).
+- after_identity: the checkpoint's app id is recorded in it.
+- after_signing_key: the checkpoint's signing key is recorded in it.
+- after_query_start: the streaming query has started; its first batch may not have run.
 
 The steps, in the order a batch reaches them:
 
@@ -28,7 +43,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-STEPS = (
+STARTING = -1
+"""The batch id a start-up step is reached with."""
+
+START_STEPS = (
+    "after_topics",
+    "after_lease",
+    "after_main_reader",
+    "in_table_create",
+    "after_identity",
+    "after_signing_key",
+    "after_query_start",
+)
+BATCH_STEPS = (
     "after_handler",
     "after_manifest",
     "in_produce",
@@ -39,9 +66,10 @@ STEPS = (
     "before_batch_end",
     "after_cleanup",
 )
+STEPS = START_STEPS + BATCH_STEPS
 
 StepListener = Callable[[str, int], None]
-"""Called with the step's name (one of `STEPS`) and the batch id."""
+"""Called with the step's name (one of `STEPS`) and the batch id (`STARTING` at start-up)."""
 
 _listener: StepListener | None = None
 

@@ -29,7 +29,7 @@ version) is read during step 1, while the handler runs.
 A batch's staging folder is removed once the next batch has run: Spark replays at most the
 last batch, and a replay of it may still need its decisions.
 
-The manifest is claimed, not overwritten (`checkpoint.claim_json`): it is created only if no
+The manifest is claimed, not overwritten (`state_files.claim_json`): it is created only if no
 manifest exists yet, and a loser of that race (a zombie instance of the job routing the
 same batch) adopts the winner's decisions. Object stores have no atomic create; there the
 job relies on the Kafka producer's fencing of zombies.
@@ -72,7 +72,7 @@ from retrylib.batch.produce_units import ProducePlan, produce_units
 from retrylib.batch.progress_watch import ProgressWatch
 from retrylib.batch.result import BatchResult
 from retrylib.batch.table_checks import TableState, last_appends, manifest_tables, mismatch
-from retrylib.checkpoint import Checkpoint, claim_json, read_json
+from retrylib.checkpoint import Checkpoint
 from retrylib.config.table_ref import TableRef
 from retrylib.config.topic_names import produced_topic
 from retrylib.delta.compaction import Compactor
@@ -84,6 +84,7 @@ from retrylib.kafka.markers import ControlTopic
 from retrylib.kafka.runner_lease import RunnerLease
 from retrylib.retry.outcomes import Count
 from retrylib.spark.connect import is_connect, set_job_property
+from retrylib.state_files import claim_json, read_json
 from retrylib.steps import reached
 from retrylib.task.forwarding import ForwardPlan
 from retrylib.task.hooks import DriverHooks

@@ -17,7 +17,6 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from retrylib.checkpoint import join, list_names, read_json, replace_json
 from retrylib.retry.key_order import (
     KeyId,
     Queue,
@@ -26,6 +25,7 @@ from retrylib.retry.key_order import (
     queues_to_json,
     write_queues,
 )
+from retrylib.state_files import join, list_names, read_json, replace_json
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from retrylib.checkpoint import read_json, replace_json
 from retrylib.config.durations import format_duration
 from retrylib.config.table_ref import TableRef
 from retrylib.delta.tables import compact
+from retrylib.state_files import read_json, replace_json
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

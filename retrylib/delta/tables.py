@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from retrylib.config.table_ref import TableRef
+from retrylib.config.table_ref import TableRef, is_uri
 from retrylib.errors import RetrylibError
 from retrylib.spark.connect import is_connect
+from retrylib.state_files import delete_tree, join, list_names
+from retrylib.steps import STARTING, reached
 
 if TYPE_CHECKING:
     from delta.tables import DeltaTable
@@ -50,6 +53,8 @@ _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 _RECENT_COMMITS = 100
 # What Spark and Delta say when a table was created by someone else meanwhile.
 _ALREADY_CREATED = ("TABLE_OR_VIEW_ALREADY_EXISTS", "DELTA_PATH_EXISTS", "already exists")
+# A commit or checkpoint in a Delta log: "<20 digits>.json", "<20 digits>.checkpoint...".
+_DELTA_LOG_VERSION = re.compile(r"\d{20}\.(json|checkpoint)")
 # What Delta and Spark say of a path that holds no Delta table.
 _NOT_A_DELTA_PATH = ("DELTA_MISSING_DELTA_TABLE", "DELTA_TABLE_ONLY_OPERATION", "PATH_NOT_FOUND")
 
@@ -157,6 +162,8 @@ def ensure_table(
             f"(columns: {', '.join(schema.fieldNames())}); partition by columns of the schema"
         )
     if not table_exists(spark, target):
+        _remove_log_without_commit(spark, target, what)
+        reached("in_table_create", STARTING)
         _create_table(spark, target, schema, partition_by, properties)
         log.info("created %s table %s", what, target)
     existing = read_table(spark, target).schema
@@ -166,6 +173,30 @@ def ensure_table(
         if not evolve and not column_differences(existing, schema, evolve=True):
             fix += ", or enable schema evolution for it to add the missing columns"
         raise RetrylibError(f"{what} table {ref} {differences}. {fix}")
+
+
+def _remove_log_without_commit(spark: SparkSession, target: TableRef, what: str) -> None:
+    """Remove the Delta log at the path `target` when it holds no commit: what a creation cut
+    short by a crash leaves (Delta makes the log's folders before it writes version 0).
+
+    Such a log is no table, yet Delta refuses to create one over it ("already exists"), which
+    would stop every later start. With no commit there is no data to lose. A catalog name, and
+    a URI through Spark Connect (no file system API on the client), are left to Delta.
+    """
+    if not target.is_path or (is_connect(spark) and is_uri(target.text)):
+        return
+    log_folder = join(target.text, "_delta_log")
+    names = list_names(spark, log_folder)  # none for a missing folder as for an empty one
+    if any(_DELTA_LOG_VERSION.match(name) for name in names):
+        return
+    if names:
+        log.warning(
+            "%s table %s: its Delta log holds no commit (a creation cut short); creating the "
+            "table anew",
+            what,
+            target,
+        )
+    delete_tree(spark, log_folder)
 
 
 def _create_table(

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.batch.key_order_store import stored_queues
-from retrylib.checkpoint import Checkpoint, read_json
+from retrylib.checkpoint import Checkpoint
 from retrylib.config.durations import format_duration
 from retrylib.config.model import AnyConfig, Config, RetryTier, RouterConfig
 from retrylib.errors import DamagedFile
@@ -58,6 +58,7 @@ from retrylib.retry import headers
 from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count, ForwardCount
 from retrylib.retry.policy import due_time_ms, latest_fair_timestamp_ms
 from retrylib.spark.session import tool_session
+from retrylib.state_files import read_json
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

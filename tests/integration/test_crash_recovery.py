@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 from helpers import read_topic
 
-from retrylib.checkpoint import Checkpoint, claim_json, read_json
+from retrylib.checkpoint import Checkpoint
 from retrylib.config.topic_names import produced_topic
 from retrylib.errors import ProduceError
 from retrylib.kafka import transactional_producer
@@ -29,6 +29,7 @@ from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.kafka.markers import ControlTopic, read_marker
 from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.kafka.transactional_producer import UnitProducer
+from retrylib.state_files import claim_json, read_json
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 REPO = FAULTS_DIR.parents[1]

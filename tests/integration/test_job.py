@@ -94,7 +94,7 @@ def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topi
 
     batch_commit(frame, 7)
     batch_commit(frame, 7)  # replay with the manifest in place: decisions reused
-    from retrylib.checkpoint import delete_tree, join
+    from retrylib.state_files import delete_tree, join
 
     delete_tree(spark, join(config.job.checkpoint, "retrylib", "manifests"))
     batch_commit(frame, 7)  # replay from scratch: the Delta txn refuses a second commit

@@ -45,6 +45,6 @@ def test_what_the_listener_raises_fails_the_step(heard) -> None:
 
 
 def test_every_step_is_reached_in_one_place() -> None:
-    source = (REPO / "retrylib" / "batch" / "commit.py").read_text()
-    source += (REPO / "retrylib" / "kafka" / "transactional_producer.py").read_text()
+    modules = ("job.py", "delta/tables.py", "batch/commit.py", "kafka/transactional_producer.py")
+    source = "".join((REPO / "retrylib" / module).read_text() for module in modules)
     assert sorted(re.findall(r'\breached\("(\w+)"', source)) == sorted(steps.STEPS)
