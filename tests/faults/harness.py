@@ -41,15 +41,17 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.retry.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, record_id
-from retrylib.steps import STEPS
+from retrylib.steps import BATCH_STEPS, START_STEPS, STEPS
 
 # tests/, for the helpers shared by the tests, when this file runs as a script
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -70,7 +72,9 @@ JOB = "faults"
 MAX_ATTEMPTS = 3
 DELAYS = ("1s", "2s")
 KINDS = (("ok", 0.55), ("flaky1", 0.15), ("flaky2", 0.12), ("always", 0.09), ("bad", 0.09))
-_CRASH_LINE = re.compile(r"retrylib fault injection: crash at (\w+) in batch (\d+)")
+_CRASH_LINE = re.compile(r"retrylib fault injection: crash at (\w+) in batch (-?\d+)")
+TABLES = ("output", "dead_letter")
+"""The tables a first start creates, in order: each has an `in_table_create` round."""
 _BATCH_LINE = re.compile(r"retrylib\.batch\.commit: batch (\{.*\})")
 _QUERY_UP = re.compile(r"retrylib\.batch\.commit: batch |retrylib\.job: main topics read with")
 
@@ -81,8 +85,16 @@ class Round:
 
     kind: str
     point: str | None = None
+    table: str | None = None  # in_table_create: which of TABLES, killed inside its creation
     fraction: float = 1.0  # random kills: when, as a fraction of the typical start-up time
     outage_seconds: float = 0.0  # broker restarts: how long the broker stays down
+
+    @property
+    def name(self) -> str:
+        """The round's point (with its table), or its kind."""
+        if self.table is not None:
+            return f"{self.point}:{self.table}"
+        return self.point or self.kind
 
 
 @dataclass
@@ -99,7 +111,7 @@ class Outcome:
     log: Path
 
     def line(self) -> str:
-        what = self.round.point or self.round.kind
+        what = self.round.name
         crash = f" crashed at {self.crashed_at}@{self.crashed_batch}" if self.crashed_at else ""
         return (
             f"round {self.index:2d} {self.round.kind:6s} {what:24s} rc={self.returncode} "
@@ -128,10 +140,7 @@ class Report:
     calls: Counter[str] = field(default_factory=Counter)
 
     def summary(self) -> str:
-        by_kind = Counter(
-            (o.round.point or o.round.kind) + (" hit" if o.crashed_at else "")
-            for o in self.outcomes
-        )
+        by_kind = Counter(o.round.name + (" hit" if o.crashed_at else "") for o in self.outcomes)
         lines = [o.line() for o in self.outcomes]
         lines.append(f"inputs={self.inputs} drain={self.drain_seconds:.1f}s")
         lines.append("rounds: " + ", ".join(f"{k}={v}" for k, v in sorted(by_kind.items())))
@@ -146,10 +155,14 @@ def plan_rounds(
     random_kills: int = 3,
     broker_restarts: int = 1,
 ) -> list[Round]:
-    """The rounds of a run. Without `rounds`: each crash point once, `random_kills` random
-    kills and `broker_restarts` broker restarts, shuffled. With `rounds`: that many, the
-    crash points taken in turn for half of them, the rest random kills and (one in five)
-    broker restarts, some of them with an outage long enough to make the job give up."""
+    """The rounds of a run. Without `rounds`: each crash point once (`in_table_create` once
+    per table), `random_kills` random kills and `broker_restarts` broker restarts. The
+    start-up points come first, in the order a first start reaches them, so that each one
+    meets the state the crashes before it left (`in_table_create` is reached only while a
+    table is being created); the rest are shuffled. With `rounds`: that many, the crash
+    points other than `in_table_create` taken in turn for half of them, the rest random
+    kills and (one in five) broker restarts, some of them with an outage long enough to make
+    the job give up."""
     rng = random.Random(seed)
 
     def random_kill() -> Round:
@@ -161,16 +174,23 @@ def plan_rounds(
         return Round("broker", outage_seconds=rng.uniform(0.5, 4.0))
 
     if rounds is None:
-        plan = [Round("point", point=p) for p in points]
+        start = [
+            Round("point", point=p, table=table)
+            for p in START_STEPS
+            if p in points
+            for table in (TABLES if p == "in_table_create" else (None,))
+        ]
+        plan = [Round("point", point=p) for p in points if p not in START_STEPS]
         plan += [random_kill() for _ in range(random_kills)]
         plan += [broker_restart() for _ in range(broker_restarts)]
         rng.shuffle(plan)
-        return plan
+        return start + plan
+    every_start = [p for p in points if p != "in_table_create"]
     plan, turn = [], 0
     for _ in range(rounds):
         draw = rng.random()
         if draw < 0.5:
-            plan.append(Round("point", point=points[turn % len(points)]))
+            plan.append(Round("point", point=every_start[turn % len(every_start)]))
             turn += 1
         elif draw < 0.6:
             plan.append(broker_restart(long_ones=True))
@@ -180,10 +200,14 @@ def plan_rounds(
 
 
 class FaultsJob:
-    """A job of `fault_handlers:handle` reading `topic` on `bootstrap_servers`, its tables
-    under `workdir`: its config, the inputs produced for it, and the checks of its effects
-    (see the module docstring). The harness runs one over and over; a test can run one its
-    own way (another master, another entry point) and check it the same way."""
+    """A job of `fault_handlers:handle` reading `topic` on `bootstrap_servers`, its config in
+    `workdir`, its checkpoint and tables under `state` (default: `workdir`): its config, the
+    inputs produced for it, and the checks of its effects (see the module docstring). The
+    harness runs one over and over; a test can run one its own way (another master, another
+    entry point) and check it the same way.
+
+    `state_here` is where this process finds `state` when the job resolves it otherwise: a
+    plain path on a cluster whose default file system is HDFS is an `hdfs://` URI here."""
 
     def __init__(
         self,
@@ -193,22 +217,33 @@ class FaultsJob:
         *,
         name: str = JOB,
         partitions: int = 2,
+        state: str | None = None,
+        state_here: str | None = None,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.workdir = Path(workdir)
         self.name = name
         self.partitions = partitions
+        self.state = state or str(self.workdir)
+        self.state_here = state_here or self.state
         self.inputs: list[InputRecord] = []
         self._waves = 0
 
+    def table(self, which: str) -> str:
+        """One of `TABLES` as the job's config names it."""
+        return f"{self.state}/{'out' if which == 'output' else 'dlq'}"
+
     @property
     def output_table(self) -> str:
-        return str(self.workdir / "out")
+        return self.table("output")
 
     @property
     def dead_letter_table(self) -> str:
-        return str(self.workdir / "dlq")
+        return self.table("dead_letter")
+
+    def _read_table(self, which: str) -> pa.Table:
+        return read_table(self.table(which).replace(self.state, self.state_here, 1))
 
     @property
     def dead_letter_topic(self) -> str:
@@ -230,7 +265,7 @@ class FaultsJob:
                 "output_schema": OUTPUT_SCHEMA,
                 "paths": [HERE],
             },
-            "job": {"trigger": "500ms"},
+            "job": {"checkpoint": f"{self.state}/checkpoint", "trigger": "500ms"},
             "kafka": {"starting_offsets": "earliest"},
             "output": {"table": self.output_table},
             "retry": {
@@ -287,7 +322,7 @@ class FaultsJob:
 
     def settled_count(self) -> int:
         """Rows in the output and dead-letter tables (fails until both exist)."""
-        return read_table(self.output_table).num_rows + read_table(self.dead_letter_table).num_rows
+        return self._read_table("output").num_rows + self._read_table("dead_letter").num_rows
 
     def wait_settled(
         self, process: subprocess.Popen, log: Path, *, timeout: float, settle: float
@@ -347,8 +382,8 @@ class FaultsJob:
         from chispa import assert_df_equality
         from fault_handlers import OUTPUT_SCHEMA
 
-        output = read_table(self.output_table).to_pylist()
-        dead = read_table(self.dead_letter_table).to_pylist()
+        output = self._read_table("output").to_pylist()
+        dead = self._read_table("dead_letter").to_pylist()
         tiers = [h for topic in self.tier_topics for h in self._topic_records(topic)]
         dlt = self._topic_records(self.dead_letter_topic)
         self._check_accounting(output, dead, tiers)
@@ -446,9 +481,19 @@ class FaultHarness:
         master: str = "local[2]",
         source: str = "auto",
         say: Callable[[str], None] = print,
+        entry: str = "retrylib",
+        state: str | None = None,
+        state_here: str | None = None,
+        spark_conf: Mapping[str, str] | None = None,
+        wipe_driver_disk: bool = False,
     ) -> None:
         """`master`: Spark's master for the job; "local[N,F]" lets a task fail F times.
-        `source`: the job's `kafka.source`."""
+        `source`: the job's `kafka.source`. `entry`: how the job is started, "retrylib"
+        (`retrylib run`) or "spark-submit" (`./spark-submit.sh`). `state`, `state_here`: where
+        the checkpoint and tables live (`FaultsJob`). `spark_conf`: Spark settings of the
+        job (`spark.hadoop.fs.defaultFS`). `wipe_driver_disk`: the job's temporary folders
+        (Python's, Java's, Spark's local dir) are emptied before each start, as a driver
+        that comes back on another node finds them."""
         # fault_handlers, for the config and the checks; tests/ for helpers
         for path in (str(HERE.parent), str(HERE)):
             if path not in sys.path:
@@ -462,6 +507,11 @@ class FaultHarness:
         self.master = master
         self.source = source
         self.say = say
+        self.entry = entry
+        self.state, self.state_here = state, state_here
+        self.spark_conf = dict(spark_conf or {})
+        self.wipe_driver_disk = wipe_driver_disk
+        self.driver_disk = self.workdir / "driver-disk"
         self.topic = f"orders-{seed}"
         self.report = Report()
         self.startup_seconds: list[float] = []
@@ -479,7 +529,12 @@ class FaultHarness:
             create=True,
         )
         self.job = FaultsJob(
-            self.broker.bootstrap_servers, self.topic, self.workdir, partitions=self.partitions
+            self.broker.bootstrap_servers,
+            self.topic,
+            self.workdir,
+            partitions=self.partitions,
+            state=self.state,
+            state_here=self.state_here,
         )
         self.config_path = self.job.write_config(kafka={"source": self.source})
         return self
@@ -500,18 +555,42 @@ class FaultHarness:
     # -- running the job ------------------------------------------------------------------
 
     def _start_job(self, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        java_options = f"{JVM_OPTIONS} -Xss4m"
+        conf = dict(self.spark_conf)
+        scratch: dict[str, str] = {}
+        if self.wipe_driver_disk:
+            shutil.rmtree(self.driver_disk, ignore_errors=True)
+            self.driver_disk.mkdir()
+            java_options += f" -Djava.io.tmpdir={self.driver_disk}"
+            conf["spark.local.dir"] = str(self.driver_disk)
+            scratch["TMPDIR"] = str(self.driver_disk)
+        submit_args = ["--driver-memory 768m", *(f"--conf {k}={v}" for k, v in conf.items())]
         full_env = job_env(
             {
-                "PYSPARK_SUBMIT_ARGS": (
-                    f'--driver-java-options "{JVM_OPTIONS} -Xss4m" --driver-memory 768m'
-                    " pyspark-shell"
-                ),
                 "RETRYLIB_LOG_LEVEL": "INFO",
                 "RETRYLIB_FAULTS_CALL_LOG": str(self.calls_log),
+                **scratch,
                 **env,
             }
         )
-        command = retrylib_command("run", str(self.config_path), "--master", self.master)
+        if self.entry == "spark-submit":
+            # spark-submit.sh splits its extra options at spaces: the JVM's options go apart.
+            full_env["SPARK_SUBMIT_OPTS"] = java_options
+            full_env["SPARK_SUBMIT_OPTS_EXTRA"] = " ".join(["--master", self.master, *submit_args])
+            # spark-submit.sh execs the JVM, which starts the driver: the crash listener of
+            # every process of the job kills this shell's process group, the whole job.
+            command = [
+                "bash",
+                "-c",
+                'export RETRYLIB_CRASH_GROUP=$$; exec "$0" "$@"',
+                str(REPO / "spark-submit.sh"),
+                str(self.config_path),
+            ]
+        else:
+            full_env["PYSPARK_SUBMIT_ARGS"] = " ".join(
+                [f'--driver-java-options "{java_options}"', *submit_args, "pyspark-shell"]
+            )
+            command = retrylib_command("run", str(self.config_path), "--master", self.master)
         with open(log, "wb") as out:
             self._process = subprocess.Popen(
                 command,
@@ -556,8 +635,11 @@ class FaultHarness:
 
     def run_round(self, index: int, spec: Round) -> Outcome:
         self.produce_wave()
-        log = self.workdir / f"round-{index:02d}-{spec.point or spec.kind}.log"
-        env = crash_env(spec.point) if spec.point is not None else {}
+        log = self.workdir / f"round-{index:02d}-{spec.name.replace(':', '-')}.log"
+        env = {}
+        if spec.point is not None:
+            watch = None if spec.table is None else f"{self.job.table(spec.table)}/_delta_log"
+            env = crash_env(spec.point, watch=watch)
         started = time.monotonic()
         process = self._start_job(log, env)
         note = ""
@@ -598,7 +680,7 @@ class FaultHarness:
             note,
             log,
         )
-        if crash and spec.kind == "point":
+        if crash and spec.point in BATCH_STEPS:
             self.startup_seconds.append(outcome.seconds)
         self.report.outcomes.append(outcome)
         self.say(outcome.line())
@@ -734,6 +816,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--workdir", help="keep everything here (default: a temp dir, removed when the run passes)"
     )
+    parser.add_argument(
+        "--entry",
+        choices=("retrylib", "spark-submit"),
+        default="retrylib",
+        help="start the job with `retrylib run` (default) or ./spark-submit.sh",
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(HERE))
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="retrylib-faults-"))
@@ -746,7 +834,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"{len(plan)} rounds, seed {args.seed}, workdir {workdir}")
     started = time.monotonic()
-    with FaultHarness(workdir, args.seed, wave_size=args.wave_size) as harness:
+    with FaultHarness(workdir, args.seed, wave_size=args.wave_size, entry=args.entry) as harness:
         report = harness.run(plan)
         spark = tests_session()
         try:
