@@ -474,3 +474,8 @@ def test_the_emr_config_is_valid_and_keeps_the_state_on_s3(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))
     assert collect_config_errors(EMR / "orders.toml") == []
 
+
+def test_the_emr_step_runs_the_config_the_readme_uploads():
+    (step,) = json.loads((EMR / "step.json").read_text())
+    uploaded = re.findall(r"aws s3 cp (\S+\.toml) (\S+)", (DEPLOY / "README.md").read_text())
+    assert uploaded == [("deploy/emr/orders.toml", step["Args"][2])]
