@@ -6,6 +6,10 @@
 #
 #   submit.sh s3://my-bucket/retrylib/conf/orders.toml [--available-now]
 #
+# The config is deploy/emr/orders.toml, edited and copied to S3 (see deploy/README.md); one
+# that still holds a YOUR-... placeholder outside a comment ends the step with exit code 2
+# before any run.
+#
 # Exit codes of a run (`retrylib run`): 0 done or stopped, 2 invalid config: both end the
 # step. Anything else (1 failed, a killed driver) is a failed run: it is started again
 # after RETRYLIB_RESTART_DELAY seconds, up to RETRYLIB_MAX_RESTARTS times in a row; a run
@@ -46,6 +50,13 @@ export PYSPARK_PYTHON PYSPARK_DRIVER_PYTHON=$PYSPARK_PYTHON
 conf_dir=$(mktemp -d)
 config="$conf_dir/$(basename "$config_uri")"
 aws s3 cp "$config_uri" "$config"
+# deploy/emr/orders.toml's placeholders (YOUR-BUCKET, YOUR-BROKER-1, ...) would fail only at
+# the first write or connection, run after run: refuse them as an invalid config (exit 2).
+if placeholders=$(grep -n 'YOUR-[A-Z]' "$config" | grep -v '^[0-9]*:[[:space:]]*#'); then
+  echo "submit.sh: $config_uri still holds placeholders; edit them and copy it again:" >&2
+  echo "$placeholders" >&2
+  exit 2
+fi
 
 submit=(spark-submit --master yarn --deploy-mode client --packages "$packages"
   --conf spark.yarn.maxAppAttempts=1

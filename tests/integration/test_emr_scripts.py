@@ -261,3 +261,21 @@ def test_submit_needs_a_python_from_bootstrap(node):
     result = node.run("submit.sh", CONFIG)
     assert result.returncode == 2
     assert "run bootstrap.sh" in result.stderr
+
+
+def test_submit_refuses_the_shipped_config_until_its_placeholders_are_edited(node):
+    """deploy/emr/orders.toml's YOUR-... values (outside its comments) end the step with exit
+    code 2 and the lines to edit, before any run; the same file edited runs."""
+    runs = _spark_submit(node, [0])
+    shipped = (EMR / "orders.toml").read_text()
+    (node.tmp / "s3" / "conf" / "orders.toml").write_text(shipped)
+    result = node.run("submit.sh", CONFIG, **FAST)
+    assert result.returncode == 2
+    assert "still holds placeholders" in result.stderr
+    assert 'checkpoint = "s3://YOUR-BUCKET/' in result.stderr
+    assert not runs.exists()
+    edited = shipped.replace("s3://YOUR-BUCKET/", "s3://bucket/").replace("YOUR-BROKER-", "b")
+    (node.tmp / "s3" / "conf" / "orders.toml").write_text(edited)
+    result = node.run("submit.sh", CONFIG, **FAST)
+    assert result.returncode == 0, result.stderr
+    assert len(runs.read_text().splitlines()) == 1

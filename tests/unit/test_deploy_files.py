@@ -454,3 +454,28 @@ def test_step_is_what_aws_emr_add_steps_reads_from_a_file():
     assert script.startswith("/home/hadoop/retrylib/")
     assert (ROOT / script.removeprefix("/home/hadoop/retrylib/")).is_file()
     assert config.startswith("s3://")
+
+
+def test_the_emr_config_is_valid_and_keeps_the_state_on_s3(monkeypatch):
+    """On EMR a plain path is an HDFS path (`fs.defaultFS`), lost with the cluster, so the
+    shipped config puts the checkpoint and every table on S3, under placeholders the user
+    edits (submit.sh refuses them unedited). A URI is not looked at when the config loads:
+    this reads the file, and imports the handler from the repository."""
+    config = tomllib.loads((EMR / "orders.toml").read_text())
+    locations = [
+        config["job"]["checkpoint"],
+        *(config[section]["table"] for section in ("output", "dead_letter", "metrics")),
+    ]
+    assert all(location.startswith("s3://YOUR-BUCKET/") for location in locations), locations
+    assert all(
+        server.startswith("YOUR-BROKER-")
+        for server in config["kafka"]["bootstrap_servers"].split(",")
+    )
+    monkeypatch.syspath_prepend(str(ROOT))
+    assert collect_config_errors(EMR / "orders.toml") == []
+
+
+def test_the_emr_step_runs_the_config_the_readme_uploads():
+    (step,) = json.loads((EMR / "step.json").read_text())
+    uploaded = re.findall(r"aws s3 cp (\S+\.toml) (\S+)", (DEPLOY / "README.md").read_text())
+    assert uploaded == [("deploy/emr/orders.toml", step["Args"][2])]
