@@ -15,12 +15,8 @@
     <root>/retrylib/key_order/<N>.json the keys waiting behind retries after batch N
                                        (`retry.key_ordered`; the last two changes kept)
 
-Files go to whatever file system Spark writes the checkpoint to. A location with a URI
-scheme (`s3a://`, `abfss://`, `gs://`, `hdfs://`, `dbfs:/`, `file:/`) goes through Hadoop's
-FileSystem in Spark's JVM, the API Spark writes its own checkpoint with: the cluster's
-credentials apply and no Python process needs any. A plain local path is handled in
-Python, where a hard link gives `claim_json` an atomic create-if-absent. Only the driver
-calls these (they need the session's JVM).
+Files go to the file system Spark keeps its own checkpoint on, each whole or absent after a
+crash (`retrylib.state_files`). Only the driver calls these (they need the session's JVM).
 """
 
 from __future__ import annotations

@@ -2,11 +2,13 @@
 
 Each round produces a wave of input records (successes, transient failures that succeed on
 the 2nd or 3rd call, failures that always fail, non-retryable failures), then runs the job
-as a subprocess (`python -m retrylib run CONF --master local[2]`, processing-time
-trigger) from the same checkpoint, and ends it in one of three ways:
+as a subprocess (`python -m retrylib run CONF --master local[2]`, or `./spark-submit.sh
+CONF`; processing-time trigger) from the same checkpoint, and ends it in one of three ways:
 
 - point: the crash listener (tests/faults/crash/) SIGKILLs the job's whole process group
-  (driver, JVM, Python workers) when a batch reaches the named step (`retrylib.steps`).
+  (driver, JVM, Python workers) when the job reaches the named step (`retrylib.steps`) of
+  its start or of a batch; the start's steps come first in a sweep, in the order a first
+  start reaches them.
 - random: the harness SIGKILLs the process group at a random moment.
 - broker: the harness stops the embedded broker and starts it again on the same port and
   data dir while the job runs; the job must ride through or exit non-zero (never 0 with

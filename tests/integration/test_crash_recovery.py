@@ -421,10 +421,14 @@ def test_a_python_worker_lost_after_its_units_commit_is_run_again_once(tmp_path,
 
 
 def test_exactly_once_across_a_crash_at_every_point(tmp_path, request):
+    """Through spark-submit.sh, as users start the job: a crash at each step of the first
+    start (inside each table's creation too), then at each step of a batch."""
     plan = plan_rounds(SEED, random_kills=0, broker_restarts=0)
     # Random kills and broker restarts are the by-hand soak's (`harness.py --rounds 40`); the
     # broker restarts have tests of their own above.
-    with FaultHarness(tmp_path, SEED, say=lambda line: print(line, flush=True)) as harness:
+    with FaultHarness(
+        tmp_path, SEED, entry="spark-submit", say=lambda line: print(line, flush=True)
+    ) as harness:
         report = harness.run(plan)
         summary = f"{report.summary()}\n\n{harness.log_tails()}"
         for outcome in report.outcomes:
