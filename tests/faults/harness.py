@@ -576,8 +576,10 @@ class FaultHarness:
             }
         )
         if self.entry == "spark-submit":
-            # spark-submit.sh splits its extra options at spaces: the JVM's options go apart.
-            full_env["SPARK_SUBMIT_OPTS"] = java_options
+            # spark-submit.sh splits its extra options at spaces: the JVM's options go apart,
+            # after the tests' own (the class archive's, tests/jvm_class_archive.py).
+            inherited = os.environ.get("SPARK_SUBMIT_OPTS", "")
+            full_env["SPARK_SUBMIT_OPTS"] = f"{inherited} {java_options}".strip()
             full_env["SPARK_SUBMIT_OPTS_EXTRA"] = " ".join(["--master", self.master, *submit_args])
             # spark-submit.sh execs the JVM, which starts the driver: the crash listener of
             # every process of the job kills this shell's process group, the whole job.
