@@ -1,5 +1,6 @@
-"""Session fixtures: one SparkSession and one Kafka broker for the whole run, and the Java
-options of every Spark JVM the tests start.
+"""Session fixtures: one SparkSession and one Kafka broker for the whole run (a Spark Connect
+server and an HDFS for the tests that ask), and the Java options of every Spark JVM the tests
+start.
 
 The broker is, in order: an external cluster named by RETRYLIB_TEST_BOOTSTRAP_SERVERS;
 testcontainers' Kafka where a Docker engine answers; else an embedded Apache Kafka broker
@@ -88,6 +89,25 @@ def connect_server(tmp_path_factory) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def hdfs(tmp_path_factory) -> Iterator[str]:
+    """A real HDFS (Hadoop's MiniDFSCluster, one NameNode and one DataNode, in a JVM of its
+    own; `tests/hdfs_cluster.py`) for the whole run; yields its root URI,
+    `hdfs://127.0.0.1:<port>`.
+
+    Started by the first test that asks for it, in about 10 s. Each pytest-xdist worker that
+    runs such a test starts its own (`--dist loadfile` keeps a file's tests on one worker):
+    keep the HDFS tests in one or two modules. Paths under it outlive a test; name them apart.
+    """
+    from hdfs_cluster import HdfsCluster
+
+    cluster = HdfsCluster(tmp_path_factory.mktemp("hdfs")).start()
+    try:
+        yield cluster.uri
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

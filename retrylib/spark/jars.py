@@ -197,13 +197,18 @@ def resolve(name: str, coordinates: Sequence[str], exclude: Sequence[str] = ()) 
     return jars
 
 
+def pyspark_jars() -> list[Path]:
+    """The jars the installed pyspark ships (its `jars` folder), sorted."""
+    return sorted((_pyspark_home() / "jars").glob("*.jar"))
+
+
 def spark_jars() -> list[Path]:
     """Spark's Kafka connector and Delta Lake for the installed pyspark, resolved once.
 
     Raises `JarsError` as `spark_coordinates` and `resolve`."""
     import pyspark
 
-    shipped = {artifact_id(jar.name) for jar in (_pyspark_home() / "jars").glob("*.jar")}
+    shipped = {artifact_id(jar.name) for jar in pyspark_jars()}
     coordinates = spark_coordinates(pyspark.__version__, installed_delta_version())
     return resolve("spark", coordinates, sorted(shipped))
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ElementTree
+from pathlib import Path
 
 import pytest
+from hdfs_cluster import hadoop_version, hdfs_coordinates
 
 from retrylib.errors import JarsError
 from retrylib.spark.jars import (
@@ -82,3 +84,12 @@ def test_pom_lists_each_coordinate_and_no_repository():
     ]
     assert found == kafka_coordinates()
     assert "repositor" not in text and "http" not in text.replace(ns["m"], "")
+
+
+def test_the_test_hdfs_is_the_hadoop_of_pyspark_s_own_client_jar():
+    shipped = [Path("hadoop-client-runtime-3.5.0.jar"), Path("hadoop-client-api-3.5.0.jar")]
+    version = hadoop_version(shipped)
+    assert version == "3.5.0"
+    assert hdfs_coordinates(version)[0] == "org.apache.hadoop:hadoop-client-minicluster:3.5.0"
+    with pytest.raises(JarsError, match="no hadoop-client-api"):
+        hadoop_version([Path("hadoop-client-runtime-3.5.0.jar")])
