@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from hdfs_cluster import HdfsCluster
 from helpers import JVM_OPTIONS, build_tests_session
 
 from retrylib.kafka.clients import ensure_topics, make_admin
@@ -92,20 +93,18 @@ def connect_server(tmp_path_factory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def hdfs(tmp_path_factory) -> Iterator[str]:
+def hdfs(tmp_path_factory) -> Iterator[HdfsCluster]:
     """A real HDFS (Hadoop's MiniDFSCluster, one NameNode and one DataNode, in a JVM of its
-    own; `tests/hdfs_cluster.py`) for the whole run; yields its root URI,
-    `hdfs://127.0.0.1:<port>`.
+    own; `tests/hdfs_cluster.py`) for the whole run; yields it (its root URI is `uri`,
+    `hdfs://127.0.0.1:<port>`).
 
     Started by the first test that asks for it, in about 10 s. Each pytest-xdist worker that
     runs such a test starts its own (`--dist loadfile` keeps a file's tests on one worker):
-    keep the HDFS tests in one or two modules. Paths under it outlive a test; name them apart.
+    the HDFS tests are in one module. Paths under it outlive a test; name them apart.
     """
-    from hdfs_cluster import HdfsCluster
-
     cluster = HdfsCluster(tmp_path_factory.mktemp("hdfs")).start()
     try:
-        yield cluster.uri
+        yield cluster
     finally:
         cluster.stop()
 

@@ -48,7 +48,18 @@ logger.manager.name = org.apache.hadoop.test.MiniDFSClusterManager
 logger.manager.level = info
 logger.cluster.name = org.apache.hadoop.hdfs.MiniDFSCluster
 logger.cluster.level = info
+appender.audit.type = File
+appender.audit.name = audit
+appender.audit.fileName = {audit_log}
+appender.audit.layout.type = PatternLayout
+appender.audit.layout.pattern = %m%n
+logger.audit.name = org.apache.hadoop.hdfs.server.namenode.FSNamesystem.audit
+logger.audit.level = info
+logger.audit.additivity = false
+logger.audit.appenderRef.audit.ref = audit
 """
+# The name node's audit log: a line per call, as "... cmd=create\tsrc=/a/b\tdst=null ...".
+_AUDIT_CREATE = re.compile(r"\tcmd=create\tsrc=(\S+)\t")
 
 
 def hadoop_version(jars: list[Path]) -> str:
@@ -91,13 +102,14 @@ class HdfsCluster:
         self.port = free_port()
         self.uri = f"hdfs://127.0.0.1:{self.port}"
         self.log_path = workdir / "hdfs.log"
+        self.audit_log = workdir / "audit.log"
         self._workdir = workdir
         self._details = workdir / "details.json"
         self._process: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
         log_config = self._workdir / "log4j2.properties"
-        log_config.write_text(_LOG_CONFIG)
+        log_config.write_text(_LOG_CONFIG.replace("{audit_log}", str(self.audit_log)))
         tmp = self._workdir / "tmp"
         tmp.mkdir(exist_ok=True)
         jars = hdfs_jars()
@@ -169,11 +181,11 @@ class HdfsCluster:
         except OSError:
             return False
 
-    def kill(self) -> None:
-        """End the cluster at once, as a machine's crash would: SIGKILL to its process group."""
-        assert self._process is not None
-        self._kill_group()
-        self._process.wait()
+    def created_files(self, prefix: str) -> list[str]:
+        """The paths of the files created so far whose path starts with `prefix`, in order
+        (from the name node's audit log)."""
+        text = self.audit_log.read_text() if self.audit_log.exists() else ""
+        return [path for path in _AUDIT_CREATE.findall(text) if path.startswith(prefix)]
 
     def stop(self) -> None:
         if self._process is None:

@@ -1,27 +1,117 @@
-"""The job's state on a real HDFS (the `hdfs` fixture) through the tests' Spark session: a Delta
-table, and the checkpoint's JSON files at `hdfs://` URIs."""
+"""The job's state on a real HDFS, the file system EMR keeps it on (the `hdfs` fixture: one
+per test run, so every HDFS test is in this module).
+
+The checkpoint's files through the tests' session; then the crash harness
+(tests/faults/harness.py) with the checkpoint and the tables on HDFS, the job started through
+spark-submit.sh, its driver's local disk wiped before every start, as a driver that comes
+back on another node finds it. The sweep here takes the crash points whose state differs by
+file system: the start's checkpoint files and table creations, the manifest, and the
+cleanup of a batch's state (the local sweep in test_crash_recovery.py takes them all).
+"""
 
 from __future__ import annotations
 
-from chispa import assert_df_equality
+import re
+import sys
+from pathlib import Path
 
-from retrylib.checkpoint import claim_json, read_json
+from retrylib.state_files import claim_json, list_names, read_json, replace_json
+
+FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
+sys.path.insert(0, str(FAULTS_DIR))
+
+from harness import FaultHarness, Round, plan_rounds  # noqa: E402
+
+SEED = 20261128
+FILE_POINTS = (
+    "after_main_reader",
+    "in_table_create",
+    "after_identity",
+    "after_signing_key",
+    "after_manifest",
+    "after_cleanup",
+)
 
 
-def test_a_delta_table_at_an_hdfs_uri_reads_back_what_was_written(spark, hdfs):
-    table = f"{hdfs}/some/table"
-    schema = "key STRING, n INT"
-    spark.createDataFrame([("a", 1), ("b", 2)], schema).write.format("delta").save(table)
-    spark.createDataFrame([("c", 3)], schema).write.format("delta").mode("append").save(table)
+def test_checkpoint_files_on_hdfs_are_renamed_into_place_never_created_under_their_name(
+    spark, hdfs
+):
+    """HDFS shows a file from its create on: a crash while writing would leave it short."""
+    folder = "/state-files/retrylib"
+    identity, reader = f"{hdfs.uri}{folder}/identity.json", f"{hdfs.uri}{folder}/reader.json"
+    assert read_json(spark, identity) is None
+    assert claim_json(spark, identity, {"app_id": "first"}) == {"app_id": "first"}
+    assert claim_json(spark, identity, {"app_id": "second"}) == {"app_id": "first"}
+    replace_json(spark, reader, {"source": "python"})
+    replace_json(spark, reader, {"source": "builtin"})
+    assert read_json(spark, identity) == {"app_id": "first"}
+    assert read_json(spark, reader) == {"source": "builtin"}
+    assert sorted(list_names(spark, f"{hdfs.uri}{folder}")) == ["identity.json", "reader.json"]
+    created = hdfs.created_files(folder)
+    assert len(created) == 4 and all(".json.tmp-" in path for path in created), created
 
-    expected = spark.createDataFrame([("a", 1), ("b", 2), ("c", 3)], schema)
-    assert_df_equality(spark.read.format("delta").load(table), expected, ignore_row_order=True)
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
-def test_a_json_file_claimed_at_an_hdfs_uri_reads_back_and_stays_the_first_claim(spark, hdfs):
-    uri = f"{hdfs}/checkpoint/retrylib/identity.json"
-    assert read_json(spark, uri) is None
+def _run_and_check(harness: FaultHarness, plan: list[Round], spark) -> None:
+    report = harness.run(plan)
+    summary = f"{report.summary()}\n\n{harness.log_tails()}"
+    for outcome in report.outcomes:
+        if outcome.round.kind == "point":
+            assert outcome.crashed_at == outcome.round.point, summary
+            assert outcome.returncode == -9, f"round {outcome.index} died:\n{summary}"
+    harness.check(spark)
+    print(report.summary())
 
-    assert claim_json(spark, uri, {"app_id": "first"}) == {"app_id": "first"}
-    assert claim_json(spark, uri, {"app_id": "second"}) == {"app_id": "first"}
-    assert read_json(spark, uri) == {"app_id": "first"}
+
+def test_exactly_once_on_hdfs_across_a_crash_at_each_file_point(hdfs, tmp_path, spark):
+    """Checkpoint and tables as hdfs:// URIs: every checkpoint file is written beside its
+    name and renamed into place, never created under it (the name node's audit log says)."""
+    state = f"{hdfs.uri}/faults-{SEED}"
+    plan = plan_rounds(SEED, points=FILE_POINTS, random_kills=0, broker_restarts=0)
+    with FaultHarness(
+        tmp_path,
+        SEED,
+        entry="spark-submit",
+        state=state,
+        wipe_driver_disk=True,
+        wave_size=40,
+        say=_say,
+    ) as harness:
+        _run_and_check(harness, plan, spark)
+    created = hdfs.created_files(f"/faults-{SEED}/checkpoint/retrylib/")
+    assert any(".json.tmp-" in name for name in created), created
+    assert not [name for name in created if name.endswith(".json")], created
+
+
+def test_plain_paths_where_the_default_file_system_is_hdfs_keep_all_state_there(
+    hdfs, tmp_path, spark
+):
+    """EMR's setup: `fs.defaultFS` is HDFS and the config names plain paths. Spark resolves
+    them against HDFS, and so does retrylib for its own files: with the driver's disk wiped
+    before each start nothing is lost (the signing key, the reader, the manifests are on
+    HDFS), and nothing is ever written at the plain path on the driver's disk."""
+    state = str(tmp_path / "on-hdfs")
+    plan = [
+        Round("point", point="after_signing_key"),
+        Round("point", point="after_manifest"),
+        Round("point", point="after_cleanup"),
+    ]
+    with FaultHarness(
+        tmp_path,
+        SEED + 1,
+        entry="spark-submit",
+        state=state,
+        state_here=f"{hdfs.uri}{state}",
+        spark_conf={"spark.hadoop.fs.defaultFS": hdfs.uri},
+        wipe_driver_disk=True,
+        wave_size=40,
+        say=_say,
+    ) as harness:
+        _run_and_check(harness, plan, spark)
+        logs = "".join(o.log.read_text(errors="replace") for o in harness.report.outcomes)
+    assert not Path(state).exists()
+    assert not re.search(r"input lag after batch \d+ unknown", logs)
+    assert hdfs.created_files(f"{state}/checkpoint/retrylib/signing_key.json.tmp-")
