@@ -10,14 +10,13 @@ Python retrylib is installed in.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from helpers import kill_group, port_answers, stop_group
 
 from retrylib.kafka.broker import free_port
 from retrylib.spark.jars import DELTA_SQL_CONF, spark_jars
@@ -75,19 +74,12 @@ class ConnectServer:
                 start_new_session=True,  # a process group of its own, with its Python workers
             )
         deadline = time.monotonic() + timeout
-        while not self._answers():
+        while not port_answers(self.port):
             if self._process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the Spark Connect server did not start: see {self.log_path}")
             time.sleep(0.2)
         return self
-
-    def _answers(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return True
-        except OSError:
-            return False
 
     def kill(self) -> None:
         """End the server at once, as a machine's crash would: SIGKILL to its process group.
@@ -100,22 +92,8 @@ class ConnectServer:
         ("Python worker failed to connect back": "Authentication failed").
         """
         assert self._process is not None
-        self._kill_group()
+        kill_group(self._process)
         self._process.wait()
 
     def stop(self) -> None:
-        if self._process is None:
-            return
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        self._kill_group()  # any Python worker the JVM left behind
-
-    def _kill_group(self) -> None:
-        assert self._process is not None
-        with contextlib.suppress(ProcessLookupError):  # no member of the group is left
-            os.killpg(self._process.pid, signal.SIGKILL)
+        stop_group(self._process)  # and any Python worker the JVM left behind

@@ -11,19 +11,16 @@ link against, minus every artifact pyspark ships; pyspark's jars complete the cl
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
 import zipfile
 from pathlib import Path
 
-from helpers import JVM_OPTIONS
+from helpers import JVM_OPTIONS, port_answers, stop_group
 
 from retrylib.errors import JarsError
 from retrylib.kafka.broker import free_port
@@ -159,7 +156,7 @@ class HdfsCluster:
                 start_new_session=True,  # a process group of its own
             )
         deadline = time.monotonic() + timeout
-        while not (self._written() and self._answers()):
+        while not (self._written() and port_answers(self.port)):
             if self._process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 tail = self.log_path.read_text(errors="replace")[-3000:]
@@ -174,13 +171,6 @@ class HdfsCluster:
         except (OSError, ValueError):
             return False
 
-    def _answers(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return True
-        except OSError:
-            return False
-
     def created_files(self, prefix: str) -> list[str]:
         """The paths of the files created so far whose path starts with `prefix`, in order
         (from the name node's audit log)."""
@@ -188,21 +178,7 @@ class HdfsCluster:
         return [path for path in _AUDIT_CREATE.findall(text) if path.startswith(prefix)]
 
     def stop(self) -> None:
-        if self._process is None:
-            return
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        self._kill_group()
-
-    def _kill_group(self) -> None:
-        assert self._process is not None
-        with contextlib.suppress(ProcessLookupError):  # no member of the group is left
-            os.killpg(self._process.pid, signal.SIGKILL)
+        stop_group(self._process)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ import json
 import logging
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -211,6 +213,37 @@ def assert_one_error_line(code: int, err: str, start: str, *parts: str) -> None:
         assert part in last, last
     assert "Traceback" not in err and "\tat " not in err, err[-3000:]
     assert len(err.splitlines()) < 20, err[-3000:]
+
+
+def port_answers(port: int) -> bool:
+    """Whether a server listens on 127.0.0.1:`port` (a connection is accepted within 1 s)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the process group `process` leads (a server the tests started in a session of
+    its own, with every process it started); a group already gone is fine."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def stop_group(process: subprocess.Popen | None) -> None:
+    """Stop a server started in a process group of its own: SIGTERM, SIGKILL if it is still
+    up 30 s later, then SIGKILL to whatever is left of its group."""
+    if process is None:
+        return
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    kill_group(process)
 
 
 def retrylib_command(*args: str) -> list[str]:

@@ -15,6 +15,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from retrylib.state_files import claim_json, list_names, read_json, replace_json
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
@@ -33,6 +35,7 @@ FILE_POINTS = (
 )
 
 
+@pytest.mark.every_spark  # EMR runs Spark 4.0 with its Hadoop 3.4
 def test_checkpoint_files_on_hdfs_are_renamed_into_place_never_created_under_their_name(
     spark, hdfs
 ):
