@@ -16,7 +16,7 @@ only where a crash left their work undone):
 - after_lease: the runner lease is held (Spark may still be starting).
 - after_main_reader: the main topics' reader is chosen and recorded in the checkpoint.
 - in_table_create: a Delta table's creation is about to begin (once per table created: the
-  output table, then the dead-letter table).
+  output table, then the dead-letter table; a metrics table's after the signing key).
 - after_identity: the checkpoint's app id is recorded in it.
 - after_signing_key: the checkpoint's signing key is recorded in it.
 - after_query_start: the streaming query has started; its first batch may not have run.
