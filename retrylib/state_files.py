@@ -34,6 +34,7 @@ Only the driver calls these (they need the session's JVM).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -45,6 +46,7 @@ from retrylib.errors import DamagedFile, RetrylibError
 from retrylib.spark.connect import is_connect
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 TEMPORARY_MARK = ".tmp-"
@@ -71,9 +73,15 @@ def on_driver_disk(spark: SparkSession | None, uri: str) -> bool:
         return False
     if spark is None or is_connect(spark):
         return True
-    jvm = spark.sparkContext._jvm
-    default = jvm.org.apache.hadoop.fs.FileSystem.getDefaultUri(
-        spark.sparkContext._jsc.hadoopConfiguration()
+    return _local_default(spark.sparkContext)
+
+
+@functools.lru_cache(maxsize=1)
+def _local_default(context: SparkContext) -> bool:
+    """Whether `context`'s default file system is the local disk: asked once per context (a
+    few ms through py4j, where a batch reads and writes several files)."""
+    default = context._jvm.org.apache.hadoop.fs.FileSystem.getDefaultUri(
+        context._jsc.hadoopConfiguration()
     )
     return default.getScheme() in (None, "file")
 

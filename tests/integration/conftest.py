@@ -22,11 +22,18 @@ from retrylib.kafka import worker_clients
 HANDLERS_DIR = Path(__file__).parent / "handlers"
 
 
+LONGEST_FILES = ("test_crash_recovery.py", "test_hdfs_state.py")
+"""The test files that run longest (the crash sweeps, minutes each), handed out first: xdist
+gives each worker whole files in collection order (`--no-loadscope-reorder`), and one of
+them handed out last would run alone after everything else."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: Path(item.fspath).name not in LONGEST_FILES)  # stable
 
 
 @pytest.fixture(scope="session", autouse=True)
