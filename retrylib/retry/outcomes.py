@@ -35,6 +35,9 @@ class Reason(StrEnum):
     """A record on a delay router's topic names a destination that is not a topic."""
     CONTROL_FINAL_TOPIC = "control_final_topic"
     """A record on a delay router's topic names a retrylib control topic (`_retrylib.*`)."""
+    DELAY_FINAL_TOPIC = "delay_final_topic"
+    """A record on a delay router's topic names one of the router's own delay topics: it
+    would come back to the router for ever."""
     TIMESTAMP_TOO_FAR_AHEAD = "timestamp_too_far_ahead"
     """A record on a delay router's topic was sent (`msg_ts`) further ahead of the router's
     clock than `delay_router.max_timestamp_ahead`: it would go round its topic for ever."""

@@ -13,7 +13,8 @@ and the batch produces after its tasks); each then is:
 - held: its `msg_ts` + delay is still ahead, past the read-ahead (the sender stamped it
   later than Kafka did):
   sent to its delay topic again, stamped so that the topic releases it when it is due;
-- sent to the fallback topic when its destination is missing or not a topic, or when it was
+- sent to the fallback topic when its destination is missing, not a topic, or one of the
+  router's own delay topics (it would come back for ever), or when it was
   sent further ahead of the router's clock than `delay_router.max_timestamp_ahead` (it
   would never fall due), with the reason in `retrylib.dead_letter.reason` and
   `retrylib.error.message`;
@@ -119,10 +120,10 @@ def sent_at_ms(value: bytes | None) -> int | None:
 
 
 def destination(
-    target: bytes | None, target_header: str, topics: Collection[str]
+    target: bytes | None, target_header: str, topics: Collection[str], read: Collection[str]
 ) -> Forward | NoDestination:
     """Where a record whose `target_header` holds `target` goes, given the cluster's
-    `topics`."""
+    `topics` and those the router `read`s (its delay topics)."""
     if target is None:
         return NoDestination(Reason.NO_FINAL_TOPIC, f"the record has no {target_header} header")
     name = target.decode("utf-8", errors="replace")
@@ -131,6 +132,12 @@ def destination(
             Reason.CONTROL_FINAL_TOPIC,
             f"{target_header} {json.dumps(name)} is a retrylib control topic, which takes no "
             "forwarded records",
+        )
+    if name in read:
+        return NoDestination(
+            Reason.DELAY_FINAL_TOPIC,
+            f"{target_header} {json.dumps(name)} is one of this router's delay topics: "
+            "forwarded there, the record would come back to the router for ever",
         )
     if name not in topics or name.startswith("__"):
         return NoDestination(
@@ -220,7 +227,10 @@ class ForwardingTask:
                     continue
                 self._last_due_ms = max(self._last_due_ms, due_time_ms(sent_ms, delay_ms))
                 target = destination(
-                    _header(headers, plan.target_header), plan.target_header, self._cluster()
+                    _header(headers, plan.target_header),
+                    plan.target_header,
+                    self._cluster(),
+                    plan.delays_ms,
                 )
                 if isinstance(target, Forward):
                     self.counters[ForwardCount.FORWARDED] += 1

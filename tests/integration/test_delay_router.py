@@ -103,6 +103,7 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
         (b"lost-2", b"no target", krr_headers(None, sent)),
         (b"lost-3", b"1000000", krr_headers(control, sent)),  # a would-be marker
         (b"never", b"year 33658", krr_headers(orders, 999_999_999_999)),  # never due
+        (b"loop", b"to itself", krr_headers(delay_topic, sent)),  # would come back for ever
     ]
     # First in each partition, stamped by its producer ten minutes ahead of the clocks here:
     # Kafka's time index would hide every record behind it until then.
@@ -130,9 +131,9 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
 
     assert first.returncode == 0, first.stderr[-3000:]
     counts = metrics(first)
-    assert counts["records_delayed"] == 30
+    assert counts["records_delayed"] == 31
     assert counts["forwarded"] == 25
-    assert counts["forwarded_to_fallback"] == 4
+    assert counts["forwarded_to_fallback"] == 5
     assert counts["requeued_not_due"] == 1
     assert counts["timestamp_header_missing"] == 1
     assert counts["unroutable"] == 0
@@ -149,7 +150,7 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
             first.stderr
         )
     set_aside = {m.key(): m for m in read_topic(bootstrap_servers, fallback)}
-    assert set(set_aside) == {b"lost-1", b"lost-2", b"lost-3", b"never"}
+    assert set(set_aside) == {b"lost-1", b"lost-2", b"lost-3", b"never", b"loop"}
     assert set_aside[b"never"].headers()[-2] == (
         "retrylib.dead_letter.reason",
         b"timestamp_too_far_ahead",
@@ -164,6 +165,7 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
     ]
     assert set_aside[b"lost-2"].headers()[-2] == ("retrylib.dead_letter.reason", b"no_final_topic")
     assert set_aside[b"lost-2"].value() == b"no target"
+    assert set_aside[b"loop"].headers()[-2] == ("retrylib.dead_letter.reason", b"delay_final_topic")
 
     wait_until_due(late_s)
     second = run_router(path)
@@ -174,7 +176,7 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
     assert sorted(map(as_sent, forwarded)) == sorted([*to_orders, late])
     [held] = [m for m in forwarded if m.key() == b"late"]
     assert held.timestamp()[1] >= late_s * 1000 + DELAY_MS
-    assert len(read_topic(bootstrap_servers, fallback)) == 4
+    assert len(read_topic(bootstrap_servers, fallback)) == 5
 
 
 def test_with_no_fallback_a_record_with_no_destination_is_logged_and_counted(

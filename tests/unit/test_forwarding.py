@@ -22,7 +22,8 @@ from retrylib.task.forwarding import (
     too_far_ahead,
 )
 
-TOPICS = frozenset({"orders", "payments", "__consumer_offsets"})
+TOPICS = frozenset({"orders", "payments", "retry_5s", "__consumer_offsets"})
+DELAY_TOPICS = frozenset({"retry_5s"})  # a topic of the cluster too
 
 
 @pytest.mark.parametrize(
@@ -48,7 +49,7 @@ def test_sent_at_is_none_for_what_is_not_epoch_seconds(value: bytes | None) -> N
 
 
 def test_a_named_topic_of_the_cluster_is_the_destination() -> None:
-    assert destination(b"orders", "final_topic", TOPICS) == Forward("orders")
+    assert destination(b"orders", "final_topic", TOPICS, DELAY_TOPICS) == Forward("orders")
 
 
 @pytest.mark.parametrize(
@@ -59,10 +60,11 @@ def test_a_named_topic_of_the_cluster_is_the_destination() -> None:
         (b"", Reason.UNKNOWN_FINAL_TOPIC, 'final_topic "" is not a topic of the cluster'),
         (b"__consumer_offsets", Reason.UNKNOWN_FINAL_TOPIC, '"__consumer_offsets" is not a topic'),
         (b"ord\xffers", Reason.UNKNOWN_FINAL_TOPIC, '"ord\\ufffders" is not a topic'),
+        (b"retry_5s", Reason.DELAY_FINAL_TOPIC, '"retry_5s" is one of this router\'s delay topics'),
     ],
 )
 def test_no_destination_says_why(target: bytes | None, reason: Reason, message: str) -> None:
-    found = destination(target, "final_topic", TOPICS)
+    found = destination(target, "final_topic", TOPICS, DELAY_TOPICS)
     assert isinstance(found, NoDestination)
     assert found.reason == reason
     assert message in found.message
