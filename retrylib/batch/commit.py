@@ -582,18 +582,26 @@ class _Started:
 
     The thread carries the starting thread's Spark local properties (inside a batch, the
     streaming query's job group), so stopping the query cancels its jobs too; in a Spark
-    Connect session, `spark`'s tags.
+    Connect session, `spark`'s tags. In a classic session `spark` is the active session of
+    the thread's side in the JVM: Delta computes some reads there with it (a table state it
+    started computing in its own pool and lost, as to a concurrent OPTIMIZE), and fails
+    without one.
     """
 
     def __init__(self, spark: SparkSession | None, call: Callable[[], Any]) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
-        session = spark if is_connect(spark) else None
-        self._thread = InheritableThread(self._run, args=(call,), session=session)
+        connect = spark is not None and is_connect(spark)
+        self._classic = None if connect else spark
+        self._thread = InheritableThread(
+            self._run, args=(call,), session=spark if connect else None
+        )
         self._thread.start()
 
     def _run(self, call: Callable[[], Any]) -> None:
         try:
+            if self._classic is not None:
+                self._classic._jvm.SparkSession.setActiveSession(self._classic._jsparkSession)
             self._value = call()
         except BaseException as error:  # raised in the thread that asks for the result
             self._error = error

@@ -20,6 +20,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructField, StructType
 
+from retrylib.batch.commit import _Started
 from retrylib.config.table_ref import TableRef
 from retrylib.delta.tables import (
     append_once,
@@ -257,6 +258,18 @@ def test_committed_version_sees_a_commit_made_outside_this_session(
     assert not append_once(rows(spark, [(9, "x", 9.0)]), orders, app_id="job", batch_id=7)
     assert append_once(rows(spark, [(2, "b", 2.0)]), orders, app_id="job", batch_id=8)
     assert txns(table_dir)[3] == [("job", 8)]
+
+
+@CLASSIC_ONLY  # a Connect client has no side in the JVM
+def test_a_thread_the_batch_starts_has_the_session_active(spark: SparkSession) -> None:
+    """Delta computes some reads with the JVM thread's active session (a table state it lost
+    to a concurrent OPTIMIZE is computed again there, else DELTA_SPARK_SESSION_NOT_SET): the
+    batch reads its tables in threads of its own (`_Started`)."""
+
+    def active() -> bool:
+        return spark._jvm.SparkSession.getActiveSession().isDefined()
+
+    assert _Started(spark, active).result()
 
 
 def test_a_catalog_table_works_like_a_path_table(spark: SparkSession, catalog_name: str) -> None:
