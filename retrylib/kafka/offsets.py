@@ -13,6 +13,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from retrylib.config.topic_names import subscribed
+
 PartitionKey = tuple[str, int]
 Offsets = dict[PartitionKey, int]
 T = TypeVar("T")
@@ -306,6 +308,16 @@ def past_markers(
     for key in without_records:
         moved[key] = latest[key]
     return moved
+
+
+def not_read(
+    offsets: Mapping[PartitionKey, int], topics: Collection[str], pattern: str | None
+) -> Offsets:
+    """The entries of `offsets` whose topic a reader of `topics` and of the topics matching
+    `pattern` does not read (`subscribed`)."""
+    return {
+        key: offset for key, offset in offsets.items() if not subscribed(key[0], topics, pattern)
+    }
 
 
 def floor_at(end: Mapping[PartitionKey, int], start: Mapping[PartitionKey, int]) -> Offsets:

@@ -22,7 +22,9 @@ Options of its own:
   not-yet-due tail that holds only transaction markers is read with the records before it
   (`offsets.marker_tails`): a marker alone never makes a batch. A new query
   reads a tier from its earliest offset, whatever `startingOffsets` says (a tier holds
-  retries still owed), so one source serves the main topics and every tier.
+  retries still owed), so one source serves the main topics and every tier. A topic taken
+  out of `subscribe` keeps its offsets in the checkpoint: subscribed again (a retry tier
+  removed from the config and added back), it is read on from where it was.
   The index answers with the first record stamped at or after a time, so one record
   stamped ahead of the clock would hide every record behind it until its time: where the
   frontier is such a record, the records from there are read for their timestamps instead
@@ -84,6 +86,7 @@ from retrylib.kafka.offsets import (
     hidden_frontiers,
     limit_offsets,
     marker_tails,
+    not_read,
     offsets_from_json,
     offsets_to_json,
     past_markers,
@@ -219,7 +222,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Every partition's end is its latest offset (or, for a delay tier, its first not-yet-due
         offset), never below `start`, held to the availableNow target if there is one, and
         cut to `limit` when it is a `ReadMaxRows`. Partitions missing from `start` (new
-        partitions) start at their earliest offset.
+        partitions) start at their earliest offset; topics in `start` no longer subscribed
+        keep their offsets (`_available`).
 
         Spark 4.0/4.1 pass no arguments. The batch then starts where the last one ended (the
         end this reader returned or was handed last, else the initial offsets), is cut to
@@ -324,7 +328,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first row carrying the queues of its keys."""
         key_order = self._options.key_order
         assert key_order is not None
-        groups, group_of = key_groups(ranges, key_order.tiers, finish)
+        kept = self._not_read(finish)
+        read = [key for key in finish if key not in kept]
+        groups, group_of = key_groups(ranges, key_order.tiers, read)
         entries: list[list] = [[] for _ in groups]
         for key, queue in read_queues(key_order.state_file).items():
             index = group_of.get(key[:2])
@@ -371,7 +377,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             metadata.close()
 
     def _available(self, start: Offsets) -> tuple[Offsets, Offsets]:
-        """`start` completed with new partitions at earliest, and the available end offsets."""
+        """`start` completed with new partitions at earliest, and the available end offsets.
+
+        The end keeps the start of every topic the source no longer subscribes to (a retry
+        tier or a main topic taken out of the config): subscribed again, the topic is read on
+        from there, not from its earliest record again."""
         partitions = self._kafka.partitions()
         new = [key for key in partitions if key not in start]
         if new:
@@ -390,7 +400,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             scan = FrontierScan(due_before_ms, fair_until_ms)
             frontier = self._past_stamped_ahead(frontier, start, latest, scan, now_ms)
             end.update(self._past_markers(frontier, latest))
-        return start, floor_at(end, start)
+        return start, {**self._not_read(start), **floor_at(end, start)}
+
+    def _not_read(self, offsets: Offsets) -> Offsets:
+        """The entries of `offsets` of topics this source no longer subscribes to."""
+        return not_read(offsets, self._options.topics, self._options.topic_pattern)
 
     def _past_stamped_ahead(
         self,

@@ -95,6 +95,40 @@ def test_with_the_engines_start_the_reader_leaves_limits_and_target_to_the_engin
     assert end == {"orders": {"0": 50, "1": 50}}
 
 
+def test_a_topic_no_longer_subscribed_keeps_its_offsets_for_when_it_comes_back() -> None:
+    # The checkpoint's offsets hold a retry tier taken out of the config since.
+    kafka = FakeKafka({P0: 50, P1: 50})
+    tier = {"orders.job.retry.3s": {"0": 40}}
+    reader = reader_for(kafka)
+
+    assert reader.latestOffset({"orders": {"0": 10, "1": 10}, **tier}, None) == {
+        "orders": {"0": 50, "1": 50},
+        **tier,
+    }
+    reader.partitions(
+        {"orders": {"0": 50, "1": 50}, **tier}, {"orders": {"0": 50, "1": 50}, **tier}
+    )
+    assert reader.latestOffset() == {"orders": {"0": 50, "1": 50}, **tier}  # Spark 4.0/4.1
+
+    # Subscribed again: read on from offset 40, not from 0.
+    kafka.latest[("orders.job.retry.3s", 0)] = 45
+    again = reader_for(kafka, subscribe="orders,orders.job.retry.3s", maxOffsetsPerTrigger="1000")
+    start = {"orders": {"0": 50, "1": 50}, **tier}
+    end = again.latestOffset(start, None)
+    assert end == {"orders": {"0": 50, "1": 50}, "orders.job.retry.3s": {"0": 45}}
+    assert [(r.topic, r.start, r.end) for r in again.partitions(start, end)] == [
+        ("orders.job.retry.3s", 40, 45)
+    ]
+
+
+def test_a_topic_matching_the_pattern_is_not_kept_when_it_is_gone() -> None:
+    reader = reader_for(FakeKafka({P0: 5}), subscribePattern="ord.*")
+
+    assert reader.latestOffset({"orders": {"0": 1}, "orderz": {"0": 7}}, None) == {
+        "orders": {"0": 5}
+    }
+
+
 @pytest.mark.parametrize(
     "bad",
     ['{"other": {"0": 1}}', '{"orders": {"0": -4}}', "not json"],

@@ -1,0 +1,42 @@
+"""Config edits between runs, as an operator makes them over a job's months: the job is run
+with the `retrylib` command after each edit, from the same checkpoint, and every input must
+still have exactly one effect (the fault harness's checks, tests/faults/harness.py)."""
+
+from __future__ import annotations
+
+import random
+import signal
+import sys
+from pathlib import Path
+
+FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
+sys.path.insert(0, str(FAULTS_DIR))
+
+from harness import FaultsJob  # noqa: E402
+from helpers import job_env, retrylib_command, running_job  # noqa: E402
+
+
+def _run_until_settled(job: FaultsJob, log: Path) -> None:
+    """`retrylib run` the job until every input has its effect and nothing changes for a
+    while (longer than its longest retry delay), then stop it with SIGINT."""
+    command = retrylib_command("run", str(job.workdir / "job.toml"), "--master", "local[2]")
+    with running_job(command, job_env({"RETRYLIB_LOG_LEVEL": "INFO"}), log) as process:
+        note = job.wait_settled(process, log, timeout=300, settle=5)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 0, log.read_text()[-3000:]
+    assert note.startswith("settled"), f"{note}\n{log.read_text()[-3000:]}"
+
+
+def test_a_retry_tier_taken_out_and_put_back_is_read_on_from_where_it_was(
+    bootstrap_servers, make_topic, tmp_path, spark
+):
+    """The 2s tier is taken out of the config and put back: its records handled before are
+    not read again (they were, from its earliest record, and handled twice)."""
+    rng = random.Random(43)
+    topic = make_topic("orders", partitions=2)
+    job = FaultsJob(bootstrap_servers, topic, tmp_path, name="edits")
+    for run, delays in enumerate((["1s", "2s"], ["1s"], ["1s", "2s"])):
+        job.write_config(retry={"delays": delays})
+        job.produce_wave(rng, 30)
+        _run_until_settled(job, tmp_path / f"run-{run}.log")
+    job.check(spark)
