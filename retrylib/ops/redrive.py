@@ -216,7 +216,8 @@ def _redrive_holding(
     if not targets:
         return report
     _refuse_retry_tiers(config, targets)
-    sender.check_topics(targets)  # before claiming, so no row is claimed for a missing topic
+    # Before claiming, so that no row is claimed for a missing topic.
+    sender.check_topics(targets, "create it" if to is not None else "create it or pass --to")
     report.redrive_id = uuid.uuid4().hex
     dead.update(
         predicate,
@@ -307,7 +308,10 @@ class _Sender:
         Raises `RedriveError` when a target topic is missing or the transaction fails
         (then aborted: nothing of it is visible to read_committed consumers).
         """
-        self.check_topics({row["redrive_topic"] for row in rows})
+        self.check_topics(
+            {row["redrive_topic"] for row in rows},
+            f"create it: redrive {redrive_id} was interrupted, and its claimed records go there",
+        )
         producer = self._producer
         producer.begin_transaction()
         try:
@@ -332,8 +336,9 @@ class _Sender:
         log.info("redrive %s: %d records sent", redrive_id, len(rows))
         return len(rows)
 
-    def check_topics(self, topics: Iterable[str]) -> None:
-        """Raises `RedriveError` naming the first of `topics` that does not exist."""
+    def check_topics(self, topics: Iterable[str], way_out: str) -> None:
+        """Raises `RedriveError` naming the first of `topics` that does not exist, and
+        `way_out`."""
         wanted = set(topics) - set(self._partitions)
         if not wanted:
             return
@@ -342,7 +347,7 @@ class _Sender:
             if topic not in found:
                 raise RedriveError(
                     f"target topic {topic!r} does not exist on "
-                    f"{self._config.kafka.bootstrap_servers}; create it or pass --to"
+                    f"{self._config.kafka.bootstrap_servers}; {way_out}"
                 )
             self._partitions[topic] = found[topic]
 

@@ -25,7 +25,7 @@ from retrylib.config.table_ref import TableRef
 from retrylib.config.topic_names import redriven_topic
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
 from retrylib.delta.tables import append_once, ensure_table, read_table
-from retrylib.errors import LeaseHeld
+from retrylib.errors import LeaseHeld, RedriveError
 from retrylib.kafka.clients import ensure_topics
 from retrylib.kafka.runner_lease import redrive_group, take_lease
 from retrylib.ops.check import preflight
@@ -236,6 +236,9 @@ def test_status_and_redrive_with_a_catalog_table(
         finally:
             held.release()
         assert read_table(spark, table).where("redrive_id IS NOT NULL").count() == 0
+
+        with pytest.raises(RedriveError, match="'nosuchtopic' does not exist on .*; create it$"):
+            redrive(config, Selection(error_classes=("ValueError",)), to="nosuchtopic", spark=spark)
 
         report = redrive(config, Selection(error_classes=("ValueError",)), spark=spark)
 
