@@ -75,6 +75,8 @@ MAX_ATTEMPTS = 3
 DELAYS = ("1s", "2s")
 KINDS = (("ok", 0.55), ("flaky1", 0.15), ("flaky2", 0.12), ("always", 0.09), ("bad", 0.09))
 _CRASH_LINE = re.compile(r"retrylib fault injection: crash at (\w+) in batch (-?\d+)")
+BEFORE_QUERY = frozenset(START_STEPS) - {"after_query_start"}
+"""The start's steps before the query starts: a round that crashes there reads no records."""
 TABLES = ("output", "dead_letter")
 """The tables a first start creates, in order: each has an `in_table_create` round."""
 _BATCH_LINE = re.compile(r"retrylib\.batch\.commit: batch (\{.*\})")
@@ -231,6 +233,7 @@ class FaultsJob:
         self.state_here = state_here or self.state
         self.inputs: list[InputRecord] = []
         self._waves = 0
+        self._sections: dict[str, dict] = {}
 
     def table(self, which: str) -> str:
         """One of `TABLES` as the job's config names it."""
@@ -261,6 +264,8 @@ class FaultsJob:
         key (`kafka={"max_offsets_per_trigger": 100}`)."""
         from fault_handlers import OUTPUT_SCHEMA
 
+        self._sections = sections
+
         tables: dict[str, dict] = {
             "handler": {
                 "function": "fault_handlers:handle",
@@ -286,6 +291,12 @@ class FaultsJob:
             bootstrap_servers=self.bootstrap_servers,
             **tables,
         )
+
+    def name_state(self, state: str) -> Path:
+        """Name the same place `state` in the config from now on (a plain path where it was a
+        URI, or the other way round) and write the config again."""
+        self.state = state
+        return self.write_config(**self._sections)
 
     def produce_wave(self, rng: random.Random, size: int) -> list[InputRecord]:
         """Produce `size` new input records of mixed kinds (drawn with `rng`), round-robin
@@ -486,13 +497,16 @@ class FaultHarness:
         entry: str = "retrylib",
         state: str | None = None,
         state_here: str | None = None,
+        other_state_name: str | None = None,
         spark_conf: Mapping[str, str] | None = None,
         wipe_driver_disk: bool = False,
     ) -> None:
         """`master`: Spark's master for the job; "local[N,F]" lets a task fail F times.
         `source`: the job's `kafka.source`. `entry`: how the job is started, "retrylib"
         (`retrylib run`) or "spark-submit" (`./spark-submit.sh`). `state`, `state_here`: where
-        the checkpoint and tables live (`FaultsJob`). `spark_conf`: Spark settings of the
+        the checkpoint and tables live (`FaultsJob`); `other_state_name`: another name of the
+        same place (a plain path's URI), which every other round's config uses, as an operator
+        who respells a path does. `spark_conf`: Spark settings of the
         job (`spark.hadoop.fs.defaultFS`). `wipe_driver_disk`: the job's temporary folders
         (Python's, Java's, Spark's local dir) are emptied before each start, as a driver
         that comes back on another node finds them."""
@@ -511,6 +525,7 @@ class FaultHarness:
         self.say = say
         self.entry = entry
         self.state, self.state_here = state, state_here
+        self.other_state_name = other_state_name
         self.spark_conf = dict(spark_conf or {})
         self.wipe_driver_disk = wipe_driver_disk
         self.driver_disk = self.workdir / "driver-disk"
@@ -638,7 +653,10 @@ class FaultHarness:
         return sorted(self.startup_seconds)[len(self.startup_seconds) // 2]
 
     def run_round(self, index: int, spec: Round) -> Outcome:
-        self.produce_wave()
+        if spec.point not in BEFORE_QUERY:  # a round that crashes before it reads no records
+            self.produce_wave()
+        if self.other_state_name is not None:
+            self.job.name_state(self.other_state_name if index % 2 else self.state)
         log = self.workdir / f"round-{index:02d}-{spec.name.replace(':', '-')}.log"
         env = {}
         if spec.point is not None:

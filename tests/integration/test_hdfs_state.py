@@ -2,11 +2,11 @@
 per test run, so every HDFS test is in this module).
 
 The checkpoint's files through the tests' session; then the crash harness
-(tests/faults/harness.py) with the checkpoint and the tables on HDFS, the job started through
-spark-submit.sh, its driver's local disk wiped before every start, as a driver that comes
-back on another node finds it. The sweep here takes one crash point of each kind of write
-that differs by file system: a file replaced (the reader), a file claimed (the identity; the
-signing key is claimed the same way), a table's creation (the output's; the dead-letter
+(tests/faults/harness.py) with the checkpoint and the tables on HDFS, `fs.defaultFS` set to
+it, the job started through spark-submit.sh, its driver's local disk wiped before every
+start, as a driver that comes back on another node finds it. The sweep takes one crash point
+of each kind of write that differs by file system: a file replaced (the reader), a file
+claimed (the identity, the signing key), a table's creation (the output's; the dead-letter
 table's is the same), a batch's manifest, and the cleanup of a batch's state (the local
 sweep in test_crash_recovery.py takes every point).
 """
@@ -31,6 +31,7 @@ FILE_POINTS = (
     "after_main_reader",
     "in_table_create",
     "after_identity",
+    "after_signing_key",
     "after_manifest",
     "after_cleanup",
 )
@@ -70,10 +71,17 @@ def _run_and_check(harness: FaultHarness, plan: list[Round], spark) -> None:
     print(report.summary())
 
 
-def test_exactly_once_on_hdfs_across_a_crash_at_each_file_point(hdfs, tmp_path, spark):
-    """Checkpoint and tables as hdfs:// URIs: every checkpoint file is written beside its
-    name and renamed into place, never created under it (the name node's audit log says)."""
-    state = f"{hdfs.uri}/faults-{SEED}"
+def test_exactly_once_on_hdfs_named_by_plain_paths_and_uris_across_a_crash_at_each_file_point(
+    hdfs, tmp_path, spark
+):
+    """EMR's setup: `fs.defaultFS` is HDFS. The config names the state by plain paths in
+    every other round and by `hdfs://` URIs in the rest (the same place): Spark resolves a
+    plain path against HDFS, and so does retrylib for its own files. With the driver's disk
+    wiped before each start nothing is lost (the signing key, the reader, the manifests are
+    on HDFS), nothing is written at the plain path on the driver's disk, and every
+    checkpoint file is written beside its name and renamed into place, never created under
+    it (the name node's audit log says)."""
+    state = str(tmp_path / "on-hdfs")
     plan = [
         spec
         for spec in plan_rounds(SEED, points=FILE_POINTS, random_kills=0, broker_restarts=0)
@@ -84,31 +92,8 @@ def test_exactly_once_on_hdfs_across_a_crash_at_each_file_point(hdfs, tmp_path, 
         SEED,
         entry="spark-submit",
         state=state,
-        wipe_driver_disk=True,
-        wave_size=40,
-        say=_say,
-    ) as harness:
-        _run_and_check(harness, plan, spark)
-    created = hdfs.created_files(f"/faults-{SEED}/checkpoint/retrylib/")
-    assert any(".json.tmp-" in name for name in created), created
-    assert not [name for name in created if name.endswith(".json")], created
-
-
-def test_plain_paths_where_the_default_file_system_is_hdfs_keep_all_state_there(
-    hdfs, tmp_path, spark
-):
-    """EMR's setup: `fs.defaultFS` is HDFS and the config names plain paths. Spark resolves
-    them against HDFS, and so does retrylib for its own files: with the driver's disk wiped
-    before each start nothing is lost (the signing key, the reader, the manifests are on
-    HDFS), and nothing is ever written at the plain path on the driver's disk."""
-    state = str(tmp_path / "on-hdfs")
-    plan = [Round("point", point="after_signing_key"), Round("point", point="after_manifest")]
-    with FaultHarness(
-        tmp_path,
-        SEED + 1,
-        entry="spark-submit",
-        state=state,
         state_here=f"{hdfs.uri}{state}",
+        other_state_name=f"{hdfs.uri}{state}",
         spark_conf={"spark.hadoop.fs.defaultFS": hdfs.uri},
         wipe_driver_disk=True,
         wave_size=40,
@@ -118,4 +103,6 @@ def test_plain_paths_where_the_default_file_system_is_hdfs_keep_all_state_there(
         logs = "".join(o.log.read_text(errors="replace") for o in harness.report.outcomes)
     assert not Path(state).exists()
     assert not re.search(r"input lag after batch \d+ unknown", logs)
-    assert hdfs.created_files(f"{state}/checkpoint/retrylib/signing_key.json.tmp-")
+    created = hdfs.created_files(f"{state}/checkpoint/retrylib/")
+    assert any("signing_key.json.tmp-" in name for name in created), created
+    assert not [name for name in created if name.endswith(".json")], created
