@@ -522,7 +522,9 @@ def _run_tasks(
     `df` is the query's frame (`BatchCommit.routed`): writing it runs the routing tasks,
     given `plan`'s batch id, clock and record limits. The aggregates are observed in the
     same Spark job as the write (`Observation`), so counting the decisions reads nothing
-    back.
+    back; but for a Spark Connect 4.0 server, which at times sends a write's observed
+    metrics not at all (`Observation.get` is then empty): there they are computed from the
+    staged rows.
 
     If a Python worker dies (a handler called os._exit or crashed in native code), the
     batch runs again with every handler call in a process of its own, so that the record
@@ -534,7 +536,15 @@ def _run_tasks(
     observed = Observation(_DECISIONS)  # one per write: an Observation is filled once
     try:
         df.observe(observed, *decisions).write.mode("overwrite").parquet(staging)
-        return observed.get
+        values = observed.get
+        if not values:
+            log.warning(
+                "batch %d: Spark sent no observed metrics of its routing tasks; counting "
+                "their staged rows instead",
+                plan.batch_id,
+            )
+            values = spark.read.parquet(staging).agg(*decisions).first().asDict()
+        return values
     except Exception as error:
         if isolate or plan.isolated() is None or _WORKER_DIED not in str(error):
             raise
