@@ -183,6 +183,16 @@ class RetryRecords:
         delivery = Delivery(
             record, topic, self.plan.job, state.id, first_failure_ms, state.not_before_ms
         )
+        if state.attempt >= self.policy.max_attempts:
+            # retry.max_attempts was lowered while it waited: no call past the new limit.
+            self.dead_letter(
+                delivery,
+                _exhausted_on_arrival(state, self.policy.max_attempts),
+                Reason.ATTEMPTS_EXHAUSTED,
+                state.attempt,
+                _now_ms(),
+            )
+            return None
         if not is_due(state.not_before_ms, self.plan.now_ms + self.plan.read_ahead_ms):
             # A wait longer than the tier holds in one pass, or clocks that disagree: never
             # hand it over early, wait in the tier again.
@@ -389,6 +399,13 @@ class RetryRecords:
             )
             results.add("lateness", late)
             self._lateness = ([], [])
+
+
+def _exhausted_on_arrival(state: RetryState, max_attempts: int) -> RetrylibError:
+    return RetrylibError(
+        f"retry.max_attempts is {max_attempts} and this record was already called "
+        f"{state.attempt} times; its last error: {state.error_class}: {state.error_message}"
+    )
 
 
 def _state(

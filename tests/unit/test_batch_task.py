@@ -155,6 +155,25 @@ def test_last_attempt_failure_is_dead_lettered_as_exhausted(plan):
     assert dead["headers"] == [{"key": "trace", "value": b"t1"}]
 
 
+@pytest.mark.parametrize("kind", ["record", "arrow"])
+def test_a_retry_past_a_lowered_max_attempts_is_dead_lettered_without_a_call(plan, kind):
+    """retry.max_attempts lowered from 3 to 2 while a record waited for its third call."""
+    plan = dataclasses.replace(plan, max_attempts=2)
+    if kind == "arrow":
+        plan = vectorised(plan, "arrow_rows")
+    rows = [retry_row(plan, b"ok-7", 44, attempt=2), retry_row(plan, b"ok-8", 45, record_id="r2")]
+    counters, written = route(plan, rows)
+    assert [row["key"] for row in written["output"]] == ["ok-8"]  # one call left: made
+    [dead] = written["dead_letter"]
+    assert (dead["reason"], dead["attempts"], dead["origin_offset"]) == (
+        "attempts_exhausted",
+        2,
+        17,
+    )
+    assert "retry.max_attempts is 2" in dead["error_message"] and "E: m" in dead["error_message"]
+    assert counters["dead_lettered"] == 1
+
+
 def test_corrupt_retry_headers_are_dead_lettered(plan):
     headers = sign(
         [("retrylib.id", b"x")], signing_key=plan.signing_key, topic=TIER, key=b"ok-3", value=b"v"
