@@ -158,15 +158,16 @@ class Checkpoint:
         """The id of the last batch Spark marked complete, or None."""
         return self._last_in_spark_log(spark, "commits")
 
-    def check_offsets_log(self, spark: SparkSession) -> None:
-        """Raise `RetrylibError` naming Spark's latest offsets file when it cannot be read,
-        with the way out: Spark reads it first at a start, and would fail on its own parse
-        error, with no word of the file."""
+    def check_offsets_log(self, spark: SparkSession | None) -> dict[PartitionKey, int]:
+        """The end offsets of the latest batch Spark planned ({} before the first). Raises
+        `RetrylibError` naming Spark's latest offsets file when it cannot be read, with the
+        way out: Spark reads it first at a start, and would fail on its own parse error, with
+        no word of the file."""
         last = self._last_in_spark_log(spark, "offsets")
         if last is None:
-            return
+            return {}
         try:
-            self.batch_offsets(spark, last)
+            return self.batch_offsets(spark, last)[0]
         except DamagedFile as error:
             if last in self.manifest_ids(spark):
                 fix = (

@@ -61,6 +61,7 @@ from retrylib.kafka.source_options import (
     OPTION_KEY_ORDER,
     parse_source_options,
 )
+from retrylib.kafka.stranded import refuse_stranded_retries
 from retrylib.logs import (
     configure_worker_logging,
     redact_secrets,
@@ -485,7 +486,9 @@ def _start_prepared(
             "server runs: read the query's progress or the metrics table instead"
         )
     checkpoint = Checkpoint(config.job.checkpoint)
-    checkpoint.check_offsets_log(spark)
+    position = checkpoint.check_offsets_log(spark)
+    if not isinstance(config, RouterConfig):
+        refuse_stranded_retries(config, position)
     reader = checkpoint.main_reader(
         spark, config.kafka.source, partial(builtin_kafka_available, spark)
     )

@@ -12,13 +12,16 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException
 
+from retrylib.checkpoint import Checkpoint
 from retrylib.config.durations import format_duration
-from retrylib.config.model import AnyConfig, RouterConfig
+from retrylib.config.model import AnyConfig, Config, RouterConfig
 from retrylib.config.topic_names import ANY_TOPIC, produced_topic
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.reading import KafkaOffsets
+from retrylib.kafka.stranded import stranded_retries
 from retrylib.spark.session import tool_session
+from retrylib.state_files import on_driver_disk
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -50,7 +53,28 @@ def preflight(
         if spark is None:
             spark = tool_session(f"retrylib-check-{config.job.name}")
         findings += _table_findings(spark, config)
+    if reachable and not isinstance(config, RouterConfig):
+        findings += _stranded_findings(config, spark)
     return reachable, findings
+
+
+def _stranded_findings(config: Config, spark: SparkSession | None) -> list[Finding]:
+    """An error per retry topic taken out of retry.delays with records still in it
+    (`retrylib.kafka.stranded`), read from the checkpoint's last planned offsets."""
+    if spark is None and not on_driver_disk(None, config.job.checkpoint):
+        return [
+            Finding(
+                "note",
+                "retry topics taken out of retry.delays not checked: the checkpoint is read "
+                "through Spark (check --tables reads it)",
+            )
+        ]
+    try:
+        position = Checkpoint(config.job.checkpoint).check_offsets_log(spark)
+        stranded = stranded_retries(config, position)
+    except RetrylibError as e:
+        return [Finding("error", str(e))]
+    return [Finding("error", s.refusal()) for s in stranded]
 
 
 def _topic_findings(config: AnyConfig, timeout: float) -> tuple[bool, list[Finding]]:

@@ -13,7 +13,9 @@ FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 sys.path.insert(0, str(FAULTS_DIR))
 
 from harness import FaultsJob  # noqa: E402
-from helpers import job_env, retrylib_command, running_job  # noqa: E402
+from helpers import job_env, retrylib_command, run_retrylib, running_job  # noqa: E402
+
+from retrylib.kafka.clients import make_producer  # noqa: E402
 
 
 def _run_until_settled(job: FaultsJob, log: Path) -> None:
@@ -31,7 +33,8 @@ def test_a_retry_tier_taken_out_and_put_back_is_read_on_from_where_it_was(
     bootstrap_servers, make_topic, tmp_path, spark
 ):
     """The 2s tier is taken out of the config and put back: its records handled before are
-    not read again (they were, from its earliest record, and handled twice)."""
+    not read again (they were, from its earliest record, and handled twice). Taken out while
+    a retry waits in it, the job refuses to start (it started, and the retry was lost)."""
     rng = random.Random(43)
     topic = make_topic("orders", partitions=2)
     job = FaultsJob(bootstrap_servers, topic, tmp_path, name="edits")
@@ -40,3 +43,19 @@ def test_a_retry_tier_taken_out_and_put_back_is_read_on_from_where_it_was(
         job.produce_wave(rng, 30)
         _run_until_settled(job, tmp_path / f"run-{run}.log")
     job.check(spark)
+
+    # A retry of this job waits in the 2s tier (as one stopped mid-delay leaves it): taking
+    # the tier out now would strand it, and both check and run refuse, naming it.
+    stranded_in = job.tier_topics[1]
+    producer = make_producer(bootstrap_servers, {})
+    producer.produce(stranded_in, key=b"k", value=b"v", headers=[("retrylib.job", b"edits")])
+    producer.flush(10)
+    job.write_config(retry={"delays": ["1s"]})
+    refusal = f"retry topic {stranded_in!r} is no longer in retry.delays, but 1 retry record"
+    checked = run_retrylib("check", str(job.workdir / "job.toml"))
+    assert checked.returncode != 0 and f"error: {refusal}" in checked.stderr, checked.stderr
+    ran = run_retrylib("run", str(job.workdir / "job.toml"), "--available-now")
+    assert ran.returncode != 0, ran.stderr[-3000:]
+    lines = ran.stderr.splitlines()
+    assert any(line.startswith(f"error: {refusal}") for line in lines), ran.stderr[-3000:]
+    assert "Traceback" not in ran.stderr

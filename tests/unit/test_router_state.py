@@ -61,14 +61,14 @@ def test_a_manifest_cut_short_is_named_as_damaged(tmp_path: Path) -> None:
 
 def test_spark_offsets_are_read_and_a_good_log_passes(tmp_path: Path) -> None:
     checkpoint = checkpoint_with_offsets(tmp_path, {0: OFFSETS, 1: OFFSETS}, (0, 1))
-    checkpoint.check_offsets_log(None)  # type: ignore[arg-type]
+    checkpoint.check_offsets_log(None)
     assert checkpoint.batch_offsets(None, 1) == ({("orders", 0): 42}, 1700000000000)
 
 
 def test_a_damaged_latest_offsets_file_of_a_batch_not_routed_may_be_removed(tmp_path: Path) -> None:
     checkpoint = checkpoint_with_offsets(tmp_path, {0: OFFSETS, 1: OFFSETS[:40]}, (0,))
     with pytest.raises(RetrylibError) as raised:
-        checkpoint.check_offsets_log(None)  # type: ignore[arg-type]
+        checkpoint.check_offsets_log(None)
     message = str(raised.value)
     assert message.startswith(f"Spark's offsets file {tmp_path}/spark/offsets/1 is damaged (")
     assert "batch 1 was not routed yet (it has no manifest): remove the file" in message
@@ -77,5 +77,5 @@ def test_a_damaged_latest_offsets_file_of_a_batch_not_routed_may_be_removed(tmp_
 def test_a_damaged_offsets_file_of_a_routed_batch_must_be_restored(tmp_path: Path) -> None:
     checkpoint = checkpoint_with_offsets(tmp_path, {4: "{}\n"}, (4,))
     with pytest.raises(RetrylibError, match="no version line") as raised:
-        checkpoint.check_offsets_log(None)  # type: ignore[arg-type]
+        checkpoint.check_offsets_log(None)
     assert "batch 4 was routed from it: restore the file from a backup" in str(raised.value)
