@@ -17,6 +17,9 @@ class Reason(StrEnum):
     """`NonRetryable`, or an exception class listed in `retry.non_retryable`."""
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     """`retry.max_attempts` handler calls failed."""
+    BAD_HANDLER_RESULT = "bad_handler_result"
+    """The handler returned what the output schema cannot hold (`handler.BadHandlerResult`):
+    not retried, since the same record gets the same result."""
     RETRY_TIMEOUT = "retry_timeout"
     """`retry.timeout` passed since the first failure."""
     RETRY_AFTER_TOO_LONG = "retry_after_too_long"

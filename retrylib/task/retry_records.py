@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
 from retrylib.errors import CorruptRetryHeaders, RetrylibError, Skip, UnverifiedRetryRecord
+from retrylib.handler import BadHandlerResult
 from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
 from retrylib.record import Record
@@ -235,6 +236,12 @@ class RetryRecords:
         if record.attempt == 0:
             self.counters[Count.MAIN_FAILED] += 1
         failed_at = _now_ms()
+        if isinstance(error, BadHandlerResult):
+            # The handler's own bug, made again on every call with the same record: retrying
+            # would only spend the attempts and hide the reason.
+            reason = Reason.BAD_HANDLER_RESULT
+            self.dead_letter(delivery, error, reason, record.attempt + 1, failed_at)
+            return
         decision = decide(
             self.policy,
             error=error,

@@ -1,9 +1,10 @@
 """A misbehaving handler is a failed attempt, never a crashed or stalled job, never a lost record.
 
 Hanging past `[handler] timeout`, raising SystemExit or KeyboardInterrupt, catching the
-timeout and carrying on, returning something that is not a row or a row that does not fit
-the output schema: each counts as one failed attempt with a clear reason, is retried, and
-dead-letters once out of attempts. (Handlers: tests/integration/handlers/job_handlers.py.)
+timeout and carrying on: each counts as one failed attempt with a clear reason, is retried,
+and dead-letters once out of attempts. Returning something that is not a row, or a row that
+does not fit the output schema, dead-letters at once as `bad_handler_result`. (Handlers:
+tests/integration/handlers/job_handlers.py.)
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from retrylib.batch.result import BatchResult
 from retrylib.config.loader import load_config
 
 TIMEOUT_MS = 2_000
-RECOVERING = ("exit", "hang", "interrupt", "swallow", "schema", "badtype", "unknowncol")
+RECOVERING = ("exit", "hang", "interrupt", "swallow")
 """Prefixes whose handler misbehaves on attempt 0 only, and succeeds on attempt 1."""
+BAD_RESULTS = ("schema", "badtype", "unknowncol")
+"""Prefixes whose handler returns a bad result on attempt 0 (and would succeed on 1)."""
 
 
 def test_misbehaving_handlers_fail_attempts_and_recover(
@@ -26,6 +29,7 @@ def test_misbehaving_handlers_fail_attempts_and_recover(
 ):
     topic = make_topic("orders", partitions=2)
     keys = [f"ok-{i}" for i in range(20)] + [f"{prefix}-0" for prefix in RECOVERING]
+    keys += [f"{prefix}-0" for prefix in BAD_RESULTS]
     keys += ["exitalways-0", "hangalways-0"]
     produce(bootstrap_servers, topic, [(k, f"v-{k}") for k in keys], partitions=2)
     write_config([topic])
@@ -50,7 +54,12 @@ def test_misbehaving_handlers_fail_attempts_and_recover(
     assert_df_equality(actual, expected, ignore_row_order=True)
 
     dead = {row["key"].decode(): row for row in read_table(config.dead_letter.table).to_pylist()}
-    assert sorted(dead) == ["exitalways-0", "hangalways-0"]
+    assert sorted(dead) == sorted(
+        ["exitalways-0", "hangalways-0", "schema-0", "badtype-0", "unknowncol-0"]
+    )
+    for prefix in BAD_RESULTS:
+        row = dead[f"{prefix}-0"]
+        assert (row["attempts"], row["reason"]) == (1, "bad_handler_result"), row
     exited, hung = dead["exitalways-0"], dead["hangalways-0"]
     assert (exited["attempts"], exited["reason"]) == (3, "attempts_exhausted")
     assert exited["error_class"] == "retrylib.handler.HandlerRaisedBaseException"
@@ -111,7 +120,10 @@ def test_failure_reasons_are_recorded(spark, bootstrap_servers, make_topic, writ
         "for it",
     )
     assert all(row["attempts"] == 1 for row in dead.values())
-    assert all(row["reason"] == "attempts_exhausted" for row in dead.values())
+    bad_results = {"schema-0", "badtype-0", "unknowncol-0", "nullkey-0"}
+    assert {key: row["reason"] for key, row in dead.items()} == {
+        key: "bad_handler_result" if key in bad_results else "attempts_exhausted" for key in dead
+    }
 
 
 def _merged(results: list[BatchResult]) -> dict[str, int]:

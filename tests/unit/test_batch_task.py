@@ -205,14 +205,15 @@ def test_retry_not_yet_due_is_requeued_not_handled(plan):
     assert outgoing_headers(outgoing) == rows[0]["headers"] and is_signed(plan, outgoing)
 
 
-def test_rows_that_do_not_fit_the_schema_fail_only_their_record(plan):
+def test_rows_that_do_not_fit_the_schema_dead_letter_only_their_record(plan):
     rows = [{"key": b"ok-6", "offset": 1}, {"key": b"wrongtype", "offset": 2}]
     counters, written = route(plan, rows)
     assert [r["key"] for r in written["output"]] == ["ok-6"]
-    [outgoing] = written[OUTGOING_KIND]
-    _, own = split_headers([(h["key"], h["value"]) for h in outgoing["headers"]])
-    assert decode_retry_state(own).error_class.endswith("BadHandlerResult")
-    assert counters["succeeded"] == 1 and counters["retried_tier_0"] == 1
+    [dead] = written["dead_letter"]
+    assert (dead["reason"], dead["attempts"]) == ("bad_handler_result", 1)
+    assert dead["error_class"].endswith("BadHandlerResult")
+    assert counters["succeeded"] == 1 and counters["dead_lettered"] == 1
+    assert "retried_tier_0" not in counters
 
 
 def vectorised(plan: TaskPlan, handler: str, kind: str = "arrow") -> TaskPlan:
