@@ -10,9 +10,10 @@ job's retries (no `retrylib.job` header naming it) and are not counted.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from confluent_kafka import Consumer
 
 from retrylib.config.model import Config
 from retrylib.config.topic_names import subscribed
@@ -22,7 +23,7 @@ from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.retry.headers import JOB, split_headers
 
 SCAN_LIMIT = 100_000
-"""Records read at most per start; past it the count is a lower bound."""
+"""Records read at most per topic and start; past it the count is a lower bound."""
 
 
 @dataclass(frozen=True)
@@ -61,22 +62,45 @@ def stranded_retries(
     if not start:
         return []
     job = config.job.name.encode("utf-8")
-    counts: Counter[str] = Counter()
     consumer = reading_consumer(kafka.bootstrap_servers, kafka.client_options(), "retrylib-start")
     try:
-        scan = ReadToEnd(consumer, start, {key: latest[key] for key in start})
-        for message in scan.messages(timeout_s=timeout, limit=SCAN_LIMIT):
-            _, own = split_headers(message.headers() or [])
-            if own.get(JOB) == job:
-                counts[message.topic()] += 1
+        scans = (
+            _scan(
+                consumer,
+                topic,
+                {k: o for k, o in start.items() if k[0] == topic},
+                latest,
+                job,
+                timeout,
+            )
+            for topic in sorted({topic for topic, _ in start})
+        )
+        return [stranded for stranded in scans if stranded is not None]
     finally:
         consumer.close()
-    cut_short = {topic for topic, _ in scan.unfinished}
-    return [
-        Stranded(topic, counts[topic], topic not in cut_short)
-        for topic in sorted(left)
-        if counts[topic] or topic in cut_short
-    ]
+
+
+def _scan(
+    consumer: Consumer,
+    topic: str,
+    start: Mapping[PartitionKey, int],
+    end: Mapping[PartitionKey, int],
+    job: bytes,
+    timeout: float,
+) -> Stranded | None:
+    """This job's retries in `topic` from `start` to `end`, or None when there are none. A
+    record with no retrylib job header ends the scan: a former main topic, not a tier (its
+    backlog is not read at every start)."""
+    count = 0
+    scan = ReadToEnd(consumer, start, end)
+    for message in scan.messages(timeout_s=timeout, limit=SCAN_LIMIT):
+        _, own = split_headers(message.headers() or [])
+        writer = own.get(JOB)
+        if writer is None:
+            return None
+        count += writer == job
+    exact = not scan.unfinished
+    return Stranded(topic, count, exact) if count or not exact else None
 
 
 def refuse_stranded_retries(config: Config, position: Mapping[PartitionKey, int]) -> None:
