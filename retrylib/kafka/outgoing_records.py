@@ -35,6 +35,20 @@ OutgoingRecords = Callable[[], Iterable[pa.RecordBatch]]
 """Returns a fresh iterator of RecordBatches with the `OUTGOING_SCHEMA` columns on each call."""
 
 _TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
+_NO_SUCH_PARTITION = frozenset(
+    {KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART}
+)
+
+
+class PartitionMissing(KafkaException):
+    """Kafka knew no partition `partition` of `topic`, or no such topic, for a record produced
+    to it: the topic may have been deleted, or created again with fewer partitions, since the
+    job looked its partitions up (`UnitProducer` asks Kafka which)."""
+
+    def __init__(self, error: KafkaError, topic: str, partition: int | None) -> None:
+        super().__init__(error)
+        self.topic = topic
+        self.partition = partition
 
 
 def produce_outgoing(
@@ -73,6 +87,8 @@ def produce_outgoing(
                     on_delivery=deliveries,
                 )
             except KafkaException as e:
+                if _code(e) in _NO_SUCH_PARTITION:
+                    raise PartitionMissing(e.args[0], topic, partition) from e
                 if not too_large(e):
                     raise
                 raise RecordTooLargeError(
@@ -87,8 +103,12 @@ def produce_outgoing(
 
 def too_large(error: KafkaException) -> bool:
     """True when `error` says a record is over a size limit."""
+    return _code(error) == _TOO_LARGE
+
+
+def _code(error: KafkaException) -> int | None:
     kafka_error = error.args[0] if error.args else None
-    return isinstance(kafka_error, KafkaError) and kafka_error.code() == _TOO_LARGE
+    return kafka_error.code() if isinstance(kafka_error, KafkaError) else None
 
 
 class Deliveries:
@@ -98,6 +118,8 @@ class Deliveries:
         self.error: KafkaError | None = None
         # The first record the broker refused as too large: (topic, partition, size).
         self.too_large: tuple[str, int, int] | None = None
+        # The first record whose topic or partition Kafka did not know.
+        self.missing: PartitionMissing | None = None
 
     def __call__(self, error: KafkaError | None, message) -> None:
         if error is None:
@@ -107,11 +129,14 @@ class Deliveries:
         if error.code() == _TOO_LARGE and self.too_large is None:
             size = wire_size(message.key(), message.value(), message.headers() or [])
             self.too_large = (message.topic(), message.partition(), size)
+        if error.code() in _NO_SUCH_PARTITION and self.missing is None:
+            self.missing = PartitionMissing(error, message.topic(), message.partition())
 
     def check(self, left: int, topic_max_bytes: Mapping[str, int]) -> None:
         """Raise `KafkaException` unless every record was delivered (`left` still queued),
         `RecordTooLargeError` when the broker refused one as too large (`topic_max_bytes`:
-        the topics' `max.message.bytes` as last looked up, for the message)."""
+        the topics' `max.message.bytes` as last looked up, for the message), `PartitionMissing`
+        when Kafka did not know a record's topic or partition."""
         if self.too_large is not None:
             topic, partition, size = self.too_large
             limit = topic_max_bytes.get(topic, "unknown")
@@ -121,6 +146,8 @@ class Deliveries:
                 f'max.message.bytes of {topic}, or set [kafka] options "batch.size" lower '
                 "if the record alone is under it"
             ) from KafkaException(self.error)
+        if self.missing is not None:
+            raise self.missing
         if self.error is not None:
             raise KafkaException(self.error)
         if left:

@@ -27,7 +27,9 @@ for every batch, attempt and restart. Why the marker check can be trusted:
 
 Any other failure (broker away, coordinator moved, delivery timed out) discards the producer
 and retries the whole step (new producer on the same id, marker check, transaction) for up to
-`retry_seconds`; a task so rides through a broker restart, and fails loudly after. A producer
+`retry_seconds`; a task so rides through a broker restart, and fails loudly after. A topic
+that Kafka no longer has, or has with fewer partitions than a record is bound for (deleted and
+created again under the running job), fails the task at once, naming it. A producer
 made in this call being fenced is not retried: another attempt of the unit took over the id
 (Spark ran the task again, or another instance of the job runs the same checkpoint), or the
 transaction stayed open longer than `transaction.timeout.ms` and the broker aborted it
@@ -45,10 +47,15 @@ from collections.abc import Callable, Mapping
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from retrylib.config.topic_names import produced_topic
-from retrylib.errors import MarkerReadError, ProduceError, RetrylibError
+from retrylib.errors import MarkerReadError, ProduceError, RetrylibError, TopicError
 from retrylib.kafka.clients import make_producer
 from retrylib.kafka.markers import marker_value, unit_produced
-from retrylib.kafka.outgoing_records import Deliveries, OutgoingRecords, produce_outgoing
+from retrylib.kafka.outgoing_records import (
+    Deliveries,
+    OutgoingRecords,
+    PartitionMissing,
+    produce_outgoing,
+)
 from retrylib.kafka.reading import produce, serve
 from retrylib.kafka.worker_clients import note_opened
 from retrylib.steps import reached
@@ -60,6 +67,7 @@ PRODUCE_RETRY_SECONDS = 90.0
 _INIT_TIMEOUT_S = 30.0
 _COMMIT_TIMEOUT_S = 60.0
 _ABORT_TIMEOUT_S = 30.0
+_METADATA_TIMEOUT_S = 10.0
 
 
 def transactional_id(app_id: str, unit: int) -> str:
@@ -145,9 +153,10 @@ class UnitProducer:
         `ProduceError` is raised. A producer kept from an earlier call that turns out fenced
         is replaced at once; one made in this call being fenced raises `ProduceError`, a
         record refused as too large `RecordTooLargeError` (naming topic, size, limit and the
-        setting to change). Raises `RetrylibError` when this producer committed a later batch
-        (the query runs from an older checkpoint) or a RecordBatch lacks a column; an
-        exception from `records` itself is raised as it is. Nothing of an attempt that
+        setting to change), a record's topic found gone or with fewer partitions than the
+        record's `TopicError` at once. Raises `RetrylibError` when this producer committed a
+        later batch (the query runs from an older checkpoint) or a RecordBatch lacks a
+        column; an exception from `records` itself is raised as it is. Nothing of an attempt that
         failed is visible to read_committed readers.
         """
         deadline = time.monotonic() + self._retry_seconds
@@ -177,6 +186,8 @@ class UnitProducer:
                     return 0
                 return self._produce_transaction(batch_id, records)
             except (KafkaException, MarkerReadError) as e:
+                if isinstance(e, PartitionMissing):
+                    self._refuse_changed_topic(e, batch_id)
                 self._discard_producer(e)
                 if _fenced(e) and not made_here:
                     log.info(
@@ -257,6 +268,33 @@ class UnitProducer:
             self._unit,
         )
         return count
+
+    def _refuse_changed_topic(self, missing: PartitionMissing, batch_id: int) -> None:
+        """Raise `TopicError` when fresh metadata shows the topic of `missing` gone, or with
+        fewer partitions than the record's: it changed under the running job, and producing
+        again cannot help. Otherwise (Kafka's answer was passing) return, to retry."""
+        assert self._producer is not None
+        try:
+            metadata = self._producer.list_topics(missing.topic, timeout=_METADATA_TIMEOUT_S)
+        except KafkaException:
+            return
+        found = metadata.topics.get(missing.topic)
+        if found is None or found.error is not None:
+            change = (
+                f"topic {missing.topic!r} does not exist (deleted while the job ran?). Restart "
+                "the job: it creates the topic (kafka.create_topics) or names it"
+            )
+        elif missing.partition is not None and missing.partition >= len(found.partitions):
+            change = (
+                f"topic {missing.topic!r} has {len(found.partitions)} partition(s) and the job "
+                f"produces to its partition {missing.partition}: it was deleted and created "
+                "again with fewer partitions while the job ran. Restart the job: it produces to "
+                "the partitions the topic has now, and its reader says what the topic lost"
+            )
+        else:
+            return
+        self._discard_producer(missing)
+        raise TopicError(f"producing the records of batch {batch_id} failed: {change}") from missing
 
     def _new_producer(self) -> Producer:
         """A producer on this unit's transactional id, transactions initialised."""
