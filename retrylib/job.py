@@ -845,7 +845,9 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
                 ):
                     query.awaitTermination(0.5)
             except Exception as error:  # the query failed: Spark's wrapping of what failed it
-                if batch_commit.failure is None and is_connect(spark):  # the server ran the batch
+                # Raised outside this process's batch function: in the batch on a Connect
+                # server, or in the retrylib_kafka source (Spark runs it in a Python worker).
+                if batch_commit.failure is None:
                     batch_commit.failure = task_error(error)
                 if batch_commit.failure is None:
                     raise

@@ -320,6 +320,30 @@ def not_read(
     }
 
 
+def recreated_topics(
+    start: Mapping[PartitionKey, int], latest: Mapping[PartitionKey, int]
+) -> dict[str, list[str]]:
+    """The topics of `latest` that went back behind `start`, with what went back: a partition
+    of `start` that is gone, or whose latest offset is below its position in `start`.
+
+    Kafka's offsets never go back, so either means the topic was deleted and created again
+    (or lost its log). Topics of `start` absent from `latest` are not judged.
+    """
+    read = {topic for topic, _ in latest}
+    changed: dict[str, list[str]] = {}
+    for (topic, partition), position in sorted(start.items()):
+        if topic not in read:
+            continue
+        now = latest.get((topic, partition))
+        if now is None:
+            changed.setdefault(topic, []).append(f"partition {partition} is gone")
+        elif now < position:
+            changed.setdefault(topic, []).append(
+                f"partition {partition} ends at offset {now}, before the job's position {position}"
+            )
+    return changed
+
+
 def floor_at(end: Mapping[PartitionKey, int], start: Mapping[PartitionKey, int]) -> Offsets:
     """`end` raised to `start` wherever it would be below it (offsets never go back)."""
     return {key: max(offset, start.get(key, offset)) for key, offset in end.items()}

@@ -91,6 +91,7 @@ from retrylib.kafka.offsets import (
     offsets_to_json,
     past_markers,
     range_length,
+    recreated_topics,
     resolve_starting_offsets,
     split_ranges,
     with_new_partitions,
@@ -179,6 +180,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_end: Offsets | None = None
         self._target: Offsets | None = None
         self._tails_with_records: dict[PartitionKey, tuple[int, int]] = {}
+        # Every partition's latest offset at the last look, to count what a deleted topic took.
+        self._latest_seen: Offsets = {}
         # The first not-due record (offset, timestamp) each scan found (`FrontierScan`).
         self._not_due: dict[PartitionKey, tuple[int, int]] = {}
 
@@ -288,16 +291,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         offsets each, only for topic-partitions with records between `start` and `end`;
         with `retrylib.emit = ranges` and `retrylib.rangeGroups`, those ranges in groups.
 
-        Partitions missing from `start` (new partitions) are read from their earliest offset.
-        `end` is where the next batch starts: Spark 4.0/4.1 pass no start to `latestOffset`,
-        and on a restart hand the checkpoint's last offsets only here (as start and end).
+        Partitions missing from `start` (new partitions), and those whose start is past their
+        end (of a topic created again), are read from their earliest offset. `end` is where
+        the next batch starts: Spark 4.0/4.1 pass no start to `latestOffset`, and on a
+        restart hand the checkpoint's last offsets only here (as start and end).
         """
         begin = offsets_from_json(start, what="start offsets")
         finish = offsets_from_json(end, what="end offsets")
         self._last_end = finish
-        new = [key for key in finish if key not in begin]
+        # A start past its end is of a topic created again since (`_without_recreated`).
+        new = [key for key in finish if key not in begin or begin[key] > finish[key]]
         if new:
-            begin = with_new_partitions(begin, new, self._kafka.list_offsets(new, EARLIEST))
+            kept = {key: offset for key, offset in begin.items() if key not in new}
+            begin = with_new_partitions(kept, new, self._kafka.list_offsets(new, EARLIEST))
         ranges = split_ranges(begin, finish, self._options.max_records_per_task)
         if self._options.key_order is not None:
             return self._key_group_partitions(ranges, finish)
@@ -383,10 +389,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tier or a main topic taken out of the config): subscribed again, the topic is read on
         from there, not from its earliest record again."""
         partitions = self._kafka.partitions()
+        end = self._kafka.list_offsets(partitions, LATEST)
+        start = self._without_recreated(start, end)
+        self._latest_seen = dict(end)
         new = [key for key in partitions if key not in start]
         if new:
             start = with_new_partitions(start, new, self._kafka.list_offsets(new, EARLIEST))
-        end = self._kafka.list_offsets(partitions, LATEST)
         now_ms = int(time.time() * 1000)
         due_by_ms = now_ms + self._options.read_ahead_ms
         for delay_ms in set(self._options.delays_ms.values()):
@@ -401,6 +409,39 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             frontier = self._past_stamped_ahead(frontier, start, latest, scan, now_ms)
             end.update(self._past_markers(frontier, latest))
         return start, {**self._not_read(start), **floor_at(end, start)}
+
+    def _without_recreated(self, start: Offsets, latest: Offsets) -> Offsets:
+        """`start` without the topics that were deleted and created again since
+        (`recreated_topics`: `latest` is behind it), which are then read from their earliest
+        offsets.
+
+        Raises `TopicError` naming them and what changed, unless `failOnDataLoss` is false:
+        then a warning says so. Both count the records this reader last saw waiting there
+        (they went with the old topic), when it saw the topic before.
+        """
+        recreated = recreated_topics(start, latest)
+        if not recreated:
+            return start
+        changes = "; ".join(f"{topic!r}: {', '.join(what)}" for topic, what in recreated.items())
+        seen = [key for key in start if key[0] in recreated and key in self._latest_seen]
+        if seen:
+            waited = sum(max(self._latest_seen[key] - start[key], 0) for key in seen)
+            lost = f"the {waited} record(s) that waited there unread are lost"
+        else:
+            lost = "the records that waited there unread are lost"
+        if self._options.fail_on_data_loss:
+            raise TopicError(
+                f"topic(s) deleted and created again since the job read them ({changes}): "
+                f"{lost}. To read them on from their start, set kafka.fail_on_data_loss = "
+                "false for one run"
+            )
+        log.warning(
+            "topic(s) deleted and created again since the job read them (%s): %s; reading "
+            "them from their start (failOnDataLoss is false)",
+            changes,
+            lost,
+        )
+        return {key: offset for key, offset in start.items() if key[0] not in recreated}
 
     def _not_read(self, offsets: Offsets) -> Offsets:
         """The entries of `offsets` of topics this source no longer subscribes to."""

@@ -5,17 +5,28 @@ still have exactly one effect (the fault harness's checks, tests/faults/harness.
 from __future__ import annotations
 
 import random
+import re
 import signal
 import sys
+import time
+import uuid
 from pathlib import Path
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 sys.path.insert(0, str(FAULTS_DIR))
 
+import pyarrow as pa  # noqa: E402
+import pytest  # noqa: E402
+from confluent_kafka import KafkaException  # noqa: E402
+from confluent_kafka.admin import NewTopic  # noqa: E402
 from harness import FaultsJob  # noqa: E402
 from helpers import job_env, retrylib_command, run_retrylib, running_job  # noqa: E402
 
-from retrylib.kafka.clients import make_producer  # noqa: E402
+from retrylib.config.topic_names import produced_topic  # noqa: E402
+from retrylib.errors import TopicError  # noqa: E402
+from retrylib.kafka.clients import make_admin, make_producer  # noqa: E402
+from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA  # noqa: E402
+from retrylib.kafka.transactional_producer import UnitProducer  # noqa: E402
 
 
 def _run_until_settled(job: FaultsJob, log: Path) -> None:
@@ -59,3 +70,59 @@ def test_a_retry_tier_taken_out_and_put_back_is_read_on_from_where_it_was(
     lines = ran.stderr.splitlines()
     assert any(line.startswith(f"error: {refusal}") for line in lines), ran.stderr[-3000:]
     assert "Traceback" not in ran.stderr
+
+    # The tier is deleted and created again with one partition (of two), and put back in the
+    # config: the job's position in it went with the old topic, and run stops at its first
+    # batch naming the topic and what changed (it read nothing of the new topic, in silence).
+    _recreate(bootstrap_servers, stranded_in, partitions=1)
+    job.write_config(retry={"delays": ["1s", "2s"]})
+    ran = run_retrylib("run", str(job.workdir / "job.toml"), "--available-now")
+    assert ran.returncode != 0, ran.stderr[-3000:]
+    changed = f"error: topic(s) deleted and created again since the job read them ('{stranded_in}'"
+    lines = [line for line in ran.stderr.splitlines() if line.startswith(changed)]
+    assert len(lines) == 1, ran.stderr[-5000:]
+    [line] = lines
+    assert "partition 1 is gone" in line and "kafka.fail_on_data_loss = false" in line, line
+    assert "Traceback" not in ran.stderr
+
+
+def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete `topic` and create it again with `partitions` partitions."""
+    admin = make_admin(bootstrap, {})
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 30
+    while True:  # the broker refuses the name until the deletion is done
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+            return
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_a_record_for_a_partition_its_topic_no_longer_has_fails_the_produce_at_once(
+    bootstrap_servers,
+):
+    """A tier deleted under the running job and created again with fewer partitions: producing
+    to a partition it lost names the topic and the change at once (it was retried through
+    "Unknown partition" until the produce gave up, and then again by the next attempt)."""
+    job = f"changed-{uuid.uuid4().hex[:10]}"
+    topic = f"{job}-tier"
+    admin = make_admin(bootstrap_servers, {})
+    created = admin.create_topics([NewTopic(name, 1, 1) for name in (topic, produced_topic(job))])
+    for future in created.values():
+        future.result(30)
+    producer = UnitProducer(job, f"{job}-app", 0, bootstrap_servers, {}, signing_key=b"k" * 32)
+    record = pa.RecordBatch.from_pylist(
+        [{"topic": topic, "partition": 1, "timestamp_ms": 0, "key": b"k", "value": b"v"}],
+        schema=OUTGOING_SCHEMA,
+    )
+    started = time.monotonic()
+    try:
+        expected = f"topic '{topic}' has 1 partition(s) and the job produces to its partition 1"
+        with pytest.raises(TopicError, match=re.escape(expected)):
+            producer.produce_once(0, lambda: iter([record]), 0)
+    finally:
+        producer.close()
+    assert time.monotonic() - started < 20

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from helpers import FakeKafka, reader_for
 
+from retrylib.errors import TopicError
 from retrylib.kafka import arrow_records
 from retrylib.kafka.arrow_records import KAFKA_SCHEMA
 from retrylib.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
@@ -127,6 +128,39 @@ def test_a_topic_matching_the_pattern_is_not_kept_when_it_is_gone() -> None:
     assert reader.latestOffset({"orders": {"0": 1}, "orderz": {"0": 7}}, None) == {
         "orders": {"0": 5}
     }
+
+
+def test_a_topic_created_again_with_fewer_partitions_fails_naming_it_and_what_it_took() -> None:
+    kafka = FakeKafka({P0: 50, P1: 50})
+    reader = reader_for(kafka)
+    assert reader.latestOffset({"orders": {"0": 10, "1": 20}}, None) == {
+        "orders": {"0": 50, "1": 50}
+    }
+
+    kafka.latest = {P0: 3}  # deleted, created again with one partition, 3 records since
+
+    with pytest.raises(TopicError) as raised:
+        reader.latestOffset({"orders": {"0": 50, "1": 45}}, None)
+    assert str(raised.value) == (
+        "topic(s) deleted and created again since the job read them ('orders': partition 0 "
+        "ends at offset 3, before the job's position 50, partition 1 is gone): the 5 "
+        "record(s) that waited there unread are lost. To read them on from their start, set "
+        "kafka.fail_on_data_loss = false for one run"
+    )
+
+
+def test_without_fail_on_data_loss_a_topic_created_again_is_read_from_its_start(caplog) -> None:
+    reader = reader_for(FakeKafka({P0: 3}), failOnDataLoss="false")
+    checkpointed = {"orders": {"0": 50, "1": 45}}  # a restart: nothing seen before
+
+    end = reader.latestOffset(checkpointed, None)
+
+    assert end == {"orders": {"0": 3}}
+    assert [(r.partition, r.start, r.end) for r in reader.partitions(checkpointed, end)] == [
+        (0, 0, 3)
+    ]
+    assert "the records that waited there unread are lost" in caplog.text
+    assert "'orders': partition 0 ends at offset 3" in caplog.text
 
 
 @pytest.mark.parametrize(
