@@ -259,7 +259,7 @@ def _build(root: Table, check_imports: bool, source_path: str) -> AnyConfig | No
     root.finish()
     job = read_job(tables["job"])
     kafka = read_kafka(tables["kafka"])
-    handler = read_handler(tables["handler"], check_imports)
+    handler = read_handler(tables["handler"], check_imports, os.path.dirname(source_path))
     output = read_output(tables["output"], handler.output_schema if handler else None)
     main_topics = tables["kafka"].values["topics"]
     job_name = tables["job"].values.get("name")

@@ -224,7 +224,9 @@ def _kafka_options(t: Table, *, librdkafka: bool = True) -> dict[str, str]:
     return options
 
 
-def read_handler(t: Table, check_imports: bool) -> HandlerConfig | None:
+def read_handler(t: Table, check_imports: bool, config_folder: str) -> HandlerConfig | None:
+    """The [handler] table; relative `paths` are taken from `config_folder` (the config
+    file's), so that the job imports the same handler from wherever it is started."""
     function = t.get("function", FUNCTION_REF, 'function = "examples.handlers:enrich_order"')
     ddl = t.get("output_schema", TEXT, 'output_schema = "order_id STRING, total DOUBLE"')
     paths = t.strings("paths", TEXT, 'paths = ["."]', ["."])
@@ -246,7 +248,9 @@ def read_handler(t: Table, check_imports: bool) -> HandlerConfig | None:
         )
     schema = _schema(t.problems, t.path("output_schema"), ddl) if ddl else None
     if paths:
-        paths = t.values["paths"] = tuple(os.path.abspath(p) for p in paths)
+        paths = t.values["paths"] = tuple(
+            os.path.abspath(os.path.join(config_folder, p)) for p in paths
+        )
         if check_imports and function:
             _check_import(t.problems, t.path("function"), function, paths, callable, "callable")
     if not t.ok:

@@ -34,7 +34,7 @@ def test_minimal_config_fills_defaults(tmp_path: Path) -> None:
     assert config.kafka.create_topics is True
     assert dict(config.kafka.options) == {}
     assert config.handler.output_schema.names == ("order_id", "total")
-    assert config.handler.paths == (str(REPO),)
+    assert config.handler.paths == (str(tmp_path),)  # the config file's folder
     assert config.handler.timeout_ms == 300_000  # 5m
     assert config.retry.delays_ms == (10_000, 60_000, 600_000)
     assert config.retry.max_attempts == 4
@@ -62,6 +62,7 @@ def test_example_conf_orders_loads() -> None:
     assert config.retry.delays_ms == (5_000, 60_000, 600_000)
     assert config.retry.jitter == pytest.approx(0.1)
     assert config.dead_letter.topic == "orders.orders.dlt"
+    assert config.handler.paths == (str(REPO),)
 
 
 def test_full_config(tmp_path: Path) -> None:
@@ -126,7 +127,7 @@ table = "s3://bucket/orders/metrics"
         "linger.ms": "5",
         "retry.backoff.ms": "1.5",
     }
-    assert config.handler.paths == (str(REPO), str(REPO / "examples"))
+    assert config.handler.paths == (str(tmp_path), str(tmp_path / "examples"))
     assert config.handler.timeout_ms == 90_000
     assert config.retry.max_attempts == 6
     assert config.retry.jitter == 0.125
@@ -171,14 +172,15 @@ def test_config_is_frozen_and_pickles(tmp_path: Path) -> None:
     assert isinstance(pickle.loads(pickle.dumps(config)), Config)
 
 
-def test_relative_handler_paths_resolve_from_the_working_directory(
+def test_relative_handler_paths_resolve_from_the_config_files_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "cfg_test_handlers.py").write_text(
         "class Bad(Exception):\n    pass\n\ndef handle(record):\n    return None\n"
     )
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # the job started from another folder
     config = load_config(
         write_literal_config(
             tmp_path,
