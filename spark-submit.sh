@@ -11,12 +11,18 @@
 # spark-submit beside the interpreter, pyvenv.cfg above it) it adds Spark's Kafka connector
 # and Delta Lake, resolved once by `python -m retrylib.spark.jars`; any other spark-submit
 # (a cluster's, on PATH) brings its own and gets none. Extra spark-submit flags
-# go in SPARK_SUBMIT_OPTS_EXTRA, e.g. SPARK_SUBMIT_OPTS_EXTRA="--master yarn".
+# go in RETRYLIB_SPARK_EXTRA, e.g. RETRYLIB_SPARK_EXTRA="--master yarn" (the name
+# deploy/emr/submit.sh reads too).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ $# -lt 1 ]]; then
   echo "usage: $0 CONFIG.toml [--available-now]" >&2
+  exit 2
+fi
+# Its former name: a run without the flags it holds (say --master yarn) would run elsewhere.
+if [[ -n "${SPARK_SUBMIT_OPTS_EXTRA:-}" ]]; then
+  echo "$0: SPARK_SUBMIT_OPTS_EXTRA is now called RETRYLIB_SPARK_EXTRA: rename it" >&2
   exit 2
 fi
 
@@ -58,4 +64,4 @@ with zipfile.ZipFile(sys.argv[1], 'w') as z:
 " "$bundle")
 
 # shellcheck disable=SC2086
-exec "$submit" "${jvm_flags[@]}" ${SPARK_SUBMIT_OPTS_EXTRA:-} --py-files "$bundle" "$here/jobs/run_job.py" "$@"
+exec "$submit" "${jvm_flags[@]}" ${RETRYLIB_SPARK_EXTRA:-} --py-files "$bundle" "$here/jobs/run_job.py" "$@"

@@ -764,7 +764,7 @@ class Bench:
             "submit", "flaky", None, SUBMIT_TOPIC, OUTPUT_DDL, "5s", "1s", "record", "auto",
             1, False,
         )  # fmt: skip
-        env = {**self.env, "SPARK_SUBMIT_OPTS_EXTRA": f"--master {a.master}"}
+        env = {**self.env, "RETRYLIB_SPARK_EXTRA": f"--master {a.master}"}
         log_path = self.workdir / "logs" / "submit.log"
         say(f"submit: ./spark-submit.sh {config.name} ({log_path})")
         result = time_to_first_batch(

@@ -421,7 +421,7 @@ def run(args: argparse.Namespace, workdir: Path, bootstrap: str, config: Path) -
         **os.environ,
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_SUBMIT_OPTS_EXTRA": " ".join(
+        "RETRYLIB_SPARK_EXTRA": " ".join(
             [f"--master {args.master}", *(f"--conf {setting}" for setting in args.spark_conf)]
         ),
     }

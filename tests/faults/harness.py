@@ -595,7 +595,7 @@ class FaultHarness:
             # after the tests' own (the class archive's, tests/jvm_class_archive.py).
             inherited = os.environ.get("SPARK_SUBMIT_OPTS", "")
             full_env["SPARK_SUBMIT_OPTS"] = f"{inherited} {java_options}".strip()
-            full_env["SPARK_SUBMIT_OPTS_EXTRA"] = " ".join(["--master", self.master, *submit_args])
+            full_env["RETRYLIB_SPARK_EXTRA"] = " ".join(["--master", self.master, *submit_args])
             # spark-submit.sh execs the JVM, which starts the driver: the crash listener of
             # every process of the job kills this shell's process group, the whole job.
             command = [

@@ -43,7 +43,7 @@ def test_spark_submit_available_now_exits_zero(
         f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{events} "
         "--conf spark.eventLog.compress=false --conf spark.eventLog.rolling.enabled=false"
     )
-    env = job_env({"SPARK_SUBMIT_OPTS_EXTRA": f"--master local[2] {event_log}"})
+    env = job_env({"RETRYLIB_SPARK_EXTRA": f"--master local[2] {event_log}"})
 
     done = subprocess.run(
         [str(REPO / "spark-submit.sh"), config.source_path, "--available-now"],
@@ -146,7 +146,7 @@ def test_sigterm_to_the_spark_submit_jvm_stops_after_the_batch_and_exits_zero(
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
     config = write_config([topic], kafka={"max_offsets_per_trigger": 50})  # a long backlog
-    env = job_env({"SPARK_SUBMIT_OPTS_EXTRA": "--master local[2]"})
+    env = job_env({"RETRYLIB_SPARK_EXTRA": "--master local[2]"})
     log_path = tmp_path / "job.log"
     with running_job([str(REPO / "spark-submit.sh"), config.source_path], env, log_path) as job:
         wait_for(job, lambda: read_table_rows(config.output.table) > 0, 240)
@@ -178,3 +178,17 @@ def test_missing_topics_fail_at_start_when_creation_is_off(
 
     with pytest.raises(TopicError, match=re.escape(config.retry.tier_topics()[0])):
         start_query(spark, config, available_now=True)
+
+
+def test_spark_submit_refuses_the_former_name_of_its_extra_flags_variable() -> None:
+    """Its flags (say --master yarn) would be dropped in silence, and the job run elsewhere."""
+    env = job_env({"SPARK_SUBMIT_OPTS_EXTRA": "--master yarn"})
+    done = subprocess.run(
+        [str(REPO / "spark-submit.sh"), str(REPO / "conf" / "orders.toml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "SPARK_SUBMIT_OPTS_EXTRA is now called RETRYLIB_SPARK_EXTRA" in done.stderr

@@ -137,7 +137,7 @@ def test_a_failure_storm_stages_every_record_to_the_first_tier_once(
         retry={"delays": ["1h", "2h"], "max_attempts": 3},
     )
     assert config.kafka.max_offsets_per_trigger is None  # the backlog is one batch
-    env = job_env({"SPARK_SUBMIT_OPTS_EXTRA": f"--master local[2] --driver-memory {DRIVER_MEMORY}"})
+    env = job_env({"RETRYLIB_SPARK_EXTRA": f"--master local[2] --driver-memory {DRIVER_MEMORY}"})
     log_path = tmp_path / "job.log"
     with log_path.open("w") as log:
         done = subprocess.run(

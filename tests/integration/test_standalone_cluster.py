@@ -298,7 +298,7 @@ def test_exactly_once_when_a_worker_dies_mid_batch(
         **_spark_env(),
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "RETRYLIB_LOG_LEVEL": "INFO",
-        "SPARK_SUBMIT_OPTS_EXTRA": " ".join(submit_options),
+        "RETRYLIB_SPARK_EXTRA": " ".join(submit_options),
     }
     log = tmp_path / "job.log"
     with log.open("wb") as out:
