@@ -27,6 +27,7 @@ from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import (
     BATCH_HOOKS,
     RECORD_HOOKS,
+    TIER_TIMESTAMP_CONFIG,
     AnyConfig,
     Config,
     KafkaConfig,
@@ -154,20 +155,40 @@ def prepare_topics(config: AnyConfig) -> dict[str, int]:
         log.info("kafka.topic_pattern %r matches %d topic(s) now", kafka.topic_pattern, len(main))
     # A pattern job's tiers serve every topic it will match: as many partitions as the
     # largest one now (one when none matches yet).
-    most = max(main.values(), default=1)
+    most = kafka.new_topics.partitions or max(main.values(), default=1)
     wanted = {
-        topic: main.get(key, most)
+        topic: kafka.new_topics.partitions or main.get(key, most)
         for tier in config.retry.tiers
         for key, topic in tier.topics.items()
     }
     wanted.update({topic: most for topic in config.dead_letter.topics()})
-    wanted[produced_topic(config.job.name)] = 1
     tier_configs = {
-        topic: {"message.timestamp.after.max.ms": str(delay_ms + TIER_CLOCK_ALLOWANCE_MS)}
+        topic: {TIER_TIMESTAMP_CONFIG: str(delay_ms + TIER_CLOCK_ALLOWANCE_MS)}
         for topic, delay_ms in config.retry.tier_delays_ms().items()
     }
-    ensure_topics(admin, wanted, create=kafka.create_topics, configs=tier_configs)
-    return partition_counts(admin, wanted)
+    return _create_missing(admin, config, wanted, tier_configs)
+
+
+def _create_missing(
+    admin: AdminClient,
+    config: AnyConfig,
+    wanted: dict[str, int],
+    optional_configs: dict[str, dict[str, str]] | None = None,
+) -> dict[str, int]:
+    """`ensure_topics` for `wanted` (topic -> partitions) with [kafka.new_topics]'s replication
+    and configs, and for the control topic: one partition, the replication only
+    (`NewTopics`). Returns the partition count of each of them."""
+    kafka = config.kafka
+    settings = kafka.new_topics
+    ensure_topics(
+        admin,
+        {**wanted, produced_topic(config.job.name): 1},
+        create=kafka.create_topics,
+        configs=dict.fromkeys(wanted, settings.configs),
+        optional_configs=optional_configs,
+        replication_factor=settings.replication_factor,
+    )
+    return partition_counts(admin, {**wanted, produced_topic(config.job.name): 1})
 
 
 def _prepare_router_topics(admin: AdminClient, config: RouterConfig) -> dict[str, int]:
@@ -181,11 +202,10 @@ def _prepare_router_topics(admin: AdminClient, config: RouterConfig) -> dict[str
             f"delay_router.topics: topic(s) {missing} do not exist on "
             f"{config.kafka.bootstrap_servers}; create them (the senders write there)"
         )
-    wanted = {produced_topic(config.job.name): 1}
+    wanted = {}
     if router.fallback_topic is not None:
-        wanted[router.fallback_topic] = max(delays.values())
-    ensure_topics(admin, wanted, create=config.kafka.create_topics)
-    return partition_counts(admin, wanted)
+        wanted[router.fallback_topic] = config.kafka.new_topics.partitions or max(delays.values())
+    return _create_missing(admin, config, wanted)
 
 
 def _read_kafka(spark: SparkSession, format_name: str, options: dict[str, str]) -> DataFrame:

@@ -77,6 +77,27 @@ class KafkaSecurity:
         return f"SASL {self.mechanism} over {self.protocol}{user}"
 
 
+TIER_TIMESTAMP_CONFIG = "message.timestamp.after.max.ms"
+"""The topic config the job sets on each retry topic it creates (`job.prepare_topics`)."""
+
+
+@dataclass(frozen=True)
+class NewTopics(_ReadOnlyMappings):
+    """[kafka.new_topics]: how the job creates the topics it makes when they are missing
+    (retry tiers, dead-letter topics, a delay router's fallback topic, the control topic).
+
+    `replication_factor` None: three copies, or one per broker on a smaller cluster.
+    `partitions` None: a tier or dead-letter topic gets as many as the main topic it serves
+    (the most of them for a shared one), a fallback topic the most of the delay topics.
+    `configs` are topic configs of those topics. The control topic keeps one partition and
+    its broker defaults; it takes the replication factor only.
+    """
+
+    replication_factor: int | None = None
+    partitions: int | None = None
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class KafkaConfig(_ReadOnlyMappings):
     """[kafka]: where to read the main topics, and how its clients connect.
@@ -105,6 +126,7 @@ class KafkaConfig(_ReadOnlyMappings):
     starting_timestamp_ms: int | None = None  # starting_offsets as a time, in epoch ms
     fail_on_data_loss: bool = True
     topic_pattern: str | None = None  # main topics by name, instead of `topics` (then empty)
+    new_topics: NewTopics = field(default_factory=NewTopics)
 
     def topic_keys(self) -> tuple[str, ...]:
         """The main topics as the retry tiers are keyed: each of `topics`, or `ANY_TOPIC`."""

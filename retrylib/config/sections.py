@@ -17,6 +17,7 @@ from retrylib.config.locations import check_table_name
 from retrylib.config.model import (
     ANY_TOPIC,
     HOOKS,
+    TIER_TIMESTAMP_CONFIG,
     BreakerConfig,
     DeadLetterConfig,
     DelayRouterConfig,
@@ -25,6 +26,7 @@ from retrylib.config.model import (
     JobConfig,
     KafkaConfig,
     MetricsConfig,
+    NewTopics,
     OutputConfig,
     RetryConfig,
     RetryTier,
@@ -126,6 +128,9 @@ def read_kafka(t: Table, *, router: bool = False) -> KafkaConfig | None:
     security = read_security(
         t.table("security", '[kafka.security] protocol = "SASL_SSL"', required=False)
     )
+    new_topics = _new_topics(
+        t.table("new_topics", "[kafka.new_topics] replication_factor = 3", required=False)
+    )
     t.finish()
     if security is not None:
         check_security(t, security, options, java_options, librdkafka_options, source)
@@ -160,7 +165,25 @@ def read_kafka(t: Table, *, router: bool = False) -> KafkaConfig | None:
         starting_timestamp_ms=starting_ms,
         fail_on_data_loss=fail_on_data_loss,
         topic_pattern=pattern,
+        new_topics=new_topics,
     )
+
+
+def _new_topics(t: Table) -> NewTopics:
+    """[kafka.new_topics]: replication, partitions and topic configs of the topics the job
+    creates; absent keys leave the choice to the job (`NewTopics`)."""
+    replication = t.get("replication_factor", POSITIVE_INT, "replication_factor = 3", None)
+    partitions = t.get("partitions", POSITIVE_INT, "partitions = 6", None)
+    example = '[kafka.new_topics.configs] "retention.ms" = "604800000"'
+    configs = _options(t.table("configs", example, required=False))
+    t.finish()
+    if TIER_TIMESTAMP_CONFIG in configs:
+        t.problems.add(
+            t.path(f"configs.{TIER_TIMESTAMP_CONFIG}"),
+            "set by the job on each retry topic (its delay plus an allowance for clocks that "
+            "disagree, so that a retry stamped due later is accepted); remove it",
+        )
+    return NewTopics(replication, partitions, configs)
 
 
 def _main_topics(t: Table) -> tuple[tuple[str, ...] | None, str | None]:

@@ -239,22 +239,30 @@ def partition_counts(
     return {topic: len(partitions) for topic, partitions in found.items()}
 
 
+DEFAULT_REPLICATION_FACTOR = 3
+"""Copies of each topic the job creates, unless the config says otherwise or the cluster has
+fewer brokers."""
+
+
 def ensure_topics(
     admin: AdminClient,
     wanted: Mapping[str, int],
     *,
     create: bool,
     configs: Mapping[str, Mapping[str, str]] | None = None,
+    optional_configs: Mapping[str, Mapping[str, str]] | None = None,
+    replication_factor: int | None = None,
     timeout: float = 30.0,
 ) -> None:
     """Make sure every topic in `wanted` (topic -> partition count) exists.
 
-    Missing topics are created when `create` is true, with their `configs` (topic -> topic
-    configs) where given; otherwise `TopicError` names them. A broker that does not know a
-    config gets the topic without it, with a warning. A topic created concurrently by
-    someone else counts as existing. Returns once the broker's metadata shows every created
-    topic, so that a look-up right after finds it; raises `TopicError` when it does not
-    within `timeout`.
+    Missing topics are created when `create` is true, otherwise `TopicError` names them. A
+    topic is created with `replication_factor` copies (None: `DEFAULT_REPLICATION_FACTOR`,
+    or one per broker when the cluster has fewer), its `configs` and its `optional_configs`
+    (topic -> topic configs); a broker that refuses an optional config gets the topic
+    without those, with a warning. A topic created concurrently by someone else counts as
+    existing. Returns once the broker's metadata shows every created topic, so that a
+    look-up right after finds it; raises `TopicError` when it does not within `timeout`.
     """
     missing = sorted(set(wanted) - set(partition_counts(admin, wanted)))
     if not missing:
@@ -263,20 +271,27 @@ def ensure_topics(
         raise TopicError(
             f"missing topic(s) {missing}: create them, or set [kafka] create_topics = true"
         )
-    configs = configs or {}
+    if replication_factor is None:
+        brokers = len(admin.list_topics(timeout=timeout).brokers)
+        replication_factor = max(min(DEFAULT_REPLICATION_FACTOR, brokers), 1)
     for topic in missing:
+        required = dict((configs or {}).get(topic, {}))
+        optional = dict((optional_configs or {}).get(topic, {}))
+        new = NewTopic(topic, wanted[topic], replication_factor, config={**optional, **required})
         try:
-            _create_topic(admin, topic, wanted[topic], configs.get(topic, {}), timeout)
+            _create_topic(admin, new, timeout)
         except Exception as e:
-            if not (configs.get(topic) and "INVALID_CONFIG" in str(e)):
+            if not (optional and "INVALID_CONFIG" in str(e)):
                 raise TopicError(f"could not create topic {topic!r}: {e}") from e
             log.warning(
                 "the brokers refused topic configs %s for %s (%s); creating it without them",
-                dict(configs[topic]),
+                optional,
                 topic,
                 e,
             )
-            _create_topic(admin, topic, wanted[topic], {}, timeout)
+            _create_topic(
+                admin, NewTopic(topic, wanted[topic], replication_factor, config=required), timeout
+            )
     _await_metadata(admin, missing, timeout)
 
 
@@ -300,14 +315,17 @@ def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> No
         time.sleep(_METADATA_POLL_S)
 
 
-def _create_topic(
-    admin: AdminClient, topic: str, partitions: int, config: Mapping[str, str], timeout: float
-) -> None:
-    new = NewTopic(topic, num_partitions=partitions, replication_factor=-1, config=dict(config))
+def _create_topic(admin: AdminClient, new: NewTopic, timeout: float) -> None:
     [future] = admin.create_topics([new], operation_timeout=timeout).values()
     try:
         future.result(timeout)
-        log.info("created topic %s with %d partitions", topic, partitions)
+        log.info(
+            "created topic %s with %d partitions, %d replicas, configs %s",
+            new.topic,
+            new.num_partitions,
+            new.replication_factor,
+            new.config,
+        )
     except Exception as e:  # KafkaException carries TOPIC_ALREADY_EXISTS on a race
         if "TOPIC_ALREADY_EXISTS" not in str(e):
             raise

@@ -163,7 +163,12 @@ def redrive(
     options = kafka.client_options()
     admin = connected_admin(kafka.bootstrap_servers, options, config.kafka_login())
     control = redriven_topic(config.job.name)
-    ensure_topics(admin, {control: 1}, create=kafka.create_topics)
+    ensure_topics(
+        admin,
+        {control: 1},
+        create=kafka.create_topics,
+        replication_factor=kafka.new_topics.replication_factor,
+    )
     lease = take_lease(
         kafka.bootstrap_servers,
         options,

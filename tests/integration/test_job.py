@@ -10,10 +10,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
+from confluent_kafka.admin import ConfigResource
 from helpers import produce, read_table, run_available_now, table_frame
 
 from retrylib.checkpoint import Checkpoint
-from retrylib.job import start_query
+from retrylib.config.topic_names import produced_topic
+from retrylib.job import prepare_topics, start_query
+from retrylib.kafka.clients import make_admin
 
 
 def expected_frame(spark, rows: list[tuple]):
@@ -141,3 +144,33 @@ def test_catalog_table_names(spark, bootstrap_servers, make_topic, write_config)
     assert_df_equality(actual, expected.drop("partition", "offset"), ignore_row_order=True)
     [dead_row] = spark.table(dead).select("key", "reason").collect()
     assert (dead_row.key, dead_row.reason) == (b"bad-1", "non_retryable")
+
+
+def test_the_topics_the_job_creates_take_the_new_topics_settings(
+    bootstrap_servers, make_topic, write_config
+):
+    """[kafka.new_topics]: partitions and configs for the tiers and the dead-letter topic (the
+    tiers keep the job's own timestamp config); the control topic keeps one partition."""
+    topic = make_topic("orders", partitions=1)
+    config = write_config(
+        [topic],
+        name=f"made{uuid.uuid4().hex[:8]}",
+        kafka={"new_topics": {"partitions": 2, "configs": {"retention.ms": "3600000"}}},
+    )
+
+    counts = prepare_topics(config)
+
+    made = [*config.retry.tier_topics(), config.dead_letter.topic]
+    assert counts == {**dict.fromkeys(made, 2), produced_topic(config.job.name): 1}
+    admin = make_admin(bootstrap_servers, {})
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in made]
+    described = {
+        resource.name: {name: entry.value for name, entry in future.result(30).items()}
+        for resource, future in admin.describe_configs(resources).items()
+    }
+    assert {name: settings["retention.ms"] for name, settings in described.items()} == (
+        dict.fromkeys(made, "3600000")
+    )
+    assert described[config.retry.tier_topics()[0]]["message.timestamp.after.max.ms"] == str(
+        1_000 + 300_000
+    )

@@ -12,7 +12,7 @@ import pytest
 from helpers import REPO, problem_for, write_literal_config
 
 from retrylib.config.loader import collect_config_errors, load_config
-from retrylib.config.model import Config, RetryTier
+from retrylib.config.model import Config, NewTopics, RetryTier
 from retrylib.config.secrets import is_secret_key
 from retrylib.errors import ConfigError
 
@@ -172,6 +172,22 @@ def test_config_is_frozen_and_pickles(tmp_path: Path) -> None:
     assert isinstance(pickle.loads(pickle.dumps(config)), Config)
 
 
+def test_new_topics_settings_are_read_with_their_configs_as_strings(tmp_path: Path) -> None:
+    config = load_config(
+        write_literal_config(
+            tmp_path,
+            {
+                "kafka.new_topics": "{ replication_factor = 2, partitions = 6, configs = "
+                '{ "retention.ms" = 86400000, "min.insync.replicas" = "2" } }'
+            },
+        )
+    )
+    assert config.kafka.new_topics == NewTopics(
+        2, 6, {"retention.ms": "86400000", "min.insync.replicas": "2"}
+    )
+    assert load_config(write_literal_config(tmp_path)).kafka.new_topics == NewTopics()
+
+
 def test_relative_handler_paths_resolve_from_the_config_files_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -271,6 +287,15 @@ PROBLEMS = [
         r"position 2; write Spark DDL like",
     ),
     ({"handler.paths": '"."'}, r'handler\.paths: expected a non-empty list, got "\."'),
+    (
+        {"kafka.new_topics": "{ replication_factor = 0 }"},
+        r"kafka\.new_topics\.replication_factor: expected a whole number >= 1, got 0",
+    ),
+    (
+        {"kafka.new_topics": '{ configs = { "message.timestamp.after.max.ms" = "1" } }'},
+        r"kafka\.new_topics\.configs\.message\.timestamp\.after\.max\.ms: set by the job on "
+        r"each retry topic",
+    ),
     ({"handler.timeout": '"0s"'}, r'handler\.timeout: expected a duration above zero, got "0s"'),
     ({"output.table": None}, r"output\.table: missing; add table = .* under \[output\]"),
     ({"output": None}, r"output: missing; add a \[output\] table to the file"),
