@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import ClusterMetadata
 
 from retrylib.checkpoint import Checkpoint
 from retrylib.config.durations import format_duration
@@ -144,7 +145,32 @@ def _topic_findings(config: AnyConfig, timeout: float) -> tuple[bool, list[Findi
             findings.append(Finding("ok", f"{label}: {len(found[topic])} partitions"))
         else:
             findings.append(missing)
+    findings += single_copy_findings(lookups.admin.list_topics(timeout=timeout), others)
     return True, findings
+
+
+def single_copy_findings(metadata: ClusterMetadata, topics: list[tuple[str, str]]) -> list[Finding]:
+    """A warning for each of `topics` ((topic, label)) that has a partition with one replica
+    on a cluster of several brokers: losing that broker loses the retries it holds."""
+    brokers = len(metadata.brokers)
+    if brokers < 2:
+        return []
+    findings = []
+    for topic, label in topics:
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            continue
+        if min(len(partition.replicas) for partition in info.partitions.values()) == 1:
+            findings.append(
+                Finding(
+                    "warning",
+                    f"{label} keeps one copy of its records on a cluster of {brokers} brokers: "
+                    "losing its broker loses them. Raise its replication (Kafka's "
+                    "kafka-reassign-partitions), and leave kafka.new_topics.replication_factor "
+                    "unset or above 1 for the topics the job creates",
+                )
+            )
+    return findings
 
 
 def _required_topics(config: AnyConfig) -> list[tuple[str, str, str]]:

@@ -6,6 +6,7 @@ of its own: tests/integration/test_check_command.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 from helpers import write_noop_job
 
 from retrylib.kafka.reading import KafkaOffsets
+from retrylib.ops.check import single_copy_findings
 from retrylib.ops.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, main
 
 pytestmark = pytest.mark.usefixtures("keep_root_logger")
@@ -209,3 +211,20 @@ def test_status_shows_the_breaker_and_its_next_probe() -> None:
         "breaker: open since 2026-11-25T04:00:00+00:00 (600 of the last 1000 main-topic "
         "records failed); next probe at 2026-11-25T04:00:30+00:00"
     )
+
+
+def test_check_warns_of_a_created_topic_kept_in_one_copy_on_a_cluster_of_several() -> None:
+    def topic(*replicas: list[int]) -> SimpleNamespace:
+        partitions = {i: SimpleNamespace(replicas=r) for i, r in enumerate(replicas)}
+        return SimpleNamespace(error=None, partitions=partitions)
+
+    topics = {"o.dlt": topic([1], [2, 3]), "o.retry.5s": topic([1, 2], [2, 3])}
+    labels = [("o.dlt", "dead-letter topic 'o.dlt'"), ("o.retry.5s", "retry"), ("gone", "x")]
+    cluster = SimpleNamespace(brokers=dict.fromkeys([1, 2, 3]), topics=topics)
+
+    [warning] = single_copy_findings(cluster, labels)
+    assert warning.level == "warning"
+    assert warning.message.startswith(
+        "dead-letter topic 'o.dlt' keeps one copy of its records on a cluster of 3 brokers"
+    )
+    assert single_copy_findings(SimpleNamespace(brokers={1: None}, topics=topics), labels) == []
