@@ -7,8 +7,8 @@ retry records' lateness. Spark puts these figures into each batch's progress, un
 Databricks' dashboards find them:
 
     "observedMetrics": {"retrylib": {"records_main": 100, "succeeded": 97, "retried": 5,
-        "retried_tier_0": 4, "retried_tier_1": 1, "dead_lettered": 2, ...,
-        "handler_ms": 40, "lateness_p50_ms_tier_0": 212, "lateness_p99_ms_tier_0": 870,
+        "retried_tier_1": 4, "retried_tier_2": 1, "dead_lettered": 2, ...,
+        "handler_ms": 40, "lateness_p50_ms_tier_1": 212, "lateness_p99_ms_tier_1": 870,
         ...}}
 
 Every counter of the metrics log line is there except `produced` (known only after the
@@ -33,8 +33,9 @@ PERCENTILES = (("p50", 0.5), ("p99", 0.99))
 
 
 def lateness_metric(percentile: str, tier: int) -> str:
-    """The observed metric of `percentile` ("p50", "p99") of tier `tier`'s lateness."""
-    return f"lateness_{percentile}_ms_tier_{tier}"
+    """The observed metric of `percentile` ("p50", "p99") of tier `tier`'s lateness (0 = the
+    first tier, named as users number tiers: "..._tier_1")."""
+    return f"lateness_{percentile}_ms_tier_{tier + 1}"
 
 
 def rows_metric(kind: str) -> str:

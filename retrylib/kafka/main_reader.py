@@ -3,8 +3,9 @@
 `kafka.source = "auto"` (the default) gives a new checkpoint retrylib's own source
 (`"python"`): its routing tasks read their offset ranges from Kafka themselves, so records
 never cross into the JVM and a small batch skips the connector's round trips (the figures,
-and where they were measured, are in docs/performance.md). It is also the only reader that carries the breaker and key order. `"builtin"` picks
-Spark's connector, as a user who needs its Java client options may.
+and where they were measured, are in docs/performance.md). It is also the only reader that
+carries the breaker and key order. `"builtin"` picks Spark's connector, as a user who needs
+its Java client options may.
 
 A checkpoint keeps the reader it was started with: Spark checkpoints the query's sources, and
 the two readers make different sources (the connector is a second source beside the tiers'),

@@ -28,7 +28,7 @@ from retrylib.batch.result import BatchResult
 from retrylib.config.loader import load_config
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
-from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count, retried_tier
+from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +155,11 @@ def batch_story(counters: Mapping[str, int]) -> str:
         return ""
     outcomes = [f"{counters.get(Count.SUCCEEDED, 0)} handled"]
     tiers = sorted(
-        int(name[len(RETRIED_TIER_PREFIX) :])
-        for name in counters
+        (int(name[len(RETRIED_TIER_PREFIX) :]), count)
+        for name, count in counters.items()
         if name.startswith(RETRIED_TIER_PREFIX)
     )
-    outcomes += [f"{counters[retried_tier(tier)]} sent to retry tier {tier + 1}" for tier in tiers]
+    outcomes += [f"{count} sent to retry tier {number}" for number, count in tiers]
     if counters.get(Count.DEAD_LETTERED):
         outcomes.append(f"{counters[Count.DEAD_LETTERED]} dead-lettered")
     return f"{' and '.join(read)}; {', '.join(outcomes)}"

@@ -113,5 +113,6 @@ RETRIED_TIER_PREFIX = "retried_tier_"
 
 
 def retried_tier(tier: int) -> str:
-    """The counter of records sent to retry tier `tier` (0 = the first)."""
-    return f"{RETRIED_TIER_PREFIX}{tier}"
+    """The counter of records sent to retry tier `tier` (0 = the first), named as the tiers
+    are numbered to users: from 1 ("retried_tier_1" for the first)."""
+    return f"{RETRIED_TIER_PREFIX}{tier + 1}"

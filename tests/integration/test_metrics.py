@@ -83,9 +83,9 @@ def test_metrics_lines_and_table_match_the_run(
     for line in lines:
         figures = observed[line["batch_id"]]
         assert {name: figures[name] for name in totals} == {name: line[name] for name in totals}
-        assert figures["retried_tier_0"] == line["retried_by_tier"][0]
-        assert figures["lateness_p50_ms_tier_0"] == line["lateness_p50_ms_by_tier"][0]
-        assert figures["lateness_p99_ms_tier_0"] == line["lateness_p99_ms_by_tier"][0]
+        assert figures["retried_tier_1"] == line["retried_by_tier"][0]
+        assert figures["lateness_p50_ms_tier_1"] == line["lateness_p50_ms_by_tier"][0]
+        assert figures["lateness_p99_ms_tier_1"] == line["lateness_p99_ms_by_tier"][0]
     # The three retries were handled after they were due, never before.
     retry_batches = [line for line in lines if line["records_retry"]]
     assert retry_batches and all(

@@ -22,8 +22,8 @@ def test_one_metrics_row_per_batch(spark, tmp_path):
     recorder = MetricsRecorder(cfg, "m-1", cfg.retry.tiers)
     recorder.prepare(spark)
 
-    recorder.record(result(2, records_main=3, retried_tier_1=1))
-    recorder.record(result(2, records_main=3, retried_tier_1=1))  # the batch replayed
+    recorder.record(result(2, records_main=3, retried_tier_2=1))
+    recorder.record(result(2, records_main=3, retried_tier_2=1))  # the batch replayed
     recorder.record(result(1, records_main=9))  # an earlier batch, committed already
 
     table = read_table(spark, TableRef.parse(cfg.metrics.table, "metrics.table"))

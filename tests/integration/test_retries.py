@@ -119,7 +119,7 @@ def test_main_records_flow_while_retries_wait(spark, bootstrap_servers, make_top
     query, router = start_query(spark, config, on_result=results.append)
     try:
         deadline = time.monotonic() + 60
-        while not any(r.counters.get("retried_tier_0") for r in results):
+        while not any(r.counters.get("retried_tier_1") for r in results):
             assert time.monotonic() < deadline and query.isActive
             time.sleep(0.2)
         produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(100)])

@@ -77,7 +77,7 @@ def test_failure_goes_to_first_tier_never_early(plan):
     )
     assert state.not_before_ms >= before + 5000
     assert outgoing["timestamp_ms"] == state.not_before_ms - 5000
-    assert counters["retried_tier_0"] == 1
+    assert counters["retried_tier_1"] == 1
 
 
 def test_non_retryable_goes_to_dead_letter(plan):
@@ -213,7 +213,7 @@ def test_rows_that_do_not_fit_the_schema_dead_letter_only_their_record(plan):
     assert (dead["reason"], dead["attempts"]) == ("bad_handler_result", 1)
     assert dead["error_class"].endswith("BadHandlerResult")
     assert counters["succeeded"] == 1 and counters["dead_lettered"] == 1
-    assert "retried_tier_0" not in counters
+    assert "retried_tier_1" not in counters
 
 
 def vectorised(plan: TaskPlan, handler: str, kind: str = "arrow") -> TaskPlan:
@@ -235,13 +235,13 @@ def test_vectorised_per_row_results_fail_only_their_rows(plan):
     counters, written = route(vectorised(plan, "arrow_rows"), rows)
     assert [r["key"] for r in written["output"]] == ["ok-1"]
     assert [s["topic"] for s in written[OUTGOING_KIND]] == [TIER]
-    assert counters["succeeded"] == 1 and counters["retried_tier_0"] == 1
+    assert counters["succeeded"] == 1 and counters["retried_tier_1"] == 1
 
 
 def test_vectorised_call_that_raises_fails_every_row(plan):
     rows = [{"key": f"ok-{i}".encode(), "offset": i} for i in range(3)]
     counters, written = route(vectorised(plan, "arrow_raises"), rows)
-    assert written["output"] == [] and counters["retried_tier_0"] == 3
+    assert written["output"] == [] and counters["retried_tier_1"] == 3
 
 
 def test_vectorised_batch_with_retries_passes_the_original(plan):
@@ -262,7 +262,7 @@ def test_vectorised_batch_with_nothing_due_calls_no_handler(plan):
     rows = [retry_row(plan, b"ok-9", 80, not_before_ms=not_before)]
     counters, written = route(vectorised(plan, "arrow_raises"), rows)
     assert written["output"] == [] and counters["requeued_not_due"] == 1
-    assert counters["records_retry"] == 1 and "retried_tier_0" not in counters
+    assert counters["records_retry"] == 1 and "retried_tier_1" not in counters
 
 
 def test_the_collector_thresholds_come_back_after_a_task(plan):
@@ -368,7 +368,7 @@ def test_a_retry_after_beyond_the_maximum_is_dead_lettered_not_a_crash(plan, sec
 
 def test_a_retry_after_nan_is_an_ordinary_retry(plan):
     counters, written = route(plan, [{"key": b"after-nan", "offset": 12}])
-    assert counters["retried_tier_0"] == 1
+    assert counters["retried_tier_1"] == 1
 
 
 def test_a_long_retry_after_waits_in_hops_never_holding_the_tier(plan):

@@ -54,7 +54,7 @@ def test_a_retry_copy_over_the_tier_limit_is_dead_lettered_and_the_batch_goes_on
     assert counters["dead_lettered_too_large"] == 1
     assert counters["dead_lettered"] == 1
     assert counters["dead_letter_truncated"] == 1
-    assert counters["retried_tier_0"] == 1
+    assert counters["retried_tier_1"] == 1
     assert "orders[1]@7: retry copy of" in caplog.text and f"{TIER_LIMIT} bytes" in caplog.text
 
 

@@ -9,7 +9,7 @@ def test_a_batch_is_told_by_what_it_read_and_where_each_record_went() -> None:
     counters = {
         "records_main": 200,
         "succeeded": 165,
-        "retried_tier_0": 34,
+        "retried_tier_1": 34,
         "dead_lettered": 1,
         "handler_ms": 2,
         "kafka_read_ms": 307,
@@ -19,7 +19,7 @@ def test_a_batch_is_told_by_what_it_read_and_where_each_record_went() -> None:
 
 
 def test_retries_name_their_tier_counted_from_one_and_skip_tiers_not_used() -> None:
-    counters = {"records_retry": 34, "records_main": 2, "succeeded": 15, "retried_tier_1": 21}
+    counters = {"records_retry": 34, "records_main": 2, "succeeded": 15, "retried_tier_2": 21}
     story = "2 new orders read and 34 retries read; 15 handled, 21 sent to retry tier 2"
     assert batch_story(counters) == story
 

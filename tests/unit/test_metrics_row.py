@@ -27,7 +27,7 @@ def result(batch_id: int = 4, **counters: int) -> BatchResult:
 
 def test_row_holds_every_figure():
     row = metrics_row(
-        result(records_main=10, records_retry=3, succeeded=9, retried_tier_1=2, dead_lettered=1),
+        result(records_main=10, records_retry=3, succeeded=9, retried_tier_2=2, dead_lettered=1),
         job="orders",
         tiers=3,
         finished_ms=1_700_000_000_000,

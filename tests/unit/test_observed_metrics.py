@@ -12,12 +12,12 @@ def test_every_counter_of_the_log_line_but_produced_is_observed():
     assert "produced" not in names
     assert {"records_main", "succeeded", "retried", "dead_lettered", "handler_ms"} <= set(names)
     assert names[-6:] == [
-        "retried_tier_0",
         "retried_tier_1",
-        "lateness_p50_ms_tier_0",
-        "lateness_p99_ms_tier_0",
+        "retried_tier_2",
         "lateness_p50_ms_tier_1",
         "lateness_p99_ms_tier_1",
+        "lateness_p50_ms_tier_2",
+        "lateness_p99_ms_tier_2",
     ]
     assert len(names) == len(set(names))
 

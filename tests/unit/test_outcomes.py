@@ -28,5 +28,5 @@ def test_the_operating_page_has_a_row_for_every_counter() -> None:
 def test_names_are_plain_text_where_they_are_stored() -> None:
     assert DeadLetterDecision(Reason.RETRY_TIMEOUT).reason == "retry_timeout"
     assert Reason.RECORD_TOO_LARGE.encode() == b"record_too_large"  # the dead-letter header
-    assert retried_tier(2) == "retried_tier_2"
+    assert retried_tier(0) == "retried_tier_1"  # tiers are numbered from 1 to users
     assert {Count.SUCCEEDED: 1} == {"succeeded": 1}  # counters read back from JSON
