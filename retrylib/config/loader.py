@@ -52,15 +52,18 @@ def load_config(
     *,
     overrides: Mapping[str, object] | None = None,
     check_imports: bool = True,
+    local_folders: bool = True,
 ) -> AnyConfig:
     """Read, validate and return the config at `path`.
 
     `overrides` maps dotted keys to values ({"kafka.bootstrap_servers": "127.0.0.1:5555"}) and
     is applied before validation. With `check_imports`, the handler and the non-retryable
-    exception classes must import. Raises `ConfigError` listing every problem, one per line;
-    its `problems` attribute holds them as a tuple.
+    exception classes must import; with `local_folders`, a checkpoint or table named by a
+    local path must be a folder this user can write or create (off for a config checked away
+    from where it runs). Raises `ConfigError` listing every problem, one per line; its
+    `problems` attribute holds them as a tuple.
     """
-    config, problems = _parse(path, overrides or {}, check_imports)
+    config, problems = _parse(path, overrides or {}, check_imports, local_folders)
     if config is None:
         count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
         error = ConfigError(f"invalid config {path} ({count}):\n" + "\n".join(problems))
@@ -74,9 +77,10 @@ def collect_config_errors(
     *,
     overrides: Mapping[str, object] | None = None,
     check_imports: bool = True,
+    local_folders: bool = True,
 ) -> list[str]:
     """Every problem `load_config` would report for `path`, as a list (empty when valid)."""
-    return _parse(path, overrides or {}, check_imports)[1]
+    return _parse(path, overrides or {}, check_imports, local_folders)[1]
 
 
 def accepted_keys(*, delay_router: bool = False) -> frozenset[str]:
@@ -90,7 +94,7 @@ def accepted_keys(*, delay_router: bool = False) -> frozenset[str]:
     document: dict[str, Any] = {name: {} for name in sections}
     document["kafka"] = {"security": {"protocol": "PLAINTEXT"}}
     root = Table(Problems(), "", document)
-    _build(root, check_imports=False, source_path="")
+    _build(root, check_imports=False, local_folders=False, source_path="")
     return frozenset(_leaf_keys(root))
 
 
@@ -104,7 +108,7 @@ def _leaf_keys(t: Table) -> list[str]:
 
 
 def _parse(
-    path: str | Path, overrides: Mapping[str, object], check_imports: bool
+    path: str | Path, overrides: Mapping[str, object], check_imports: bool, local_folders: bool
 ) -> tuple[AnyConfig | None, list[str]]:
     """The config (None when anything is wrong) and every problem found.
 
@@ -116,7 +120,9 @@ def _parse(
         return None, problems.messages
     _apply_overrides(data, overrides, problems)
     data = _interpolate(data, "", problems)
-    config = _build(Table(problems, "", data), check_imports, str(Path(path).resolve()))
+    config = _build(
+        Table(problems, "", data), check_imports, local_folders, str(Path(path).resolve())
+    )
     return (None if problems.entries else config), problems.messages
 
 
@@ -216,7 +222,7 @@ _ROUTER_SECTIONS = ("job", "kafka", "delay_router", "metrics")
 _HANDLER_SECTIONS = ("handler", "output", "retry", "dead_letter", "hooks", "breaker")
 
 
-def _build_router(root: Table, source_path: str) -> RouterConfig | None:
+def _build_router(root: Table, local_folders: bool, source_path: str) -> RouterConfig | None:
     """A delay router's config ([delay_router] set): no handler, output, retry or dead letter."""
     tables = {
         name: root.table(name, f"a [{name}] table", required=name != "metrics")
@@ -234,7 +240,7 @@ def _build_router(root: Table, source_path: str) -> RouterConfig | None:
     kafka = read_kafka(tables["kafka"], router=True)
     router = read_delay_router(tables["delay_router"], tables["job"].values.get("name"))
     metrics = read_metrics(tables["metrics"])
-    check_locations(root.problems, tables)
+    check_locations(root.problems, tables, local_folders)
     if not (job and kafka and router and metrics):
         return None
     return RouterConfig(
@@ -248,10 +254,12 @@ def _build_router(root: Table, source_path: str) -> RouterConfig | None:
     )
 
 
-def _build(root: Table, check_imports: bool, source_path: str) -> AnyConfig | None:
+def _build(
+    root: Table, check_imports: bool, local_folders: bool, source_path: str
+) -> AnyConfig | None:
     """Read every section, then check what spans sections; None when anything is wrong."""
     if "delay_router" in root.data:
-        return _build_router(root, source_path)
+        return _build_router(root, local_folders, source_path)
     tables = {
         name: root.table(name, f"a [{name}] table", required=name in _REQUIRED_SECTIONS)
         for name in (*_REQUIRED_SECTIONS, *_OPTIONAL_SECTIONS)
@@ -285,7 +293,7 @@ def _build(root: Table, check_imports: bool, source_path: str) -> AnyConfig | No
         tables["retry"], tables["kafka"].values.get("source"), tables["handler"].values.get("kind")
     )
     check_control_topics(root.problems, tables)
-    check_locations(root.problems, tables)
+    check_locations(root.problems, tables, local_folders)
     non_retryable = tables["retry"].values["non_retryable"]
     handler_paths = tables["handler"].values["paths"]
     token_provider = kafka.security.token_provider if kafka and kafka.security else None

@@ -21,9 +21,10 @@ _LOCATIONS = (
 )
 
 
-def check_locations(problems: Problems, tables: Mapping[str, Table]) -> None:
+def check_locations(problems: Problems, tables: Mapping[str, Table], local_folders: bool) -> None:
     """The checkpoint and each Delta table need a location of their own, none inside
-    another (a table inside the checkpoint, a table inside a table's folder).
+    another (a table inside the checkpoint, a table inside a table's folder); with
+    `local_folders`, one named by a local path a folder this user can write or create.
     """
     owners: dict[str, str] = {}
     paths: list[tuple[str, str]] = []  # (key, location id) of each path, not catalog names
@@ -36,7 +37,7 @@ def check_locations(problems: Problems, tables: Mapping[str, Table]) -> None:
         problems.claim(owners, dotted, where, "the checkpoint and each table need their own")
         if section == "job" or _is_path(location):
             paths.append((dotted, where))
-            if not is_uri(location):
+            if local_folders and not is_uri(location):
                 unusable = _unusable_folder(where)
                 if unusable is not None:
                     problems.add(dotted, unusable)

@@ -228,3 +228,19 @@ def test_check_warns_of_a_created_topic_kept_in_one_copy_on_a_cluster_of_several
         "dead-letter topic 'o.dlt' keeps one copy of its records on a cluster of 3 brokers"
     )
     assert single_copy_findings(SimpleNamespace(brokers={1: None}, topics=topics), labels) == []
+
+
+def test_offline_leaves_out_the_broker_and_the_local_folders_of_a_cluster_config(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")  # on the cluster the checkpoint's parent is a folder
+    path = write(tmp_path, job={"checkpoint": str(tmp_path / "a-file" / "checkpoint")})
+
+    assert main(["check", str(path)]) == EXIT_CONFIG
+    assert "error: job.checkpoint: " in capsys.readouterr().err
+
+    assert main(["check", str(path), "--offline"]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert "broker" not in captured.err and "not reachable" not in captured.out
+    assert captured.out.rstrip().endswith("ok (offline)")
+
+    assert main(["check", str(path), "--offline", "--tables"]) == EXIT_CONFIG
+    assert "--offline looks at no broker and no table" in capsys.readouterr().err
