@@ -52,19 +52,17 @@ def load_config(
     *,
     overrides: Mapping[str, object] | None = None,
     check_imports: bool = True,
-    local_folders: bool = True,
 ) -> AnyConfig:
     """Read, validate and return the config at `path`.
 
     `overrides` maps dotted keys to values ({"kafka.bootstrap_servers": "127.0.0.1:5555"}) and
     is applied before validation. With `check_imports`, the handler and the non-retryable
-    exception classes must import; with `local_folders`, a checkpoint or table named by a
-    local path must be a folder this user can write or create (off for a config checked away
-    from where it runs). Raises `ConfigError` listing every problem, one per line; its
-    `problems` attribute holds them as a tuple.
+    exception classes must import. Raises `ConfigError` listing every problem, one per line;
+    its `problems` attribute holds them as a tuple.
     """
-    config, problems = _parse(path, overrides or {}, check_imports, local_folders)
+    config, found = _parse(path, overrides or {}, check_imports)
     if config is None:
+        problems = found.messages
         count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
         error = ConfigError(f"invalid config {path} ({count}):\n" + "\n".join(problems))
         error.problems = tuple(problems)
@@ -77,10 +75,19 @@ def collect_config_errors(
     *,
     overrides: Mapping[str, object] | None = None,
     check_imports: bool = True,
-    local_folders: bool = True,
 ) -> list[str]:
     """Every problem `load_config` would report for `path`, as a list (empty when valid)."""
-    return _parse(path, overrides or {}, check_imports, local_folders)[1]
+    return _parse(path, overrides or {}, check_imports)[1].messages
+
+
+def check_elsewhere(path: str | Path) -> tuple[list[str], list[str]]:
+    """The problems of the config at `path` checked away from where its job runs (a laptop,
+    CI): a checkpoint or table named by a local path is not looked at, and an unset
+    ${env:NAME} is taken as set there (the value it is part of goes unchecked). Returns the
+    problems and the NAMEs taken so.
+    """
+    _, found = _parse(path, {}, True, local_folders=False, env_here=False)
+    return found.messages, sorted(found.unset_elsewhere or ())
 
 
 def accepted_keys(*, delay_router: bool = False) -> frozenset[str]:
@@ -108,22 +115,30 @@ def _leaf_keys(t: Table) -> list[str]:
 
 
 def _parse(
-    path: str | Path, overrides: Mapping[str, object], check_imports: bool, local_folders: bool
-) -> tuple[AnyConfig | None, list[str]]:
-    """The config (None when anything is wrong) and every problem found.
+    path: str | Path,
+    overrides: Mapping[str, object],
+    check_imports: bool,
+    *,
+    local_folders: bool = True,
+    env_here: bool = True,
+) -> tuple[AnyConfig | None, Problems]:
+    """The config (None when anything is wrong) and every problem found (`check_elsewhere`
+    says what `local_folders` and `env_here` off leave out).
 
     Only a file that cannot be read as TOML stops the checks early.
     """
     problems = Problems()
+    if not env_here:
+        problems.unset_elsewhere = set()
     data = _read_toml(path, problems)
     if data is None:
-        return None, problems.messages
+        return None, problems
     _apply_overrides(data, overrides, problems)
     data = _interpolate(data, "", problems)
     config = _build(
         Table(problems, "", data), check_imports, local_folders, str(Path(path).resolve())
     )
-    return (None if problems.entries else config), problems.messages
+    return (None if problems.entries else config), problems
 
 
 def _read_toml(path: str | Path, problems: Problems) -> dict[str, Any] | None:
@@ -190,7 +205,9 @@ def _interpolate(node: Any, key: str, problems: Problems) -> Any:
     names = _ENV_REFERENCE.findall(node)
     problems.env_variables.update(names)
     unset = [name for name in names if name not in os.environ]
-    if unset:
+    if unset and problems.unset_elsewhere is not None:
+        problems.unset_elsewhere.update(unset)
+    elif unset:
         names = " and ".join(unset)
         what = f"variable {names} is" if len(unset) == 1 else f"variables {names} are"
         problems.add(

@@ -148,6 +148,8 @@ class Problems:
         self.from_env: set[str] = set()  # keys whose value came from ${env:...}
         self.env_variables: set[str] = set()  # the NAMEs of those ${env:NAME}
         self.unresolved: set[str] = set()  # keys naming an unset variable (already reported)
+        # Unset variables taken as set where the job runs (`loader.check_elsewhere`), or None.
+        self.unset_elsewhere: set[str] | None = None
 
     @property
     def messages(self) -> list[str]:

@@ -174,12 +174,12 @@ def _moment(text: str) -> datetime:
         ) from None
 
 
-def _load(path: str, *, check_imports: bool = True, local_folders: bool = True):
+def _load(path: str, *, check_imports: bool = True):
     """Load the config and register its secrets for redaction."""
     from retrylib.config.loader import load_config
     from retrylib.logs import redact_secrets
 
-    config = load_config(path, check_imports=check_imports, local_folders=local_folders)
+    config = load_config(path, check_imports=check_imports)
     redact_secrets(config.secret_values())
     return config
 
@@ -197,20 +197,12 @@ def _run(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from retrylib.config.loader import collect_config_errors
 
-    if args.offline and (args.tables or args.require_broker):
-        _out(
-            "error: --offline looks at no broker and no table: drop --tables and --require-broker",
-            sys.stderr,
-        )
+    if args.offline:
+        return _check_offline(args)
+    problems = collect_config_errors(args.config)
+    if _config_problems(args.config, problems):
         return EXIT_CONFIG
-    problems = collect_config_errors(args.config, local_folders=not args.offline)
-    if problems:
-        for problem in problems:
-            _out(f"error: {problem}", sys.stderr)
-        count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
-        _out(f"{args.config}: invalid config ({count})", sys.stderr)
-        return EXIT_CONFIG
-    config = _load(args.config, local_folders=not args.offline)
+    config = _load(args.config)
     _out(f"config {args.config}: valid")
     from retrylib.config.model import RouterConfig
     from retrylib.ops.render import describe_handler_job, describe_router
@@ -224,13 +216,6 @@ def _check(args: argparse.Namespace) -> int:
         _out(json.dumps(config.redacted(), indent=2))
     from retrylib.ops.check import Finding, preflight
 
-    if args.offline:
-        _out(
-            "note: offline: the broker, the topics, the checkpoint and the tables were not "
-            "looked at; `retrylib check` where the job runs checks them"
-        )
-        _out(f"{args.config}: ok (offline)")
-        return EXIT_OK
     with _stops_new_spark() if args.tables else contextlib.nullcontext():
         reachable, findings = preflight(config, timeout=args.timeout, tables=args.tables)
     if not args.tables:
@@ -246,6 +231,42 @@ def _check(args: argparse.Namespace) -> int:
         _out(f"{args.config}: {errors} problem{'s' if errors > 1 else ''} found", sys.stderr)
         return EXIT_FAILED
     _out(f"{args.config}: ok" + ("" if reachable else " (broker not checked)"))
+    return EXIT_OK
+
+
+def _config_problems(path: str, problems: list[str]) -> bool:
+    """Print `problems` of the config at `path`, if any; True when there were."""
+    for problem in problems:
+        _out(f"error: {problem}", sys.stderr)
+    if problems:
+        count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
+        _out(f"{path}: invalid config ({count})", sys.stderr)
+    return bool(problems)
+
+
+def _check_offline(args: argparse.Namespace) -> int:
+    """`check --offline`: the config as far as it can be checked away from where it runs."""
+    from retrylib.config.loader import check_elsewhere
+
+    if args.tables or args.require_broker:
+        _out(
+            "error: --offline looks at no broker and no table: drop --tables and --require-broker",
+            sys.stderr,
+        )
+        return EXIT_CONFIG
+    problems, unset = check_elsewhere(args.config)
+    if _config_problems(args.config, problems):
+        return EXIT_CONFIG
+    if unset:
+        _out(
+            f"note: ${{env:...}} variable(s) {', '.join(unset)} not set here: taken as set where "
+            "the job runs, and the values holding them not checked"
+        )
+    _out(
+        "note: offline: the broker, the topics, the checkpoint and the tables were not looked "
+        "at; `retrylib check` where the job runs checks them"
+    )
+    _out(f"{args.config}: ok (offline)")
     return EXIT_OK
 
 

@@ -5,13 +5,14 @@ of its own: tests/integration/test_check_command.py)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from helpers import write_noop_job
+from helpers import REPO, write_noop_job
 
 from retrylib.kafka.reading import KafkaOffsets
 from retrylib.ops.check import single_copy_findings
@@ -244,3 +245,14 @@ def test_offline_leaves_out_the_broker_and_the_local_folders_of_a_cluster_config
 
     assert main(["check", str(path), "--offline", "--tables"]) == EXIT_CONFIG
     assert "--offline looks at no broker and no table" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config", ["deploy/databricks/conf/orders.toml", "deploy/emr/orders.toml"])
+def test_offline_passes_the_shipped_cluster_configs_as_written(config, capsys, monkeypatch):
+    for name in [name for name in os.environ if name.startswith("RETRYLIB_")]:
+        monkeypatch.delenv(name)  # set on the cluster, not here
+
+    assert main(["check", str(REPO / config), "--offline"]) == EXIT_OK, capsys.readouterr().err
+    out = capsys.readouterr().out
+    if "databricks" in config:
+        assert "RETRYLIB_STORAGE_ROOT" in out and "taken as set where the job runs" in out
