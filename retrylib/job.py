@@ -180,15 +180,16 @@ def _create_missing(
     (`NewTopics`). Returns the partition count of each of them."""
     kafka = config.kafka
     settings = kafka.new_topics
+    topics = {**wanted, produced_topic(config.job.name): 1}
     ensure_topics(
         admin,
-        {**wanted, produced_topic(config.job.name): 1},
+        topics,
         create=kafka.create_topics,
         configs=dict.fromkeys(wanted, settings.configs),
         optional_configs=optional_configs,
         replication_factor=settings.replication_factor,
     )
-    return partition_counts(admin, {**wanted, produced_topic(config.job.name): 1})
+    return partition_counts(admin, topics)
 
 
 def _prepare_router_topics(admin: AdminClient, config: RouterConfig) -> dict[str, int]:
