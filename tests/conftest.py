@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 from hdfs_cluster import HdfsCluster
-from helpers import JVM_OPTIONS, build_tests_session
+from helpers import JVM_OPTIONS, REPO, build_tests_session
 
 from retrylib.kafka.clients import ensure_topics, make_admin
 
 # Every Spark JVM of the run (this session's, and those of the `retrylib` and spark-submit
 # processes the tests start, which inherit the environment) runs with the tests' options.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", JVM_OPTIONS)
+# The example handlers' project (examples/, built into a wheel on a cluster) imports here as
+# if installed: the configs the tests load in this process name orders_handlers.handlers.
+sys.path.insert(0, str(REPO / "examples"))
 
 
 def _docker_answers() -> bool:

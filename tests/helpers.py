@@ -130,7 +130,7 @@ MINIMAL_CONFIG = {
     "job": {"name": '"orders"', "checkpoint": '"{tmp}/checkpoint"'},
     "kafka": {"bootstrap_servers": '"127.0.0.1:9092"', "topics": '["orders"]'},
     "handler": {
-        "function": '"examples.handlers:enrich_order"',
+        "function": '"orders_handlers.handlers:enrich_order"',
         "output_schema": '"order_id STRING, total DOUBLE"',
     },
     "output": {"table": '"{tmp}/out"'},

@@ -250,7 +250,7 @@ def _kafka_options(t: Table, *, librdkafka: bool = True) -> dict[str, str]:
 def read_handler(t: Table, check_imports: bool, config_folder: str) -> HandlerConfig | None:
     """The [handler] table; relative `paths` are taken from `config_folder` (the config
     file's), so that the job imports the same handler from wherever it is started."""
-    function = t.get("function", FUNCTION_REF, 'function = "examples.handlers:enrich_order"')
+    function = t.get("function", FUNCTION_REF, 'function = "orders_handlers.handlers:enrich_order"')
     ddl = t.get("output_schema", TEXT, 'output_schema = "order_id STRING, total DOUBLE"')
     paths = t.strings("paths", TEXT, 'paths = ["."]', ["."])
     timeout = t.duration("timeout", 'timeout = "30s"', DEFAULT_HANDLER_TIMEOUT, positive=True)

@@ -32,7 +32,7 @@ from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count
 
 log = logging.getLogger(__name__)
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]  # holds examples/, the demo handler's package
+_HANDLERS = Path(__file__).resolve().parents[2] / "examples"  # the demo handler's project
 _TOPIC = "orders"
 _DEMO_CONFIG = """
 [job]
@@ -46,7 +46,7 @@ topics = ["{topic}"]
 starting_offsets = "earliest"
 
 [handler]
-function = "examples.handlers:enrich_order"
+function = "orders_handlers.handlers:enrich_order"
 output_schema = "order_id STRING, customer STRING, total DOUBLE, currency STRING"
 paths = ["{repo}"]
 
@@ -103,7 +103,7 @@ def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float
         config_path = root / "demo.toml"
         config_path.write_text(
             _DEMO_CONFIG.format(
-                workdir=root, bootstrap=broker.bootstrap_servers, topic=_TOPIC, repo=_REPO_ROOT
+                workdir=root, bootstrap=broker.bootstrap_servers, topic=_TOPIC, repo=_HANDLERS
             )
         )
         config = load_config(config_path)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -30,20 +32,62 @@ from retrylib.job import start_query
 REPO = Path(__file__).resolve().parents[2]
 
 
+def installed_example_handlers(workdir: Path) -> Path:
+    """The example handler project (examples/) copied to `workdir`, built into a wheel and
+    installed from it under a prefix, as a cluster installs a handler's wheel: the
+    site-packages folder it went to."""
+    project = workdir / "handler-project"
+    shutil.copytree(REPO / "examples", project, ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(workdir / "dist"), "."],
+        cwd=project,
+        check=True,
+        timeout=120,
+    )
+    (wheel,) = (workdir / "dist").glob("orders_handlers-*.whl")
+    prefix = workdir / "installed"
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--prefix", str(prefix), str(wheel)], check=True, timeout=120
+    )
+    (site,) = prefix.glob("lib/python*/site-packages")
+    return site
+
+
 @pytest.mark.every_spark
 def test_spark_submit_available_now_exits_zero(
     bootstrap_servers, make_topic, write_config, tmp_path
 ):
+    """The handler comes from the example project's wheel, installed: not from handler.paths."""
     topic = make_topic("orders", partitions=2)
-    produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(200)])
-    config = write_config([topic])
+    orders = [
+        {
+            "order_id": f"o-{i}",
+            "customer": "c-1",
+            "currency": "EUR",
+            "items": [{"sku": "a", "qty": 2, "price": i / 2}],
+        }
+        for i in range(200)
+    ]
+    produce(bootstrap_servers, topic, [(o["order_id"], json.dumps(o)) for o in orders])
+    config = write_config(
+        [topic],
+        handler="orders_handlers.handlers:enrich_order",
+        handler_options={
+            "output_schema": "order_id STRING, customer STRING, total DOUBLE, currency STRING",
+            "paths": ["."],  # the config's folder, which holds no handler
+        },
+    )
+    site = installed_example_handlers(tmp_path)
     events = tmp_path / "spark-events"
     events.mkdir()
     event_log = (
         f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{events} "
         "--conf spark.eventLog.compress=false --conf spark.eventLog.rolling.enabled=false"
     )
-    env = job_env({"RETRYLIB_SPARK_EXTRA": f"--master local[2] {event_log}"})
+    env = job_env(
+        {"RETRYLIB_SPARK_EXTRA": f"--master local[2] {event_log}", "PYTHONPATH": str(site)}
+    )
 
     done = subprocess.run(
         [str(REPO / "spark-submit.sh"), config.source_path, "--available-now"],
@@ -54,10 +98,15 @@ def test_spark_submit_available_now_exits_zero(
     )
 
     assert done.returncode == 0, done.stderr[-3000:]
-    assert read_table(config.output.table).num_rows == 200
+    output = read_table(config.output.table).to_pydict()
+    totals = dict(zip(output["order_id"], output["total"], strict=True))
+    assert totals == {o["order_id"]: float(i) for i, o in enumerate(orders)}
     # "auto" gives a new checkpoint retrylib's own reader. (spark-submit sends the Python
-    # driver's stderr to its own stdout.)
-    assert "topics read with the retrylib_kafka Python data source" in done.stdout + done.stderr
+    # driver's stderr to its own stdout.) An installed handler is not shipped: every node
+    # has it.
+    log = done.stdout + done.stderr
+    assert "topics read with the retrylib_kafka Python data source" in log
+    assert "shipped" not in log
     # Each batch's counters reach Spark's listeners: the event log (what the History Server
     # shows) holds them in the progress events.
     observed = [

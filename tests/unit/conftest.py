@@ -63,5 +63,5 @@ def forward_plan() -> ForwardPlan:
 @pytest.fixture
 def run_from_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run from the repository root: handler.paths defaults to ".", and the configs name
-    examples.handlers."""
+    orders_handlers.handlers."""
     monkeypatch.chdir(REPO)

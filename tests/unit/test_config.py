@@ -55,14 +55,14 @@ def test_minimal_config_fills_defaults(tmp_path: Path) -> None:
 
 def test_example_conf_orders_loads() -> None:
     config = load_config(REPO / "conf" / "orders.toml")
-    assert config.handler.function == "examples.handlers:enrich_order"
+    assert config.handler.function == "orders_handlers.handlers:enrich_order"
     assert config.handler.output_schema.ddl == (
         "order_id STRING, customer STRING, total DOUBLE, currency STRING"
     )
     assert config.retry.delays_ms == (5_000, 60_000, 600_000)
     assert config.retry.jitter == pytest.approx(0.1)
     assert config.dead_letter.topic == "orders.orders.dlt"
-    assert config.handler.paths == (str(REPO),)
+    assert config.handler.paths == (str(REPO / "examples"),)
 
 
 def test_full_config(tmp_path: Path) -> None:
@@ -89,7 +89,7 @@ create_topics = false
 "retry.backoff.ms" = 1.5
 
 [handler]
-function = "examples.handlers:enrich_order"
+function = "orders_handlers.handlers:enrich_order"
 output_schema = "order_id STRING NOT NULL, lines ARRAY<STRUCT<sku: STRING, qty: INT>>"
 paths = [".", "examples"]
 timeout = "1m30s"
@@ -102,7 +102,7 @@ delays = ["5s", "1.5m"]
 max_attempts = 6
 jitter = "12.5%"
 non_retryable = [
-    "ValueError", "retrylib.errors:NonRetryable", "examples.handlers:TransientLookupError"
+    "ValueError", "retrylib.errors:NonRetryable", "orders_handlers.handlers:TransientLookupError"
 ]
 topic_template = "retry-{{delay}}-{{topic}}"
 
@@ -265,12 +265,12 @@ PROBLEMS = [
     ({"kafka.create_topics": '"yes"'}, r'kafka\.create_topics: expected true or false, got "yes"'),
     ({"kafka.options": '"x"'}, r'kafka\.options: expected a table, got "x"'),
     (
-        {"handler.function": '"examples.handlers.enrich_order"'},
+        {"handler.function": '"orders_handlers.handlers.enrich_order"'},
         r'handler\.function: expected a reference like "package\.module:function", got',
     ),
     (
-        {"handler.function": '"examples.handlers:nope"'},
-        r'handler\.function: cannot import "examples\.handlers:nope": AttributeError: .*'
+        {"handler.function": '"orders_handlers.handlers:nope"'},
+        r'handler\.function: cannot import "orders_handlers\.handlers:nope": AttributeError: .*'
         r"handler\.paths",
     ),
     (
@@ -278,8 +278,8 @@ PROBLEMS = [
         r"handler\.function: cannot import .*No module named 'no_such_module_x'",
     ),
     (
-        {"handler.function": '"examples.handlers:_TEXT_FIELDS"'},
-        r'handler\.function: "examples\.handlers:_TEXT_FIELDS" is not callable, got tuple',
+        {"handler.function": '"orders_handlers.handlers:_TEXT_FIELDS"'},
+        r'handler\.function: "orders_handlers\.handlers:_TEXT_FIELDS" is not callable, got tuple',
     ),
     (
         {"handler.output_schema": '"a STRNG"'},
@@ -319,9 +319,9 @@ PROBLEMS = [
         r"retry\.non_retryable\[0\]: cannot import \"NoSuchError\": .*not a builtin",
     ),
     (
-        {"retry.non_retryable": '["examples.handlers:enrich_order"]'},
-        r'retry\.non_retryable\[0\]: "examples\.handlers:enrich_order" is not an exception class, '
-        r"got function",
+        {"retry.non_retryable": '["orders_handlers.handlers:enrich_order"]'},
+        r'retry\.non_retryable\[0\]: "orders_handlers\.handlers:enrich_order" is not an '
+        r"exception class, got function",
     ),
     (
         {"retry.non_retryable": '["not a name!"]'},

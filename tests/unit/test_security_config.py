@@ -202,12 +202,12 @@ def test_oauthbearer_with_python_source_imports_the_provider(tmp_path: Path):
         extra=security_toml(
             protocol='"SASL_SSL"',
             mechanism='"OAUTHBEARER"',
-            token_provider='"examples.handlers:enrich_order"',
+            token_provider='"orders_handlers.handlers:enrich_order"',
         ),
     )
     kafka = load_config(path).kafka
     options = kafka.client_options()
-    assert options[TOKEN_PROVIDER_OPTION] == "examples.handlers:enrich_order"
+    assert options[TOKEN_PROVIDER_OPTION] == "orders_handlers.handlers:enrich_order"
     assert json.loads(options[TOKEN_PROVIDER_PATHS_OPTION]) == list(load_config(path).handler.paths)
 
 
@@ -277,7 +277,7 @@ def test_oauthbearer_for_spark_source_needs_a_java_login(tmp_path: Path):
         security_toml(
             protocol='"SASL_SSL"',
             mechanism='"OAUTHBEARER"',
-            token_provider='"examples.handlers:enrich_order"',
+            token_provider='"orders_handlers.handlers:enrich_order"',
         ),
     )
     assert problem.startswith(

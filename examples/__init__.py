@@ -1,1 +1,0 @@
-"""Example handlers for retrylib jobs; conf/orders.toml names `examples.handlers:enrich_order`."""
