@@ -145,7 +145,7 @@ ENVIRONMENT_SPEC_KEYS = {
 SCHEDULE_KEYS = {"quartz_cron_expression", "timezone_id", "pause_status"}
 # A task runs on the cluster these name, or on serverless compute when it names none.
 CLUSTER_KEYS = {"job_cluster_key", "new_cluster", "existing_cluster_id"}
-WHEELS = ["../../../dist/retrylib-*.whl", "${var.handler_wheel}"]
+WHEELS = ["../../../dist/retrylib-*.whl", "../../../examples/dist/orders_handlers-*.whl"]
 SYNCED_CONFIG = re.compile(r"\$\{workspace\.file_path\}/(conf/[\w.-]+\.toml)")
 # delta-rs needed these in the Python processes; Spark's Delta writer uses the cluster's own.
 CREDENTIAL_VARIABLES = re.compile(
@@ -201,23 +201,22 @@ def test_every_variable_used_is_declared_and_every_declared_one_is_used():
     assert used == set(_bundle()["variables"])
 
 
-def test_the_artifact_builds_the_repository_wheel():
+def test_the_artifacts_build_the_repository_wheel_and_the_example_handlers():
     artifacts = _bundle()["artifacts"]
-    assert set(artifacts) == {"retrylib"}
-    artifact = artifacts["retrylib"]
-    assert set(artifact) <= ARTIFACT_KEYS
-    assert artifact["type"] == "whl"
-    project = (BUNDLE / artifact["path"]).resolve()
-    assert project == ROOT
-    assert (project / "pyproject.toml").is_file()
-    assert artifact["build"].split() == ["python", "-m", "build", "--wheel"]
+    assert set(artifacts) == {"retrylib", "handlers"}
+    projects = {}
+    for name, artifact in artifacts.items():
+        assert set(artifact) <= ARTIFACT_KEYS
+        assert artifact["type"] == "whl"
+        projects[name] = (BUNDLE / artifact["path"]).resolve()
+        assert (projects[name] / "pyproject.toml").is_file()
+        assert artifact["build"].split() == ["python", "-m", "build", "--wheel"]
+    assert projects == {"retrylib": ROOT, "handlers": ROOT / "examples"}
 
 
-def test_every_wheel_a_job_installs_is_built_by_an_artifact_or_by_the_user():
-    """A local wheel must come out of an artifact's build (`<path>/dist/<project>-*.whl`);
-    the only other one is the handler's, a variable with no default that the user must
-    pass, documented as built by them. The CLI uploads a relative path and takes an
-    absolute one as a workspace path, so the handler's is a /Volumes or /Workspace path."""
+def test_every_wheel_a_job_installs_is_built_by_an_artifact():
+    """Each comes out of an artifact's build (`<path>/dist/<project>-*.whl`): retrylib's, and
+    the handler package the config names, so the bundle deploys as written."""
     bundle = _bundle()
     built = set()
     for artifact in bundle["artifacts"].values():
@@ -227,12 +226,41 @@ def test_every_wheel_a_job_installs_is_built_by_an_artifact_or_by_the_user():
     for job in (DEDICATED, STANDARD, SERVERLESS):
         wheels = _wheels(job)
         assert wheels == WHEELS, job
-        assert (BUNDLE / "resources" / wheels[0]).resolve() in built
-    handler = bundle["variables"]["handler_wheel"]
-    assert "default" not in handler
-    assert "you build" in handler["description"]
-    assert "/Volumes/" in handler["description"]
-    assert "handler_wheel" in (DEPLOY / "README.md").read_text()
+        assert {(BUNDLE / "resources" / wheel).resolve() for wheel in wheels} == built
+    handler = tomllib.loads((BUNDLE / "conf" / "orders.toml").read_text())["handler"]
+    assert handler["function"].split(".")[0] == "orders_handlers"
+    assert (ROOT / "examples" / "orders_handlers" / "__init__.py").is_file()
+
+
+def test_every_variable_has_a_value_in_every_target_so_validate_passes_as_written():
+    """`databricks bundle validate` (and run) stop on a variable without a value. Those only
+    the user can know are YOUR-... placeholders, which run_job.py refuses at start."""
+    bundle = _bundle()
+    for target, spec in bundle["targets"].items():
+        given = set((spec or {}).get("variables", {}))
+        for name, variable in bundle["variables"].items():
+            assert "default" in variable or name in given, f"{name} has no value in {target}"
+    placeholders = {
+        name for name, variable in bundle["variables"].items() if "YOUR-" in variable["default"]
+    }
+    assert placeholders == {"kafka_bootstrap_servers", "storage_root", "checkpoint_root"}
+    readme = (DEPLOY / "README.md").read_text()
+    for name in placeholders:
+        assert f"--var {name}=" in readme, name
+
+
+def test_run_job_refuses_a_placeholder_naming_the_variable_to_give():
+    run_job = _run_job()
+    env, _ = _environment(DEDICATED)
+    defaults = {name: _default(value) for name, value in env.items()}
+    lines = run_job.placeholder_errors(defaults)
+    assert [line.split(" ")[0] for line in lines] == [
+        "RETRYLIB_CHECKPOINT_ROOT", "RETRYLIB_KAFKA_BOOTSTRAP_SERVERS", "RETRYLIB_STORAGE_ROOT",
+    ]  # fmt: skip
+    assert "--var kafka_bootstrap_servers=<yours>" in lines[1]
+    given = {**defaults, "RETRYLIB_KAFKA_BOOTSTRAP_SERVERS": "b:9092"}
+    given |= {"RETRYLIB_STORAGE_ROOT": "s3://b/r", "RETRYLIB_CHECKPOINT_ROOT": "/Volumes/m/r/c"}
+    assert run_job.placeholder_errors(given) == []
 
 
 def test_every_task_runs_the_entry_point_with_a_synced_config():

@@ -7,8 +7,12 @@ task passes them as its first parameters instead: `--env=NAME=VALUE` sets NAME t
 `--secret-env=NAME=SCOPE/KEY` sets NAME to the Databricks secret KEY in SCOPE (read with
 dbutils.secrets.get), so that no secret is written among the job's parameters.
 
-`sys.exit` carries the exit code to the task (0 done or stopped, 1 failed, 2 bad usage or
-bad config).
+The bundle's variables that have no value of the user's hold YOUR-... placeholders (so that
+`databricks bundle validate` passes as written); a run given one stops before Spark starts,
+naming the variable to set.
+
+`sys.exit` carries the exit code to the task (0 done or stopped, 1 failed, 2 bad usage,
+a placeholder, or bad config).
 """
 
 from __future__ import annotations
@@ -16,13 +20,17 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
 from retrylib.ops.cli import main
 
 ENV = "--env"
 SECRET_ENV = "--secret-env"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # as ${env:NAME} in the config
+# databricks.yml's defaults of the variables the user must give: RETRYLIB_<NAME> carries
+# the bundle variable <name>.
+_PLACEHOLDER = "YOUR-"
+_BUNDLE_PREFIX = "RETRYLIB_"
 
 
 class UsageError(ValueError):
@@ -57,10 +65,25 @@ def set_environment(
     return rest
 
 
+def placeholder_errors(environ: Mapping[str, str]) -> list[str]:
+    """A line for each bundle variable whose placeholder reached `environ` unset."""
+    return [
+        f"{name} is the bundle's placeholder {value!r}: deploy with --var "
+        f"{name.removeprefix(_BUNDLE_PREFIX).lower()}=<yours> (deploy/README.md)"
+        for name, value in sorted(environ.items())
+        if name.startswith(_BUNDLE_PREFIX) and _PLACEHOLDER in value
+    ]
+
+
 if __name__ == "__main__":
     try:
         arguments = set_environment(sys.argv[1:], os.environ)
     except UsageError as error:
         print(f"run_job.py: {error}", file=sys.stderr)
+        sys.exit(2)
+    placeholders = placeholder_errors(os.environ)
+    for line in placeholders:
+        print(f"run_job.py: {line}", file=sys.stderr)
+    if placeholders:
         sys.exit(2)
     sys.exit(main(["run", *arguments]))
