@@ -5,6 +5,12 @@
 # installed into as PYSPARK_PYTHON. A failed run is started again (see below).
 #
 #   submit.sh s3://my-bucket/retrylib/conf/orders.toml [--available-now]
+#   submit.sh status s3://my-bucket/retrylib/conf/orders.toml [--json]
+#   submit.sh redrive s3://my-bucket/retrylib/conf/orders.toml [--dry-run] [filters]
+#
+# `status` and `redrive` (status-step.json, redrive-step.json) run that `retrylib` command
+# once the same way, in a session of the cluster's Spark, which reads the job's tables (the
+# node's Python has no pyspark of its own), and end the step with its exit code.
 #
 # The config is deploy/emr/orders.toml, edited and copied to S3 (see deploy/README.md); one
 # that still holds a YOUR-... placeholder outside a comment ends the step with exit code 2
@@ -27,7 +33,12 @@
 #   RETRYLIB_HEALTHY_AFTER  seconds after which a run's failure starts the count anew (3600)
 set -euo pipefail
 
-config_uri=${1:?usage: submit.sh s3://bucket/path/job.toml [--available-now]}
+tool=()
+if [[ ${1:-} == status || ${1:-} == redrive ]]; then
+  tool=("$1")
+  shift
+fi
+config_uri=${1:?usage: submit.sh [status|redrive] s3://bucket/path/job.toml [OPTIONS]}
 shift
 
 home=${RETRYLIB_HOME:-/home/hadoop/retrylib}
@@ -65,7 +76,11 @@ submit=(spark-submit --master yarn --deploy-mode client --packages "$packages"
   --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
   --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog)
 # shellcheck disable=SC2206
-submit+=(${RETRYLIB_SPARK_EXTRA:-} "$home/jobs/run_job.py" "$config" "$@")
+submit+=(${RETRYLIB_SPARK_EXTRA:-} "$home/jobs/run_job.py" "${tool[@]}" "$config" "$@")
+# A command runs once: nothing to restart, its exit code is the step's.
+if ((${#tool[@]})); then
+  exec "${submit[@]}"
+fi
 
 child=
 stopping=

@@ -240,6 +240,25 @@ def test_submit_does_not_restart_an_invalid_config(node):
     assert len(runs.read_text().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", ["status", "redrive"])
+def test_submit_runs_a_command_once_on_the_same_config_and_ends_with_its_code(node, command):
+    """status-step.json and redrive-step.json: the command through spark-submit (a session
+    of the cluster's Spark reads the tables), its options passed on, never restarted."""
+    runs = _spark_submit(node, [1, 0])
+    result = node.run("submit.sh", command, CONFIG, "--json", **FAST)
+    assert result.returncode == 1, result.stderr
+    (run,) = runs.read_text().splitlines()
+    args = run.split()[1:]
+    assert args[args.index("--packages") + 1] == EMR_PACKAGES
+    assert args[-4:] == [
+        str(node.tmp / "home" / "jobs" / "run_job.py"),
+        command,
+        args[-2],
+        "--json",
+    ]
+    assert args[-2].endswith("/orders.toml") and Path(args[-2]).is_file()
+
+
 def test_submit_passes_a_stop_on_and_does_not_restart(node):
     runs = _spark_submit(node, [0, 0], sleep=30)
     process = subprocess.Popen(

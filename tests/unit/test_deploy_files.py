@@ -466,8 +466,14 @@ STEP_KEYS = {"Type", "Name", "ActionOnFailure", "Jar", "Args", "MainClass", "Pro
 ACTIONS_ON_FAILURE = {"TERMINATE_JOB_FLOW", "TERMINATE_CLUSTER", "CANCEL_AND_WAIT", "CONTINUE"}
 
 
-def test_step_is_what_aws_emr_add_steps_reads_from_a_file():
-    (step,) = json.loads((EMR / "step.json").read_text())
+# The job's step, and the steps that run `retrylib status` and `redrive` (a dry run until
+# the flag is taken out) on the same config: submit.sh's arguments before the config URI.
+STEPS = {"step.json": [], "status-step.json": ["status"], "redrive-step.json": ["redrive"]}
+
+
+@pytest.mark.parametrize("file", sorted(STEPS))
+def test_step_is_what_aws_emr_add_steps_reads_from_a_file(file):
+    (step,) = json.loads((EMR / file).read_text())
     assert set(step) <= STEP_KEYS
     assert step["Type"] == "CUSTOM_JAR"
     assert 0 < len(step["Name"]) <= 256
@@ -476,12 +482,15 @@ def test_step_is_what_aws_emr_add_steps_reads_from_a_file():
     # fails for good: submit.sh already restarted it.
     assert step["ActionOnFailure"] == "CONTINUE"
     assert step["Jar"] == "command-runner.jar"
-    bash, script, config = step["Args"]
+    bash, script, *command, config = step["Args"][: 3 + len(STEPS[file])]
     assert bash == "bash"
+    assert command == STEPS[file]
     # bootstrap.sh unpacks the repository into /home/hadoop/retrylib on the primary node.
-    assert script.startswith("/home/hadoop/retrylib/")
+    assert script == "/home/hadoop/retrylib/deploy/emr/submit.sh"
     assert (ROOT / script.removeprefix("/home/hadoop/retrylib/")).is_file()
-    assert config.startswith("s3://")
+    assert config == "s3://my-bucket/retrylib/conf/orders.toml"
+    if file == "redrive-step.json":
+        assert step["Args"][4:] == ["--dry-run"]
 
 
 def test_the_emr_config_is_valid_and_keeps_the_state_on_s3(monkeypatch):
@@ -501,6 +510,17 @@ def test_the_emr_config_is_valid_and_keeps_the_state_on_s3(monkeypatch):
     )
     monkeypatch.syspath_prepend(str(ROOT))
     assert collect_config_errors(EMR / "orders.toml") == []
+
+
+def test_the_spark_submit_entry_point_runs_the_job_or_the_tool_a_step_names():
+    spec = importlib.util.spec_from_file_location("run_job_py", ROOT / "jobs" / "run_job.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    job = ["c.toml", "--available-now"]
+    assert module.command_line(job) == ["run", *job]
+    for step in ("status-step.json", "redrive-step.json"):
+        (args,) = (s["Args"][2:] for s in json.loads((EMR / step).read_text()))
+        assert module.command_line(args) == args
 
 
 def test_the_emr_step_runs_the_config_the_readme_uploads():
