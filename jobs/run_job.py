@@ -4,19 +4,8 @@ command in the session spark-submit starts, which reads the job's tables where t
 keeps them (an EMR step: deploy/emr/submit.sh)."""
 
 import sys
-from collections.abc import Sequence
 
-from retrylib.ops.cli import main
-
-TOOLS = ("status", "redrive")
-
-
-def command_line(arguments: Sequence[str]) -> list[str]:
-    """The `retrylib` command line of this script's `arguments`: `run` unless they name a tool."""
-    if arguments and arguments[0] in TOOLS:
-        return list(arguments)
-    return ["run", *arguments]
-
+from retrylib.ops.cli import script_main
 
 if __name__ == "__main__":
-    sys.exit(main(command_line(sys.argv[1:])))
+    sys.exit(script_main(sys.argv[1:]))

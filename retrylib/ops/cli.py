@@ -334,6 +334,19 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+# The commands a job's entry-point script runs besides the job (`script_main`).
+_SCRIPT_TOOLS = ("status", "redrive")
+
+
+def script_main(arguments: Sequence[str]) -> int:
+    """Entry point of the scripts a cluster starts (spark-submit's jobs/run_job.py, the
+    Databricks task's run_job.py): `CONF [--available-now]` runs the job, `status CONF ...`
+    and `redrive CONF ...` that command. Returns the exit code."""
+    if arguments and arguments[0] in _SCRIPT_TOOLS:
+        return main(arguments)
+    return main(["run", *arguments])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `retrylib` console script; returns the exit code (see
     `_EXIT_CODES`: 0 success, 1 failure, 2 bad usage or invalid config).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrylib.ops.cli import EXIT_CONFIG, EXIT_OK, main
+from retrylib.ops.cli import EXIT_CONFIG, EXIT_OK, main, script_main
 
 COMMANDS = ("run", "check", "status", "redrive", "demo")
 
@@ -17,6 +17,20 @@ def test_help_lists_exit_codes(command, capsys):
     assert code == EXIT_OK
     assert "exit codes:" in out
     assert "2  bad usage or invalid config" in out
+
+
+@pytest.mark.parametrize(
+    ("arguments", "usage"),
+    [
+        (["--help"], "usage: retrylib run "),  # CONF [--available-now]: the job
+        (["status", "--help"], "usage: retrylib status "),
+        (["redrive", "--help"], "usage: retrylib redrive "),
+    ],
+)
+def test_a_cluster_s_entry_script_runs_the_job_unless_it_names_a_tool(arguments, usage, capsys):
+    """jobs/run_job.py (an EMR step) and the Databricks task's run_job.py."""
+    assert script_main(arguments) == EXIT_OK
+    assert capsys.readouterr().out.startswith(usage)
 
 
 def test_top_level_help_names_every_command(capsys):

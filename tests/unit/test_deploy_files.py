@@ -105,11 +105,13 @@ DEDICATED = "retrylib_orders"
 STANDARD = "retrylib_orders_standard"
 SERVERLESS = "retrylib_orders_serverless"
 CLUSTER_JOBS = (DEDICATED, STANDARD)  # continuous, on a job cluster of their own
+# `retrylib status` and `retrylib redrive` on the same config, run by hand, serverless.
+TOOL_JOBS = {"retrylib_orders_status": ["status"], "retrylib_orders_redrive": ["redrive"]}
 
 
 def _job(name: str = DEDICATED) -> dict:
     jobs = _bundle()["resources"]["jobs"]
-    assert set(jobs) == {DEDICATED, STANDARD, SERVERLESS}
+    assert set(jobs) == {DEDICATED, STANDARD, SERVERLESS, *TOOL_JOBS}
     return jobs[name]
 
 
@@ -273,7 +275,7 @@ def test_every_task_runs_the_entry_point_with_a_synced_config():
         assert set(python_task) <= {"python_file", "parameters", "source"}
         entry = (BUNDLE / "resources" / python_task["python_file"]).resolve()
         assert entry == BUNDLE / "src" / "run_job.py"
-        assert "retrylib.ops.cli import main" in entry.read_text()
+        assert "retrylib.ops.cli import script_main" in entry.read_text()
         config, *flags = _environment(job)[1]
         assert flags == (["--available-now"] if job == SERVERLESS else []), job
         synced = SYNCED_CONFIG.fullmatch(config)
@@ -363,8 +365,23 @@ def test_the_serverless_job_runs_available_now_on_a_quartz_schedule():
     assert fields[:3] == ["0", "0/15", "*"], "the default: every 15 minutes"
 
 
+def test_the_status_and_redrive_jobs_run_the_command_on_the_job_s_config_by_hand():
+    """What the serverless job installs and is given, the command before the config; never
+    scheduled or continuous; the redrive a dry run until edited."""
+    serverless_env, (job_config, _) = _environment(SERVERLESS)
+    for job, command in TOOL_JOBS.items():
+        assert not {"continuous", "schedule", "trigger"} & set(_job(job)), job
+        assert _wheels(job) == WHEELS, job
+        env, arguments = _environment(job)
+        assert env == {k: v for k, v in serverless_env.items() if k != "RETRYLIB_LOG_FORMAT"}
+        assert arguments[:2] == [*command, job_config], job
+        assert arguments[2:] == (["--dry-run"] if command == ["redrive"] else []), job
+        assert _task(job)["spark_python_task"]["python_file"] == "../src/run_job.py"
+        assert f"databricks bundle run -t dev {job}" in (DEPLOY / "README.md").read_text()
+
+
 def test_every_job_runs_one_copy_at_a_time():
-    for job in (DEDICATED, STANDARD, SERVERLESS):
+    for job in (DEDICATED, STANDARD, SERVERLESS, *TOOL_JOBS):
         assert _job(job)["max_concurrent_runs"] == 1, job
 
 
@@ -510,17 +527,6 @@ def test_the_emr_config_is_valid_and_keeps_the_state_on_s3(monkeypatch):
     )
     monkeypatch.syspath_prepend(str(ROOT))
     assert collect_config_errors(EMR / "orders.toml") == []
-
-
-def test_the_spark_submit_entry_point_runs_the_job_or_the_tool_a_step_names():
-    spec = importlib.util.spec_from_file_location("run_job_py", ROOT / "jobs" / "run_job.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    job = ["c.toml", "--available-now"]
-    assert module.command_line(job) == ["run", *job]
-    for step in ("status-step.json", "redrive-step.json"):
-        (args,) = (s["Args"][2:] for s in json.loads((EMR / step).read_text()))
-        assert module.command_line(args) == args
 
 
 def test_the_emr_step_runs_the_config_the_readme_uploads():

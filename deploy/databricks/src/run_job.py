@@ -1,5 +1,7 @@
 """Databricks entry point: `run_job.py [--env=NAME=VALUE]... [--secret-env=NAME=SCOPE/KEY]...
-CONF [--available-now]` runs `retrylib run CONF [--available-now]`.
+CONF [--available-now]` runs `retrylib run CONF [--available-now]`, and
+`run_job.py [--env=...]... status|redrive CONF [OPTIONS]` that `retrylib` command (the
+bundle's status and redrive jobs).
 
 The config's ${env:NAME} values are read from this process's environment. A job cluster
 sets them in its spark_env_vars; serverless compute has no such setting, so the serverless
@@ -22,7 +24,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
-from retrylib.ops.cli import main
+from retrylib.ops.cli import script_main
 
 ENV = "--env"
 SECRET_ENV = "--secret-env"
@@ -86,4 +88,4 @@ if __name__ == "__main__":
         print(f"run_job.py: {line}", file=sys.stderr)
     if placeholders:
         sys.exit(2)
-    sys.exit(main(["run", *arguments]))
+    sys.exit(script_main(arguments))
