@@ -82,6 +82,8 @@ log = logging.getLogger(__name__)
 _BUILTIN_KAFKA = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 _JAVA_PARTITIONER = "murmur2_random"  # librdkafka's name for the Java clients' partitioner
 _STOP_WAIT_SECONDS = 120
+# A cancelled batch ends when its tasks do: Spark kills a task's Python worker within seconds.
+_CANCELLED_BATCH_WAIT_SECONDS = 30
 _IDLE_MESSAGE = "Waiting for data to arrive"  # Spark's status after a trigger finds no data
 
 
@@ -784,14 +786,21 @@ def _stop_at_target(query: StreamingQuery, batch_commit: BatchCommit, target: Of
 
 
 def stop_gracefully(
-    query: StreamingQuery, batch_commit: BatchCommit, timeout: float = _STOP_WAIT_SECONDS
-) -> None:
+    query: StreamingQuery,
+    batch_commit: BatchCommit,
+    timeout: float = _STOP_WAIT_SECONDS,
+    cancel_batch: Callable[[], None] | None = None,
+) -> bool:
     """Stop `query` once the batch running now (if any) has done its work and Spark has
-    recorded it as done, within `timeout`.
+    recorded it as done, within `timeout`; returns whether a batch was cut short.
 
     A batch Spark did not record as done (the bound passed) is replayed on restart, which
-    reuses its manifest and commits nothing twice. One line says where it stopped, and
-    whether a batch was cut short.
+    reuses its manifest and commits nothing twice. Past the bound, `cancel_batch` (when
+    given) cancels the batch's Spark jobs, and the stop waits for the batch to end with
+    them: the query then ends failed by that cancellation. Without it, `query.stop()`
+    interrupts Spark's stream thread inside the batch function, which a hung handler's
+    batch answers with its traceback and a JVM stack overflow in the log. One line says
+    where it stopped, and whether a batch was cut short.
     """
     batch_commit.batch_finished.clear()
     deadline = time.monotonic() + timeout
@@ -805,7 +814,12 @@ def stop_gracefully(
         # interrupts that write and leaves the batch to be replayed.
         while not _recorded_done(query, batch_commit.last_finished) and time.monotonic() < deadline:
             time.sleep(0.02)
-    cut_short = not finished and query.isActive and query.status.get("isTriggerActive")
+    cut_short = bool(not finished and query.isActive and query.status.get("isTriggerActive"))
+    if cut_short and cancel_batch is not None:
+        cancel_batch()
+        ends = time.monotonic() + _CANCELLED_BATCH_WAIT_SECONDS
+        while query.isActive and time.monotonic() < ends:
+            time.sleep(0.05)
     query.stop()
     done = (
         "no batch" if batch_commit.last_finished is None else f"batch {batch_commit.last_finished}"
@@ -819,6 +833,20 @@ def stop_gracefully(
         )
     else:
         log.info("stopped after %s; the next start goes on from there", done)
+    return cut_short
+
+
+def _cancel_jobs(spark: SparkSession) -> None:
+    """Cancel every Spark job this session runs (a batch's, at a stop past its bound).
+
+    What the cancelled tasks and Spark's call into the batch function then log, each a stack
+    trace of the cancellation (some 270 lines), is left out: the stop's warning says it.
+    """
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
+    # Every logger, not only the root that setLogLevel sets: some have levels of their own.
+    log4j.core.config.Configurator.setAllLevels("", log4j.Level.FATAL)
+    logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
+    spark.sparkContext.cancelAllJobs()
 
 
 def _recorded_done(query: StreamingQuery, batch_id: int) -> bool:
@@ -874,14 +902,21 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
                     raise
             if batch_commit.failure is not None:
                 raise batch_commit.failure
+            stop = partial(
+                stop_gracefully,
+                query,
+                batch_commit,
+                config.job.stop_timeout_ms / 1000,
+                None if is_connect(spark) else partial(_cancel_jobs, spark),
+            )
             if lease.taken_over.is_set():
-                stop_gracefully(query, batch_commit)
+                stop()
                 raise LeaseHeld(
                     f"job {config.job.name!r}: another copy took the lease {lease.group} while "
                     "the brokers did not hear from this one; this copy stopped"
                 )
-            if stop_requested.is_set():
-                stop_gracefully(query, batch_commit)
+            if stop_requested.is_set() and stop():
+                return 0  # the batch cut short ended failed by its cancellation; it runs again
             error = query.exception()
             if error is not None:
                 log.error("query %s failed: %s", config.job.name, error)

@@ -33,6 +33,8 @@ class JobConfig:
     name: str
     checkpoint: str
     trigger_ms: int
+    # On SIGTERM/SIGINT: how long the batch running may take to finish before it is cancelled.
+    stop_timeout_ms: int = 120_000
 
 
 class _ReadOnlyMappings:

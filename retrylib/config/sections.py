@@ -80,8 +80,9 @@ def read_job(t: Table) -> JobConfig | None:
     name = t.get("name", JOB_NAME, 'name = "orders"')
     checkpoint = t.get("checkpoint", TEXT, 'checkpoint = "/tmp/retrylib/orders/checkpoint"')
     trigger = t.duration("trigger", 'trigger = "1s"', "1s", positive=False)
+    stop_timeout = t.duration("stop_timeout", 'stop_timeout = "2m"', "2m", positive=True)
     t.finish()
-    return JobConfig(name, checkpoint, trigger) if t.ok else None
+    return JobConfig(name, checkpoint, trigger, stop_timeout) if t.ok else None
 
 
 _ROUTER_READS = (

@@ -187,6 +187,45 @@ def test_sigterm_stops_after_the_batch_and_exits_zero(
     assert read_table_rows(config.output.table) < 2000  # it stopped with a backlog left
 
 
+def test_sigterm_while_a_handler_hangs_cancels_its_batch_at_the_stop_timeout(
+    bootstrap_servers, make_topic, write_config, tmp_path, capsys
+):
+    """Past job.stop_timeout the batch running is cancelled, its hung task with it: exit 0,
+    one line after the signal's (no traceback, no JVM stack overflow), and the next start
+    runs the batch again, each record once."""
+    topic = make_topic("orders", partitions=2)
+    keys = ["stuck-0", *(f"ok-{i}" for i in range(20))]
+    produce(bootstrap_servers, topic, [(key, "v") for key in keys])
+    config = write_config([topic], job={"stop_timeout": "2s"})
+    stuck = tmp_path / "stuck"
+    stuck.touch()
+    job = subprocess.Popen(
+        retrylib_command("run", config.source_path, "--master", "local[2]"),
+        env=job_env({"RETRYLIB_TEST_STUCK": str(stuck)}),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(job, (tmp_path / "stuck.started").exists, 180)
+        job.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, stderr[-3000:]
+    assert time.monotonic() - signalled < 45, "the stop took longer than its bound and Spark's"
+    (stopped,) = stderr.split("stopping after the current batch\n", 1)[1].splitlines()
+    assert "did not finish within 2s and runs again at the next start" in stopped, stopped
+    assert read_table_rows(config.output.table) == 0  # the batch committed nothing
+
+    stuck.unlink()
+    code, _, err = run_cli(capsys, "run", config.source_path, "--available-now")
+    assert code == 0, err[-3000:]
+    output = read_table(config.output.table).column("key").to_pylist()
+    assert sorted(output) == sorted(keys)
+
+
 def test_sigterm_to_the_spark_submit_jvm_stops_after_the_batch_and_exits_zero(
     bootstrap_servers, make_topic, write_config, tmp_path
 ):

@@ -385,7 +385,7 @@ PROBLEMS = [
     (
         {"job.nmae": '"x"'},
         r"job\.nmae: unknown key; did you mean 'name'\? valid keys here are checkpoint, name, "
-        r"trigger",
+        r"stop_timeout, trigger",
     ),
     ({"retries.delays": '["5s"]'}, r"retries: unknown key; did you mean 'retry'\? valid keys"),
     ({"retry.read_ahead": '"2m"'}, r"retry\.read_ahead: at most 1m: a record read ahead holds"),
@@ -553,6 +553,7 @@ def test_redacted_hides_secret_options_and_env_values(
         "name": "orders",
         "checkpoint": f"{tmp_path}/checkpoint",
         "trigger_ms": 1_000,
+        "stop_timeout_ms": 120_000,
     }
     assert redacted["handler"]["output_schema"] == "order_id STRING, total DOUBLE"
     assert redacted["retry"]["tiers"][0] == {

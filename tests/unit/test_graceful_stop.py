@@ -1,4 +1,5 @@
-"""`stop_gracefully`: the stop comes once the batch running has finished, and says so."""
+"""`stop_gracefully`: the stop comes once the batch running has finished, or past its bound
+once the batch is cancelled, and says so."""
 
 from __future__ import annotations
 
@@ -93,3 +94,29 @@ def test_with_no_batch_running_it_stops_at_once(caplog):
 
     assert query.stopped
     assert caplog.messages == ["stopped after batch 6; the next start goes on from there"]
+
+
+def test_a_batch_still_running_at_the_bound_is_cancelled_and_waited_for(caplog):
+    """Cancelled, the batch ends with its tasks and the query with it; only then the stop."""
+    query, batch_commit = Query(busy_polls=10**6), BatchCommit()
+    events = []
+
+    def cancel() -> None:
+        events.append("cancelled")
+        threading.Timer(0.3, lambda: setattr(query, "isActive", False)).start()
+
+    query.stop = lambda: events.append(f"stopped, active={query.isActive}")
+
+    with caplog.at_level(logging.INFO, logger="retrylib.job"):
+        assert stop_gracefully(query, batch_commit, timeout=0.2, cancel_batch=cancel)
+
+    assert events == ["cancelled", "stopped, active=False"]
+    assert caplog.messages[0].endswith("runs again at the next start, committing nothing twice")
+
+
+def test_a_batch_that_finished_is_not_cancelled():
+    query, batch_commit = Query(busy_polls=0), BatchCommit()
+    cancelled = []
+
+    assert not stop_gracefully(query, batch_commit, timeout=30, cancel_batch=cancelled.append)
+    assert query.stopped and cancelled == []

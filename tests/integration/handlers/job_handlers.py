@@ -23,6 +23,8 @@ hangalways-* always sleeps past the timeout (dead-lettered once out of attempts)
 nullkey-*   returns a row without "key" on attempt 0 (breaks `key STRING NOT NULL`)
 dep-*       fails with DependencyDown while the file named by $RETRYLIB_TEST_DEPENDENCY_DOWN
             exists (a downstream service that goes down and comes back)
+stuck-*     hangs while the file named by $RETRYLIB_TEST_STUCK exists, having made that
+            name + ".started" (a call that never returns, as far as a stop can tell)
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ def by_key(record: Record) -> dict | None:
         raise RuntimeError("always fails")
     if prefix == "dep" and os.path.exists(os.environ.get("RETRYLIB_TEST_DEPENDENCY_DOWN", "")):
         raise DependencyDown("the service is down")
+    stuck = os.environ.get("RETRYLIB_TEST_STUCK", "")
+    if prefix == "stuck" and os.path.exists(stuck):
+        open(f"{stuck}.started", "w").close()
+        while os.path.exists(stuck):
+            time.sleep(0.2)
     if prefix == "bad":
         raise ValueError("bad order")
     if prefix == "stop":
