@@ -2,6 +2,7 @@
 # Run a retrylib job through spark-submit.
 #
 #   ./spark-submit.sh conf/orders.toml [--available-now]
+#   ./spark-submit.sh status|redrive conf/orders.toml [OPTIONS]    # that retrylib command
 #
 # Ships the retrylib package to the executors with --py-files (the handler's own package
 # is shipped by the job itself), without what runs on neither side of the job: the
@@ -17,7 +18,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ $# -lt 1 ]]; then
-  echo "usage: $0 CONFIG.toml [--available-now]" >&2
+  echo "usage: $0 CONFIG.toml [--available-now] | $0 status|redrive CONFIG.toml [OPTIONS]" >&2
   exit 2
 fi
 # Its former name: a run without the flags it holds (say --master yarn) would run elsewhere.

@@ -121,6 +121,20 @@ def test_spark_submit_available_now_exits_zero(
         for name in ("records_main", "succeeded", "output_rows", "dead_lettered")
     ]
     assert totals == [200, 200, 200, 0]
+    # `status` as an EMR step runs it (submit.sh): through spark-submit, its tables read in
+    # spark-submit's session.
+    status = subprocess.run(
+        [str(REPO / "spark-submit.sh"), "status", config.source_path, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert status.returncode == 0, status.stderr[-3000:]
+    printed = status.stdout[status.stdout.index('{\n  "job"') :]
+    state, _ = json.JSONDecoder().raw_decode(printed)
+    assert state["broker"]["reachable"] and state["last_completed_batch"] is not None, state
+    assert state["dead_letters"]["exists"] and state["dead_letters"]["total"] == 0, state
     # What it shipped to the executors (and ran the driver from): the job without the
     # embedded broker, the jar resolver and the demo.
     with zipfile.ZipFile(REPO / "build" / "retrylib-py.zip") as bundle:
