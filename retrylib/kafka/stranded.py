@@ -10,6 +10,7 @@ job's retries (no `retrylib.job` header naming it) and are not counted.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -48,7 +49,8 @@ def stranded_retries(
     config: Config, position: Mapping[PartitionKey, int], timeout: float = 30.0
 ) -> list[Stranded]:
     """The topics of `position` (the job's last planned offsets) the config no longer reads
-    that hold retries this job wrote after its position there, with their counts."""
+    that hold retries this job wrote after its position there, with their counts; all of it
+    within `timeout` (a topic not read to its end by then is counted as far as it was)."""
     kafka = config.kafka
     read = {*kafka.topics, *config.retry.tier_topics()}
     left = {topic for topic, _ in position if not subscribed(topic, read, kafka.topic_pattern)}
@@ -62,6 +64,7 @@ def stranded_retries(
     if not start:
         return []
     job = config.job.name.encode("utf-8")
+    deadline = time.monotonic() + timeout
     consumer = reading_consumer(kafka.bootstrap_servers, kafka.client_options(), "retrylib-start")
     try:
         scans = (
@@ -71,9 +74,9 @@ def stranded_retries(
                 {k: o for k, o in start.items() if k[0] == topic},
                 latest,
                 job,
-                timeout,
+                deadline,
             )
-            for topic in sorted({topic for topic, _ in start})
+            for topic in sorted({topic for topic, _ in start})  # each scan when its turn comes
         )
         return [stranded for stranded in scans if stranded is not None]
     finally:
@@ -86,14 +89,14 @@ def _scan(
     start: Mapping[PartitionKey, int],
     end: Mapping[PartitionKey, int],
     job: bytes,
-    timeout: float,
+    deadline: float,
 ) -> Stranded | None:
     """This job's retries in `topic` from `start` to `end`, or None when there are none. A
     record with no retrylib job header ends the scan: a former main topic, not a tier (its
     backlog is not read at every start)."""
     count = 0
     scan = ReadToEnd(consumer, start, end)
-    for message in scan.messages(timeout_s=timeout, limit=SCAN_LIMIT):
+    for message in scan.messages(timeout_s=max(0.0, deadline - time.monotonic()), limit=SCAN_LIMIT):
         _, own = split_headers(message.headers() or [])
         writer = own.get(JOB)
         if writer is None:
