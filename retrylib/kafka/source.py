@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -150,6 +151,7 @@ class KafkaDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         """The reader; raises `ValueError` for bad options or a schema other than `schema()`."""
+        quiet_hang_up()
         options = parse_source_options(self.options)
         if schema != options.schema:
             raise ValueError(
@@ -157,6 +159,30 @@ class KafkaDataSource(DataSource):
                 f"got {schema.simpleString()}"
             )
         return KafkaStreamReader(options)
+
+
+# The module Spark runs (python -m) to plan a Python stream source's batches.
+_SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+# What that runner dies of when the JVM closes its connection while it answers.
+_HUNG_UP = (BrokenPipeError, ConnectionResetError, EOFError)
+
+
+def quiet_hang_up() -> None:
+    """In Spark's stream-source runner process only: end without a traceback when the JVM
+    hangs up on it. A query stopped while the runner answers (the next trigger's offsets,
+    asked right after the last batch) closes its socket under it; the runner then dies of a
+    BrokenPipeError whose traceback Python prints into the job's log, after the stop's own
+    line. That end is the stop's, not an error."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) != _SOURCE_RUNNER:
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, trace: object) -> None:
+        if not issubclass(kind, _HUNG_UP):
+            previous(kind, value, trace)  # type: ignore[arg-type]
+
+    sys.excepthook = hook
 
 
 @dataclass

@@ -208,3 +208,26 @@ def test_the_installed_pyspark_gives_utc_microsecond_timestamps() -> None:
     timestamp = arrow_records.KAFKA_ARROW_SCHEMA.field("timestamp").type
 
     assert timestamp == pa.timestamp("us", tz="UTC")
+
+
+@pytest.mark.parametrize("runner", [True, False])
+def test_only_spark_s_source_runner_ends_quietly_when_the_jvm_hangs_up(runner, monkeypatch):
+    """A query stopped while Spark's stream-source runner answers closes the runner's socket:
+    its BrokenPipeError is the stop's, and prints no traceback into the job's log there."""
+    import sys
+    import types
+
+    from retrylib.kafka.source import quiet_hang_up
+
+    main = types.ModuleType("__main__")
+    name = "pyspark.sql.streaming.python_streaming_source_runner" if runner else "retrylib"
+    main.__spec__ = types.SimpleNamespace(name=name)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    printed = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, trace: printed.append(kind))
+
+    quiet_hang_up()
+    for error in (BrokenPipeError, EOFError, ValueError):
+        sys.excepthook(error, error(), None)
+
+    assert printed == ([ValueError] if runner else [BrokenPipeError, EOFError, ValueError])
