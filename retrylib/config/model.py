@@ -34,7 +34,7 @@ class JobConfig:
     checkpoint: str
     trigger_ms: int
     # On SIGTERM/SIGINT: how long the batch running may take to finish before it is cancelled.
-    stop_timeout_ms: int = 120_000
+    stop_timeout_ms: int
 
 
 class _ReadOnlyMappings:
