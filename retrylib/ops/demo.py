@@ -48,7 +48,7 @@ starting_offsets = "earliest"
 [handler]
 function = "orders_handlers.handlers:enrich_order"
 output_schema = "order_id STRING, customer STRING, total DOUBLE, currency STRING"
-paths = ["{repo}"]
+paths = ["{handlers}"]
 
 [output]
 table = "{workdir}/tables/orders"
@@ -103,7 +103,7 @@ def run_demo(records: int = 200, workdir: str = ".retrylib/demo", timeout: float
         config_path = root / "demo.toml"
         config_path.write_text(
             _DEMO_CONFIG.format(
-                workdir=root, bootstrap=broker.bootstrap_servers, topic=_TOPIC, repo=_HANDLERS
+                workdir=root, bootstrap=broker.bootstrap_servers, topic=_TOPIC, handlers=_HANDLERS
             )
         )
         config = load_config(config_path)
