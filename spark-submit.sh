@@ -55,13 +55,22 @@ fi
 
 bundle="$here/build/retrylib-py.zip"
 mkdir -p "$here/build"
+# Built beside its name and renamed into place only when it differs: another run from this
+# checkout (a job, a `status`) may be reading the bundle, and a zip rewritten under a reader
+# fails its next import (EOFError).
 (cd "$here" && "$PYSPARK_PYTHON" -c "
-import sys, zipfile, pathlib
+import os, sys, zipfile, pathlib
+bundle = pathlib.Path(sys.argv[1])
 left_out = {'retrylib/kafka/broker.py', 'retrylib/spark/jars.py', 'retrylib/ops/demo.py'}
-with zipfile.ZipFile(sys.argv[1], 'w') as z:
+fresh = bundle.with_name(f'{bundle.name}.{os.getpid()}')
+with zipfile.ZipFile(fresh, 'w') as z:
     for path in sorted(pathlib.Path('retrylib').rglob('*.py')):
         if path.as_posix() not in left_out:
             z.write(path)
+if bundle.exists() and bundle.read_bytes() == fresh.read_bytes():
+    fresh.unlink()
+else:
+    os.replace(fresh, bundle)
 " "$bundle")
 
 # shellcheck disable=SC2086
