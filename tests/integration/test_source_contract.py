@@ -1,10 +1,12 @@
 """Which topics a job reads (a pattern too), where a new job starts, and what it does with
-records Kafka deleted before it read them: `retrylib run` as a user runs it, with Spark's
-Kafka connector and with retrylib's own source reading the main topics."""
+records Kafka deleted before it read them: `retrylib run` (its `main`, in this process on the
+tests' Spark session: the command as a process is test_entrypoints.py's), with Spark's Kafka
+connector and with retrylib's own source reading the main topics."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import uuid
 from datetime import UTC, datetime
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 from chispa import assert_df_equality
 from confluent_kafka import TopicPartition
-from helpers import metrics_totals, produce, run_job_available_now, run_retrylib, write_job_toml
+from helpers import metrics_totals, produce, run_cli, run_job_available_now, write_job_toml
 
 from retrylib.kafka.clients import ensure_topics, make_admin
 
@@ -24,9 +26,19 @@ ON_EVERY_SPARK = ["builtin", pytest.param("python", marks=pytest.mark.every_spar
 OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"
 
 
-def run_job(tmp_path: Path, bootstrap: str, topic: str | None, source: str, **kafka: object):
+def run_job(
+    capfd,
+    tmp_path: Path,
+    bootstrap: str,
+    topic: str | None,
+    source: str,
+    as_process: bool = False,
+    **kafka: object,
+) -> subprocess.CompletedProcess[str]:
     """`retrylib run --available-now` of a job handling `topic` (None: the kafka options
-    name the topics) with `job_handlers:by_key`."""
+    name the topics) with `job_handlers:by_key`: its exit code and output. In this process,
+    or `as_process`: in a process of its own, whose log holds what Spark's Python workers
+    log too (they log to the job's stderr only where the job started Spark)."""
     path = write_job_toml(
         tmp_path / "job.toml",
         topics=[topic] if topic else (),
@@ -40,7 +52,14 @@ def run_job(tmp_path: Path, bootstrap: str, topic: str | None, source: str, **ka
         },
         retry={"delays": ["1s"], "max_attempts": 2},
     )
-    return run_job_available_now(path)
+    if as_process:
+        return run_job_available_now(path)
+    return retrylib(capfd, "run", str(path), "--available-now")
+
+
+def retrylib(capfd, *args: str) -> subprocess.CompletedProcess[str]:
+    """`retrylib ARGS` in this process (`run_cli`)."""
+    return subprocess.CompletedProcess(["retrylib", *args], *run_cli(capfd, *args))
 
 
 def assert_output_keys(spark, tmp_path: Path, keys: list[str]) -> None:
@@ -50,7 +69,7 @@ def assert_output_keys(spark, tmp_path: Path, keys: list[str]) -> None:
 
 
 @pytest.mark.parametrize("source", ON_EVERY_SPARK)
-def test_a_new_job_starts_at_a_time(spark, bootstrap_servers, make_topic, tmp_path, source):
+def test_a_new_job_starts_at_a_time(spark, bootstrap_servers, make_topic, tmp_path, source, capfd):
     """Each partition starts at its first record at or after the time; partition 1, whose
     records are all older, starts at its end instead of failing the query."""
     topic = make_topic("since", partitions=2)
@@ -61,7 +80,9 @@ def test_a_new_job_starts_at_a_time(spark, bootstrap_servers, make_topic, tmp_pa
     new = [(f"ok-new-{i}", "v") for i in range(4)]
     produce(bootstrap_servers, topic, new, partitions=1)
 
-    done = run_job(tmp_path, bootstrap_servers, topic, source, starting_offsets=since.isoformat())
+    done = run_job(
+        capfd, tmp_path, bootstrap_servers, topic, source, starting_offsets=since.isoformat()
+    )
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert_output_keys(spark, tmp_path, [key for key, _ in new])
@@ -76,7 +97,7 @@ def produce_and_delete_the_first(bootstrap: str, topic: str, count: int, deleted
 
 @pytest.mark.parametrize("source", ON_EVERY_SPARK)
 def test_records_deleted_before_the_read_are_skipped_with_a_warning_when_asked(
-    spark, bootstrap_servers, make_topic, tmp_path, source
+    spark, bootstrap_servers, make_topic, tmp_path, source, capfd
 ):
     """The job's offsets say 0, Kafka deleted 0..3: with kafka.fail_on_data_loss = false the
     job handles 4..9 and says what it lost (retrylib's reader also counts it)."""
@@ -84,10 +105,12 @@ def test_records_deleted_before_the_read_are_skipped_with_a_warning_when_asked(
     produce_and_delete_the_first(bootstrap_servers, topic, 10, 4)
 
     done = run_job(
+        capfd,
         tmp_path,
         bootstrap_servers,
         topic,
         source,
+        as_process=source == "python",  # its reader's warning is in the log
         starting_offsets=json.dumps({topic: {"0": 0}}),
         fail_on_data_loss=False,
     )
@@ -101,13 +124,18 @@ def test_records_deleted_before_the_read_are_skipped_with_a_warning_when_asked(
 
 @pytest.mark.every_spark
 def test_records_deleted_before_the_read_fail_the_job_by_default(
-    spark, bootstrap_servers, make_topic, tmp_path
+    spark, bootstrap_servers, make_topic, tmp_path, capfd
 ):
     topic = make_topic("lost", partitions=1)
     produce_and_delete_the_first(bootstrap_servers, topic, 10, 4)
 
     done = run_job(
-        tmp_path, bootstrap_servers, topic, "python", starting_offsets=json.dumps({topic: {"0": 0}})
+        capfd,
+        tmp_path,
+        bootstrap_servers,
+        topic,
+        "python",
+        starting_offsets=json.dumps({topic: {"0": 0}}),
     )
 
     assert done.returncode != 0
@@ -118,7 +146,7 @@ def test_records_deleted_before_the_read_fail_the_job_by_default(
 
 @pytest.mark.parametrize("source", SOURCES)
 def test_a_pattern_job_reads_every_matching_topic_and_those_created_later(
-    spark, bootstrap_servers, tmp_path, source
+    spark, bootstrap_servers, tmp_path, source, capfd
 ):
     prefix = f"pat-{uuid.uuid4().hex[:8]}"
     admin = make_admin(bootstrap_servers, {})
@@ -127,12 +155,12 @@ def test_a_pattern_job_reads_every_matching_topic_and_those_created_later(
     produce(bootstrap_servers, f"{prefix}-b", [("ok-b0", "v")])
     pattern = {"topic_pattern": f"{prefix}-[a-z]"}
 
-    first = run_job(tmp_path, bootstrap_servers, None, source, **pattern)
+    first = run_job(capfd, tmp_path, bootstrap_servers, None, source, **pattern)
     ensure_topics(admin, {f"{prefix}-c": 1}, create=True)
     produce(bootstrap_servers, f"{prefix}-c", [("ok-c0", "v")])
     time.sleep(1.5)  # flaky1-a's retry (1s tier) is due after this
-    second = run_job(tmp_path, bootstrap_servers, None, source, **pattern)
-    status = run_retrylib("status", str(tmp_path / "job.toml"), "--json")
+    second = run_job(capfd, tmp_path, bootstrap_servers, None, source, **pattern)
+    status = retrylib(capfd, "status", str(tmp_path / "job.toml"), "--json")
 
     for done in (first, second, status):
         assert done.returncode == 0, done.stderr[-3000:]
