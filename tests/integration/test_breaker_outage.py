@@ -14,7 +14,7 @@ from helpers import (
     read_table,
     read_table_rows,
     retrylib_command,
-    run_retrylib,
+    run_cli,
     running_job,
     wait_for,
 )
@@ -23,7 +23,7 @@ RECORDS = 60
 
 
 def test_an_outage_trips_the_breaker_and_nothing_is_dead_lettered(
-    bootstrap_servers, make_topic, write_config, tmp_path
+    bootstrap_servers, make_topic, write_config, tmp_path, capsys
 ):
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"dep-{i}", "v") for i in range(RECORDS)], partitions=2)
@@ -43,7 +43,7 @@ def test_an_outage_trips_the_breaker_and_nothing_is_dead_lettered(
     with running_job(command, env, log_path) as job:
         wait_for(job, lambda: "breaker open" in log_path.read_text(), 180)
         # The outage goes on while status looks: probes fail, retries wait in their tiers.
-        during = status(config.source_path)["breaker"]
+        during = status(capsys, config.source_path)["breaker"]
         down.unlink()
         wait_for(job, lambda: read_table_rows(config.output.table) >= RECORDS, 240)
         job.send_signal(signal.SIGTERM)
@@ -64,12 +64,13 @@ def test_an_outage_trips_the_breaker_and_nothing_is_dead_lettered(
     assert "breaker closed: a probe passed" in log
     assert during["state"] == "open" and during["next_probe_at"] is not None
     assert "main-topic records failed" in during["why"] or "probe failed" in during["why"]
-    after = status(config.source_path)["breaker"]
+    after = status(capsys, config.source_path)["breaker"]
     assert (after["state"], after["next_probe_at"]) == ("closed", None)
     assert after["why"].startswith("a probe passed")
 
 
-def status(config_path: str) -> dict:
-    done = run_retrylib("status", config_path, "--json")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+def status(capsys, config_path: str) -> dict:
+    """`retrylib status --json` in this process (`run_cli`)."""
+    code, out, err = run_cli(capsys, "status", config_path, "--json")
+    assert code == 0, err[-3000:]
+    return json.loads(out)

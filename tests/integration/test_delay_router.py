@@ -18,6 +18,7 @@ from helpers import (
     logged_metrics,
     metrics_totals,
     read_topic,
+    run_cli,
     run_job_available_now,
     run_retrylib,
 )
@@ -180,7 +181,7 @@ def test_records_are_forwarded_byte_exact_once_due_and_exactly_once(
 
 
 def test_with_no_fallback_a_record_with_no_destination_is_logged_and_counted(
-    bootstrap_servers, make_topic, tmp_path
+    bootstrap_servers, make_topic, tmp_path, capsys
 ):
     delay_topic = make_topic("retry_topic_2s", partitions=1)
     target = make_topic("target", partitions=1)
@@ -218,9 +219,9 @@ def test_with_no_fallback_a_record_with_no_destination_is_logged_and_counted(
     ahead = int(time.time() * 1000) + 600_000
     producer.produce(delay_topic, value=b"v", headers=krr_headers(target, sent), timestamp=ahead)
     assert producer.flush(30) == 0
-    status = run_retrylib("status", str(path), "--json")
-    assert status.returncode == 0, status.stderr
-    found = json.loads(status.stdout)
+    code, out, err = run_cli(capsys, "status", str(path), "--json")
+    assert code == 0, err
+    found = json.loads(out)
     assert (found["main_topics"], found["retry_tiers"], found["dead_letters"]) == ([], [], None)
     [delayed] = found["delay_topics"]
     assert (delayed["topics"], delayed["waiting"], delayed["stamped_ahead"]) == (
@@ -232,9 +233,9 @@ def test_with_no_fallback_a_record_with_no_destination_is_logged_and_counted(
         rf"{delay_topic}\[0\]@2, (10m|9m[0-9]+s) ahead", delayed["first_stamped_ahead"]
     )
     assert [b["forwarded"] for b in found["last_batches"]["batches"]] == [1]
-    text = run_retrylib("status", str(path))
-    assert "delay topics" in text.stdout and "forwarded" in text.stdout, text.stdout
-    assert f"warning: {delay_topic}: 1 record(s) with a Kafka timestamp ahead" in text.stdout
+    _, text, _ = run_cli(capsys, "status", str(path))
+    assert "delay topics" in text and "forwarded" in text, text
+    assert f"warning: {delay_topic}: 1 record(s) with a Kafka timestamp ahead" in text
     redriven = run_retrylib("redrive", str(path))
     assert redriven.returncode != 0
     assert "is a delay router: it has no dead-letter table" in redriven.stderr

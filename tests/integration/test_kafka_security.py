@@ -4,6 +4,8 @@ admin client, `status` and `redrive`; and a wrong password refused at start, by 
 
 The broker is an embedded Apache Kafka with a SASL_PLAINTEXT listener (PLAIN, SCRAM and
 unsigned OAUTHBEARER tokens); the tests set up topics and records on its plaintext one.
+The commands run in the test's process, on the tests' Spark session (a refused login also
+as a process of its own, as a user meets it).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
-from helpers import produce, read_topic, run_retrylib, write_job_toml
+from helpers import produce, read_topic, run_cli, run_retrylib, write_job_toml
 
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin
@@ -94,6 +96,15 @@ def retrylib(*args: str, password: str = PASSWORD) -> subprocess.CompletedProces
     return run_retrylib(*args, env={PASSWORD_VARIABLE: password})
 
 
+def retrylib_here(
+    capfd, monkeypatch, *args: str, password: str = PASSWORD
+) -> subprocess.CompletedProcess[str]:
+    """`retrylib ARGS` in this process, on the tests' Spark session (`run_cli`): its output
+    holds what the session's JVM and Python workers print meanwhile (`capfd`)."""
+    monkeypatch.setenv(PASSWORD_VARIABLE, password)
+    return subprocess.CompletedProcess(["retrylib", *args], *run_cli(capfd, *args))
+
+
 def assert_settled(spark, path: Path, topic: str) -> None:
     """Every record handled: the good ones (one after a retry) in the output table, the
     bad one dead-lettered."""
@@ -111,16 +122,18 @@ def assert_settled(spark, path: Path, topic: str) -> None:
     )
 
 
-def test_a_plain_login_reaches_the_clients_of_a_run(spark, broker, topic, tmp_path):
+def test_a_plain_login_reaches_the_clients_of_a_run(
+    spark, broker, topic, tmp_path, capfd, monkeypatch
+):
     """PLAIN in the clear, one run: Spark's Java connector, the admin client and the
     executors' producers and marker readers log in. The tier source, `status` and `redrive`
     log in the same way in the SCRAM test below (one translation of [kafka.security] serves
-    every mechanism); each of their steps starts a JVM, so they run once."""
+    every mechanism)."""
     path = secure_job(
         tmp_path, broker, topic, login(broker, "PLAIN", "SASL_PLAINTEXT"), source="builtin"
     )
 
-    done = retrylib("run", str(path), "--available-now")
+    done = retrylib_here(capfd, monkeypatch, "run", str(path), "--available-now")
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert PASSWORD not in done.stdout + done.stderr
@@ -131,16 +144,16 @@ def test_a_plain_login_reaches_the_clients_of_a_run(spark, broker, topic, tmp_pa
     assert [row.key for row in dead.selectExpr("CAST(key AS STRING) AS key").collect()] == ["bad-0"]
 
 
-def test_one_login_reaches_every_client(spark, broker, topic, tmp_path):
+def test_one_login_reaches_every_client(spark, broker, topic, tmp_path, capfd, monkeypatch):
     """SCRAM over TLS, so the CA file reaches both kinds of client too."""
     path = secure_job(
         tmp_path, broker, topic, login(broker, "SCRAM-SHA-512", "SASL_SSL"), source="builtin"
     )
 
-    first = retrylib("run", str(path), "--available-now")
+    first = retrylib_here(capfd, monkeypatch, "run", str(path), "--available-now")
     time.sleep(1.5)  # the flaky record's retry (1s tier) is due after this
-    second = retrylib("run", str(path), "--available-now")
-    status = retrylib("status", str(path), "--json")
+    second = retrylib_here(capfd, monkeypatch, "run", str(path), "--available-now")
+    status = retrylib_here(capfd, monkeypatch, "status", str(path), "--json")
 
     for done in (first, second, status):
         assert done.returncode == 0, done.stderr[-3000:]
@@ -151,7 +164,7 @@ def test_one_login_reaches_every_client(spark, broker, topic, tmp_path):
     assert report["dead_letters"]["total"] == 1
     dead_id = spark.read.format("delta").load(str(tmp_path / "dlq")).first()["id"]
 
-    redrive = retrylib("redrive", str(path), "--id", dead_id, "--json")
+    redrive = retrylib_here(capfd, monkeypatch, "redrive", str(path), "--id", dead_id, "--json")
 
     assert redrive.returncode == 0, redrive.stderr[-3000:]
     assert json.loads(redrive.stdout)["sent"] == 1
@@ -161,7 +174,7 @@ def test_one_login_reaches_every_client(spark, broker, topic, tmp_path):
 
 @pytest.mark.parametrize(("mechanism", "protocol"), LOGINS)
 def test_a_wrong_password_stops_the_job_at_start_naming_brokers_and_mechanism(
-    broker, topic, tmp_path, mechanism, protocol
+    broker, topic, tmp_path, mechanism, protocol, capfd, monkeypatch
 ):
     security = login(broker, mechanism, protocol)
     path = secure_job(tmp_path, broker, topic, security)
@@ -180,10 +193,10 @@ def test_a_wrong_password_stops_the_job_at_start_naming_brokers_and_mechanism(
         f"the Kafka brokers at {servers_for(broker, protocol)} refused the login "
         f"(SASL {mechanism} over {protocol}, user '{USER}')"
     )
-    checked = retrylib("check", str(path), password=wrong)
+    checked = retrylib_here(capfd, monkeypatch, "check", str(path), password=wrong)
     assert checked.returncode != 0
     assert f"error: {refused}" in checked.stderr, checked.stderr
-    status = retrylib("status", str(path), "--json", password=wrong)
+    status = retrylib_here(capfd, monkeypatch, "status", str(path), "--json", password=wrong)
     assert refused in json.loads(status.stdout)["broker"]["error"], status.stdout
     assert wrong not in checked.stdout + checked.stderr + status.stdout + status.stderr
 

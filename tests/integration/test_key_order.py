@@ -18,6 +18,7 @@ from helpers import (
     read_table,
     read_table_rows,
     retrylib_command,
+    run_cli,
     run_retrylib,
     running_job,
     wait_for,
@@ -132,7 +133,7 @@ def test_a_keys_records_wait_behind_its_retry(
 
 
 def test_the_queues_survive_crashes_on_either_side_of_their_update(
-    bootstrap_servers, make_topic, write_config, tmp_path
+    bootstrap_servers, make_topic, write_config, tmp_path, capsys
 ):
     config, env = ordered_job(bootstrap_servers, make_topic, write_config, tmp_path)
     # The first batch blocks "a" and "b". Crash after its tables' commits, before its
@@ -147,12 +148,12 @@ def test_the_queues_survive_crashes_on_either_side_of_their_update(
             new_session=True,
         )
         assert f"crash at {point} in batch 0" in crashed.stderr, crashed.stderr[-3000:]
-    status = run_retrylib("status", config.source_path, "--json", env=env)
-    assert status.returncode == 0, status.stderr[-3000:]
-    key_order = json.loads(status.stdout)["key_order"]
+    code, out, err = run_cli(capsys, "status", config.source_path, "--json")
+    assert code == 0, err[-3000:]
+    key_order = json.loads(out)["key_order"]
     assert (key_order["blocked_keys"], key_order["after_batch"]) == (2, 0)  # "a" and "b"
     assert key_order["held_records"] == 2 + 4  # behind them: b1, b2 and a1 to a4
-    text = run_retrylib("status", config.source_path, env=env).stdout
+    _, text, _ = run_cli(capsys, "status", config.source_path)
     assert "key order: 2 key(s) wait behind a retry, 6 record(s) held behind them" in text
     # New records of a blocked key, read after the restart: they wait too.
     produce(bootstrap_servers, config.kafka.topics[0], [("a", "a5"), ("a", "a6")])
