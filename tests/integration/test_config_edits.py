@@ -1,6 +1,7 @@
 """Config edits between runs, as an operator makes them over a job's months: the job is run
-with the `retrylib` command after each edit, from the same checkpoint, and every input must
-still have exactly one effect (the fault harness's checks, tests/faults/harness.py)."""
+with the `retrylib` command after each edit, from the same checkpoint (the runs it refuses in
+the test's process, `run_cli`), and every input must still have exactly one effect (the
+fault harness's checks, tests/faults/harness.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest  # noqa: E402
 from confluent_kafka import KafkaException  # noqa: E402
 from confluent_kafka.admin import NewTopic  # noqa: E402
 from harness import FaultsJob  # noqa: E402
-from helpers import job_env, retrylib_command, run_retrylib, running_job  # noqa: E402
+from helpers import job_env, retrylib_command, run_cli, running_job  # noqa: E402
 
 from retrylib.config.topic_names import produced_topic  # noqa: E402
 from retrylib.errors import TopicError  # noqa: E402
@@ -41,7 +42,7 @@ def _run_until_settled(job: FaultsJob, log: Path) -> None:
 
 
 def test_a_retry_tier_taken_out_and_put_back_is_read_on_from_where_it_was(
-    bootstrap_servers, make_topic, tmp_path, spark
+    bootstrap_servers, make_topic, tmp_path, spark, capsys
 ):
     """The 2s tier is taken out of the config and put back: its records handled before are
     not read again (they were, from its earliest record, and handled twice). Taken out while
@@ -63,27 +64,26 @@ def test_a_retry_tier_taken_out_and_put_back_is_read_on_from_where_it_was(
     producer.flush(10)
     job.write_config(retry={"delays": ["1s"]})
     refusal = f"retry topic {stranded_in!r} is no longer in retry.delays, but 1 retry record"
-    checked = run_retrylib("check", str(job.workdir / "job.toml"))
-    assert checked.returncode != 0 and f"error: {refusal}" in checked.stderr, checked.stderr
-    ran = run_retrylib("run", str(job.workdir / "job.toml"), "--available-now")
-    assert ran.returncode != 0, ran.stderr[-3000:]
-    lines = ran.stderr.splitlines()
-    assert any(line.startswith(f"error: {refusal}") for line in lines), ran.stderr[-3000:]
-    assert "Traceback" not in ran.stderr
+    code, _, err = run_cli(capsys, "check", str(job.workdir / "job.toml"))
+    assert code != 0 and f"error: {refusal}" in err, err
+    code, _, err = run_cli(capsys, "run", str(job.workdir / "job.toml"), "--available-now")
+    assert code != 0, err[-3000:]
+    assert any(line.startswith(f"error: {refusal}") for line in err.splitlines()), err[-3000:]
+    assert "Traceback" not in err
 
     # The tier is deleted and created again with one partition (of two), and put back in the
     # config: the job's position in it went with the old topic, and run stops at its first
     # batch naming the topic and what changed (it read nothing of the new topic, in silence).
     _recreate(bootstrap_servers, stranded_in, partitions=1)
     job.write_config(retry={"delays": ["1s", "2s"]})
-    ran = run_retrylib("run", str(job.workdir / "job.toml"), "--available-now")
-    assert ran.returncode != 0, ran.stderr[-3000:]
+    code, _, err = run_cli(capsys, "run", str(job.workdir / "job.toml"), "--available-now")
+    assert code != 0, err[-3000:]
     changed = f"error: topic(s) deleted and created again since the job read them ('{stranded_in}'"
-    lines = [line for line in ran.stderr.splitlines() if line.startswith(changed)]
-    assert len(lines) == 1, ran.stderr[-5000:]
+    lines = [line for line in err.splitlines() if line.startswith(changed)]
+    assert len(lines) == 1, err[-5000:]
     [line] = lines
     assert "partition 1 is gone" in line and "kafka.fail_on_data_loss = false" in line, line
-    assert "Traceback" not in ran.stderr
+    assert "Traceback" not in err
 
 
 def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
