@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -15,11 +14,15 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
-from helpers import job_env, retrylib_command, running_job, write_job_toml
 from helpers import produce as produce_pairs
-from helpers import wait_for as wait_for_job
+from helpers import (
+    read_table_rows,
+    run_until,
+    write_job_toml,
+)
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from retrylib.config.loader import load_config
 from retrylib.config.schema import parse_schema
 from retrylib.errors import KafkaSourceError
 from retrylib.kafka import range_reader, worker_clients
@@ -693,12 +696,6 @@ def test_ranges_read_in_the_task_give_the_handler_what_records_mode_gives(
     assert sorted(handled, key=key) == sorted(expected, key=key)
 
 
-def batch_counters(log: str) -> list[dict]:
-    """The counters of each batch a `retrylib run` logged (`retrylib.batch.commit: batch {...}`)."""
-    marker = "retrylib.batch.commit: batch "
-    return [json.loads(line.split(marker, 1)[1]) for line in log.splitlines() if marker in line]
-
-
 def test_python_workers_keep_their_kafka_clients_across_tasks_and_batches(
     spark, bootstrap_servers, make_topic, tmp_path
 ) -> None:
@@ -726,21 +723,13 @@ def test_python_workers_keep_their_kafka_clients_across_tasks_and_batches(
     # Every 8th record fails once: its retry is read back from the tier in a later batch.
     records = [(f"{'flaky1' if i % 8 == 0 else 'ok'}-{i}", "v") for i in range(5 * partitions)]
     produce_pairs(bootstrap_servers, topic, records, partitions=partitions)
-    command = retrylib_command("run", str(path), "--master", "local[2]")
-    env = job_env()
-    log_path = tmp_path / "job.log"
+    config = load_config(path)
 
-    def handled() -> int:
-        return sum(batch.get("succeeded", 0) for batch in batch_counters(log_path.read_text()))
+    results = run_until(
+        spark, config, lambda: read_table_rows(config.output.table) >= len(records), timeout=300
+    )
 
-    with running_job(command, env, log_path) as job:
-        wait_for_job(job, lambda: handled() >= len(records), 300)
-        job.send_signal(signal.SIGTERM)
-        job.wait(timeout=120)
-    log = log_path.read_text()
-    assert job.returncode == 0, log[-3000:]
-
-    batches = batch_counters(log)
+    batches = [result.counters for result in results]
     opened = [batch.get("kafka_clients_opened", 0) for batch in batches]
     print(f"Kafka clients opened per batch: {opened}")
     assert sum(batch.get("records_main", 0) for batch in batches) == len(records)
