@@ -19,9 +19,9 @@ table version. `append_once` asks for them before writing, and the write reuses 
 a commit pays for the new version once.
 
 Works on a classic session and on a Spark Connect client alike (Delta's SQL extension and
-catalog configured on the Spark side; no Delta Connect plugin needed): tables are created
-through DataFrameWriterV2 and changed through SQL. Only the committed transactions differ:
-no public API or SQL command exposes them, so a classic session reads them through py4j,
+catalog configured on the Spark side; no Delta Connect plugin needed): tables are changed
+through SQL. Only their creation (`_create_table`) and the committed transactions differ: no
+public API or SQL command exposes the latter, so a classic session reads them through py4j,
 and a Connect client, which has no JVM, from the commits' `userMetadata` (`commit_mark`).
 """
 
@@ -206,16 +206,29 @@ def _create_table(
     partition_by: Sequence[str],
     properties: Mapping[str, str],
 ) -> None:
-    """Create the Delta table `target` (a path or a catalog name) with `schema`.
+    """Create the Delta table `target` (a path or a catalog name) with `schema`, keeping its
+    NOT NULL columns. A table created meanwhile by someone else is left as it is (the caller
+    checks its columns).
 
-    Through DataFrameWriterV2, which classic and Spark Connect sessions both have, which
-    keeps the schema's NOT NULL columns, and which takes catalog names of any depth
-    (`catalog.db.t`). A table created meanwhile by someone else is left as it is (the
-    caller checks its columns).
+    A path, from a classic session, is created through Delta's table builder, which writes
+    version 0 and nothing else: through DataFrameWriterV2 an empty DataFrame's write job came
+    first, and a new job's first table took 6.1 s instead of 2.5 s (the next ones 0.8 s
+    instead of 0.4 s; local[2], idle machine). The rest go through DataFrameWriterV2: the
+    builder takes no catalog name of three parts (`catalog.db.t`), and a Spark Connect
+    client has none without Delta's Connect plugin on the server.
     """
     from pyspark.errors import AnalysisException
     from pyspark.sql.functions import col
 
+    if target.is_path and not is_connect(spark):
+        from delta.tables import DeltaTable
+
+        builder = DeltaTable.createIfNotExists(spark).location(target.text).addColumns(schema)
+        builder = builder.partitionedBy(*partition_by)
+        for key, value in properties.items():
+            builder = builder.property(key, value)
+        builder.execute()
+        return
     writer = spark.createDataFrame([], schema).writeTo(target.sql_name).using("delta")
     if partition_by:
         writer = writer.partitionedBy(*(col(column) for column in partition_by))
