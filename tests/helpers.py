@@ -333,6 +333,34 @@ def wait_for(job: subprocess.Popen, done: Callable[[], bool], timeout: float) ->
         time.sleep(0.2)
 
 
+def wait_for_rows(
+    job: subprocess.Popen,
+    log_path: Path,
+    table: str,
+    enough: Callable[[int], bool],
+    timeout: float,
+) -> int:
+    """Wait until `enough(rows)` holds for the rows of the Delta table `table`, which `job`
+    writes while logging to `log_path`; fails if the job exits or `timeout` seconds pass
+    first. Returns the rows.
+
+    The table is read again only once the job's log has grown (a job logs each batch it
+    finishes, on a Spark Connect client too): a read costs the tests' session about 0.4
+    CPU-s, so reading it every 0.2 s would take a core of a small machine from the job."""
+    deadline = time.monotonic() + timeout
+    read_at = -1  # the log's size when the table was last read
+    while True:
+        size = log_path.stat().st_size
+        if size != read_at:
+            read_at = size
+            rows = read_table_rows(table)
+            if enough(rows):
+                return rows
+        assert job.poll() is None, "the job exited"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
 def run_job_available_now(
     path: str | Path,
     *,
@@ -358,13 +386,22 @@ def run_until(
     spark: SparkSession, config: Config, settled: Callable[[], bool], timeout: float = 120
 ) -> list[BatchResult]:
     """Run the job with its processing-time trigger until `settled()`, failing the test if
-    the query dies or `timeout` seconds pass first; returns every batch's result."""
+    the query dies or `timeout` seconds pass first; returns every batch's result.
+
+    `settled` is asked again only after another batch's result (what it reads changes in
+    batches only): a table read costs this session about 0.4 CPU-s, which the job's own
+    batches would otherwise wait for."""
     results: list[BatchResult] = []
     query, batch_commit = start_query(spark, config, on_result=results.append)
     deadline = time.monotonic() + timeout
+    asked_at = -1  # batch results when `settled` was last asked
     try:
-        while not settled() and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             assert query.isActive, f"query died: {query.exception()}"
+            if len(results) != asked_at:
+                asked_at = len(results)
+                if settled():
+                    break
             time.sleep(0.25)
         assert query.isActive, f"query died: {query.exception()}"
     finally:

@@ -17,6 +17,7 @@ from helpers import (
     run_cli,
     running_job,
     wait_for,
+    wait_for_rows,
 )
 
 RECORDS = 60
@@ -45,7 +46,7 @@ def test_an_outage_trips_the_breaker_and_nothing_is_dead_lettered(
         # The outage goes on while status looks: probes fail, retries wait in their tiers.
         during = status(capsys, config.source_path)["breaker"]
         down.unlink()
-        wait_for(job, lambda: read_table_rows(config.output.table) >= RECORDS, 240)
+        wait_for_rows(job, log_path, config.output.table, lambda rows: rows >= RECORDS, 240)
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=120)
     log = log_path.read_text()

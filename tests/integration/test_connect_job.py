@@ -15,12 +15,13 @@ from helpers import (
     job_env,
     produce,
     read_table,
+    read_table_rows,
     retrylib_command,
     run_retrylib,
     running_job,
     wait_for,
+    wait_for_rows,
 )
-from pyspark.errors import AnalysisException
 
 
 @pytest.mark.every_spark
@@ -76,24 +77,19 @@ def test_a_job_whose_client_or_server_is_killed_writes_each_record_once(
     config = write_config([topic], name="connectcrash", kafka={"max_offsets_per_trigger": 20})
     command = retrylib_command("run", config.source_path)
 
-    def written() -> int:
-        try:
-            return read_table(config.output.table).num_rows
-        except AnalysisException:  # not created yet
-            return 0
-
     server = ConnectServer(tmp_path).start()
     try:
         env = job_env({"SPARK_REMOTE": server.url})
-        with running_job(command, env, tmp_path / "client-1.log") as client:
-            wait_for(client, lambda: written() > 0, timeout=180)
+        first_log = tmp_path / "client-1.log"
+        with running_job(command, env, first_log) as client:
+            wait_for_rows(client, first_log, config.output.table, lambda rows: rows > 0, 180)
             client.kill()
         second_log = tmp_path / "client-2.log"
         with running_job(command, env, second_log) as client:
             wait_for(
                 client, lambda: "done on the Spark Connect server" in second_log.read_text(), 180
             )
-            before = written()
+            before = read_table_rows(config.output.table)
             server.kill()  # the client would retry it for minutes (PySpark's retry policy)
             client.kill()
         server = ConnectServer(tmp_path).start()

@@ -23,6 +23,7 @@ from helpers import (
     run_cli,
     running_job,
     wait_for,
+    wait_for_rows,
 )
 
 from retrylib.config.loader import load_config
@@ -154,35 +155,26 @@ def names(observed: dict) -> list[str]:
 
 
 def test_sigterm_stops_after_the_batch_and_exits_zero(
-    bootstrap_servers, make_topic, write_config, capsys
+    bootstrap_servers, make_topic, write_config, capsys, tmp_path
 ):
     """A running job: a second copy of it is refused at start and the first goes on; SIGTERM
     then stops it after its batch."""
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
     config = write_config([topic], kafka={"max_offsets_per_trigger": 50})  # a long backlog
-    job = subprocess.Popen(
-        retrylib_command("run", config.source_path, "--master", "local[2]"),
-        env=job_env(),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        while read_table_rows(config.output.table) == 0:
-            assert job.poll() is None and time.monotonic() < deadline, "job did not process"
-            time.sleep(0.2)
+    command = retrylib_command("run", config.source_path, "--master", "local[2]")
+    log_path = tmp_path / "job.log"
+    with running_job(command, job_env(), log_path) as job:
+        table = config.output.table
+        written = wait_for_rows(job, log_path, table, lambda rows: rows > 0, 180)
         code, _, err = run_cli(capsys, "run", config.source_path)
         assert_one_error_line(
             code, err, "job 'itest': another copy holds the lease", f" pid={job.pid} since="
         )
-        written = read_table_rows(config.output.table)
-        wait_for(job, lambda: read_table_rows(config.output.table) > written, 60)
+        wait_for_rows(job, log_path, table, lambda rows: rows > written, 60)
         job.send_signal(signal.SIGTERM)
-        _, stderr = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
+        job.wait(timeout=120)
+    stderr = log_path.read_text()
     assert job.returncode == 0, stderr[-3000:]
     after_signal = stderr.split("stopping after the current batch", 1)[1]
     batches_after = set(re.findall(r'"batch_id": (\d+)', after_signal))
@@ -251,7 +243,7 @@ def test_sigterm_to_the_spark_submit_jvm_stops_after_the_batch_and_exits_zero(
     env = job_env({"RETRYLIB_SPARK_EXTRA": "--master local[2]"})
     log_path = tmp_path / "job.log"
     with running_job([str(REPO / "spark-submit.sh"), config.source_path], env, log_path) as job:
-        wait_for(job, lambda: read_table_rows(config.output.table) > 0, 240)
+        wait_for_rows(job, log_path, config.output.table, lambda rows: rows > 0, 240)
         # spark-submit.sh execs spark-submit, which execs the JVM: this pid is the JVM.
         command = Path(f"/proc/{job.pid}/cmdline").read_bytes().split(b"\0")
         assert b"org.apache.spark.deploy.SparkSubmit" in command, command

@@ -16,12 +16,11 @@ from helpers import (
     logged_metrics,
     produce,
     read_table,
-    read_table_rows,
     retrylib_command,
     run_cli,
     run_retrylib,
     running_job,
-    wait_for,
+    wait_for_rows,
 )
 
 # key -> values in the order produced; "fail:N" fails N times first, "never" always fails.
@@ -78,7 +77,7 @@ def run_until_done(
     command = retrylib_command("run", config.source_path, "--master", "local[2]")
     expected = sum(len(values) for values in records.values()) - 1  # "never" is dead-lettered
     with running_job(command, env, log_path) as job:
-        wait_for(job, lambda: read_table_rows(config.output.table) >= expected, 240)
+        wait_for_rows(job, log_path, config.output.table, lambda rows: rows >= expected, 240)
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=120)
     log = log_path.read_text()
