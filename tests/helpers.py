@@ -203,6 +203,15 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
     return code, captured.out, captured.err
 
 
+def run_cli_completed(
+    capture: pytest.CaptureFixture[str], *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`run_cli`'s outcome as the CompletedProcess that `run_retrylib`, its twin in a
+    process of its own, returns: a test reads either the same way. With `capfd` as
+    `capture` the output holds what the tests' session's JVM prints meanwhile."""
+    return subprocess.CompletedProcess(["retrylib", *args], *run_cli(capture, *args))
+
+
 def assert_one_error_line(code: int, err: str, start: str, *parts: str) -> None:
     """A failed `retrylib` run: exit 1, its last line "error: START..." holding each of
     `parts`, and no traceback or flood of lines before it."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
-from helpers import produce, read_topic, run_cli, run_retrylib, write_job_toml
+from helpers import produce, read_topic, run_cli_completed, run_retrylib, write_job_toml
 
 from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin
@@ -99,10 +99,10 @@ def retrylib(*args: str, password: str = PASSWORD) -> subprocess.CompletedProces
 def retrylib_here(
     capfd, monkeypatch, *args: str, password: str = PASSWORD
 ) -> subprocess.CompletedProcess[str]:
-    """`retrylib ARGS` in this process, on the tests' Spark session (`run_cli`): its output
-    holds what the session's JVM and Python workers print meanwhile (`capfd`)."""
+    """`retrylib ARGS` in this process (`run_cli_completed`), the login's password in its
+    environment variable."""
     monkeypatch.setenv(PASSWORD_VARIABLE, password)
-    return subprocess.CompletedProcess(["retrylib", *args], *run_cli(capfd, *args))
+    return run_cli_completed(capfd, *args)
 
 
 def assert_settled(spark, path: Path, topic: str) -> None:

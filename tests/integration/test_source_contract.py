@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 from chispa import assert_df_equality
 from confluent_kafka import TopicPartition
-from helpers import metrics_totals, produce, run_cli, run_job_available_now, write_job_toml
+from helpers import (
+    metrics_totals,
+    produce,
+    run_cli_completed,
+    run_job_available_now,
+    write_job_toml,
+)
 
 from retrylib.kafka.clients import ensure_topics, make_admin
 
@@ -54,12 +60,7 @@ def run_job(
     )
     if as_process:
         return run_job_available_now(path)
-    return retrylib(capfd, "run", str(path), "--available-now")
-
-
-def retrylib(capfd, *args: str) -> subprocess.CompletedProcess[str]:
-    """`retrylib ARGS` in this process (`run_cli`)."""
-    return subprocess.CompletedProcess(["retrylib", *args], *run_cli(capfd, *args))
+    return run_cli_completed(capfd, "run", str(path), "--available-now")
 
 
 def assert_output_keys(spark, tmp_path: Path, keys: list[str]) -> None:
@@ -160,7 +161,7 @@ def test_a_pattern_job_reads_every_matching_topic_and_those_created_later(
     produce(bootstrap_servers, f"{prefix}-c", [("ok-c0", "v")])
     time.sleep(1.5)  # flaky1-a's retry (1s tier) is due after this
     second = run_job(capfd, tmp_path, bootstrap_servers, None, source, **pattern)
-    status = retrylib(capfd, "status", str(tmp_path / "job.toml"), "--json")
+    status = run_cli_completed(capfd, "status", str(tmp_path / "job.toml"), "--json")
 
     for done in (first, second, status):
         assert done.returncode == 0, done.stderr[-3000:]
