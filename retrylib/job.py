@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib import steps
-from retrylib.batch.commit import BatchCommit, BatchFunction, task_error
+from retrylib.batch.commit import BatchCommit, BatchFunction, no_space_error, task_error
 from retrylib.batch.key_order_store import KeyOrderStore
 from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
@@ -897,7 +897,7 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
                 # Raised outside this process's batch function: in the batch on a Connect
                 # server, or in the retrylib_kafka source (Spark runs it in a Python worker).
                 if batch_commit.failure is None:
-                    batch_commit.failure = task_error(error)
+                    batch_commit.failure = task_error(error) or no_space_error(error)
                 if batch_commit.failure is None:
                     raise
             if batch_commit.failure is not None:

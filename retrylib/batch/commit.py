@@ -41,6 +41,7 @@ skipped as "already committed", so the batch commit fails the batch with an erro
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -213,6 +214,12 @@ class BatchCommit:
         except RetrylibError as e:
             self.failure = e
             raise
+        except Exception as e:
+            full = no_space_error(e)
+            if full is None:
+                raise
+            self.failure = full
+            raise full from e
 
     def _run(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -674,6 +681,40 @@ def task_error(error: BaseException) -> RetrylibError | None:
         kind = getattr(errors, name, None)
         if isinstance(kind, type) and issubclass(kind, RetrylibError):
             return kind(message)
+    return None
+
+
+_NO_SPACE = "No space left on device"
+_WRITING_TO = re.compile(r"Task failed while writing rows to (\S+?)\.?(?:\s|$)")
+
+
+def no_space_error(error: BaseException) -> RetrylibError | None:
+    """The error for a batch that failed because a file system it writes to is full, naming
+    the folder being written when Spark's error (a task's write) or Python's (`OSError`)
+    says, or None when something else failed it."""
+    text = f"{error}\n{spark_error_reason(error)}"
+    oserror = _enospc(error)
+    if _NO_SPACE not in text and oserror is None:
+        return None
+    found = _WRITING_TO.search(text)
+    where = found.group(1) if found else oserror.filename if oserror is not None else None
+    place = (
+        f"the file system of {where}"
+        if where
+        else "a file system the job writes to (its checkpoint, its tables, Spark's local folders)"
+    )
+    return RetrylibError(
+        f"no space left on {place}: free space there, or give the job's checkpoint and tables "
+        "a larger one. Nothing is lost: restart the job and the batch that failed runs again"
+    )
+
+
+def _enospc(error: BaseException | None) -> OSError | None:
+    """The first `OSError` of "no space left on device" in `error`'s chain, else None."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return error
+        error = error.__cause__ or error.__context__
     return None
 
 

@@ -1,9 +1,11 @@
-"""A table the job cannot write: the one-line error naming the table, its location and what
-to check (`commit.table_write_error`, `commit.spark_error_reason`)."""
+"""Storage the job cannot write: the one-line errors naming the table or folder and what to
+do (`commit.table_write_error`, `commit.no_space_error`, `commit.spark_error_reason`)."""
 
 from __future__ import annotations
 
-from retrylib.batch.commit import spark_error_reason, table_write_error
+import errno
+
+from retrylib.batch.commit import no_space_error, spark_error_reason, table_write_error
 from retrylib.config.table_ref import TableRef
 
 
@@ -53,3 +55,39 @@ def test_a_table_error_that_is_not_the_storage_points_at_the_columns():
 
     assert "(catalog table main.ops.dlq): [DELTA_X] mismatch. Check the table:" in str(error)
     assert "retrylib check --tables" in str(error)
+
+
+def test_a_full_disk_names_the_folder_a_task_was_writing():
+    error = Exception(
+        "[TASK_WRITE_FAILED] Task failed while writing rows to file:/c/retrylib/staged/4. "
+        "SQLSTATE: 58030"
+    )
+    error.java_exception = _Throwable(  # type: ignore[attr-defined]
+        "org.apache.spark.SparkException: task failed",
+        _Throwable("java.io.IOException: No space left on device"),
+    )
+
+    full = no_space_error(error)
+
+    assert full is not None
+    assert str(full).startswith(
+        "no space left on the file system of file:/c/retrylib/staged/4: free space there"
+    )
+    assert "restart the job" in str(full)
+
+
+def test_a_full_disk_under_python_names_its_file_and_other_errors_are_not_one():
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "/c/retrylib/manifests/4")
+        except OSError as cause:
+            raise RuntimeError("claiming the manifest failed") from cause
+    except RuntimeError as error:
+        full = no_space_error(error)
+
+    assert full is not None
+    assert "the file system of /c/retrylib/manifests/4:" in str(full)
+    assert no_space_error(OSError(errno.EACCES, "Permission denied", "/c")) is None
+    assert no_space_error(ValueError("a handler's bug")) is None
+    unnamed = no_space_error(OSError(errno.ENOSPC, "No space left on device"))
+    assert unnamed is not None and "a file system the job writes to" in str(unnamed)
