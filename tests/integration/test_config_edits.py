@@ -21,7 +21,14 @@ import pytest  # noqa: E402
 from confluent_kafka import KafkaException  # noqa: E402
 from confluent_kafka.admin import NewTopic  # noqa: E402
 from harness import FaultsJob  # noqa: E402
-from helpers import job_env, retrylib_command, run_cli, running_job  # noqa: E402
+from helpers import (  # noqa: E402
+    job_env,
+    produce,
+    retrylib_command,
+    run_cli,
+    run_job_available_now,
+    running_job,
+)
 
 from retrylib.config.topic_names import produced_topic  # noqa: E402
 from retrylib.errors import TopicError  # noqa: E402
@@ -84,6 +91,36 @@ def test_a_retry_tier_taken_out_and_put_back_is_read_on_from_where_it_was(
     [line] = lines
     assert "partition 1 is gone" in line and "kafka.fail_on_data_loss = false" in line, line
     assert "Traceback" not in err
+
+
+def test_a_lowered_max_attempts_dead_letters_the_retries_already_waiting(
+    bootstrap_servers, make_topic, write_config, spark, capsys
+):
+    """retry.max_attempts lowered from 3 to 2 while a record waits for its third call (it
+    would succeed then): the `retrylib` command dead-letters it without calling the handler,
+    with 2 attempts (it was called a third time, and dead-lettered with 3 when it failed)."""
+    topic = make_topic("lowered", partitions=1)
+    produce(bootstrap_servers, topic, [("flaky2-a", "v"), ("ok-b", "v")])
+    retry = {"delays": ["1s", "2s"], "max_attempts": 3}
+    config = write_config([topic], name="lowered", retry=retry)
+    # An availableNow run reads a tier up to what was due at its start: each run makes one
+    # call of the record, and leaves its retry waiting in the next tier.
+    for _ in range(2):
+        code, _, err = run_cli(capsys, "run", config.source_path, "--available-now")
+        assert code == 0, err[-3000:]
+    time.sleep(2.5)  # the retry in the 2s tier is due
+    config = write_config([topic], name="lowered", retry={**retry, "max_attempts": 2})
+
+    lowered = run_job_available_now(config.source_path, timeout=300)
+
+    assert lowered.returncode == 0, lowered.stderr[-3000:]
+    output = spark.read.format("delta").load(config.output.table).select("key")
+    assert sorted(row.key for row in output.collect()) == ["ok-b"]
+    dead = spark.read.format("delta").load(config.dead_letter.table).collect()
+    assert [(row.key, row.attempts, row.reason) for row in dead] == [
+        (b"flaky2-a", 2, "attempts_exhausted")
+    ]
+    assert "retry.max_attempts is 2" in dead[0].error_message
 
 
 def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
