@@ -356,18 +356,17 @@ def wait_for_rows(
     The table is read again only once the job's log has grown (a job logs each batch it
     finishes, on a Spark Connect client too): a read costs the tests' session about 0.4
     CPU-s, so reading it every 0.2 s would take a core of a small machine from the job."""
-    deadline = time.monotonic() + timeout
-    read_at = -1  # the log's size when the table was last read
-    while True:
+    read = {"at": -1, "rows": 0}  # the log's size when the table was last read, and its rows
+
+    def done() -> bool:
         size = log_path.stat().st_size
-        if size != read_at:
-            read_at = size
-            rows = read_table_rows(table)
-            if enough(rows):
-                return rows
-        assert job.poll() is None, "the job exited"
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
+        if size == read["at"]:
+            return False
+        read.update(at=size, rows=read_table_rows(table))
+        return enough(read["rows"])
+
+    wait_for(job, done, timeout)
+    return read["rows"]
 
 
 def run_job_available_now(
@@ -404,19 +403,23 @@ def run_until(
     query, batch_commit = start_query(spark, config, on_result=results.append)
     deadline = time.monotonic() + timeout
     asked_at = -1  # batch results when `settled` was last asked
+    done = False
     try:
         while time.monotonic() < deadline:
             assert query.isActive, f"query died: {query.exception()}"
             if len(results) != asked_at:
                 asked_at = len(results)
-                if settled():
+                done = settled()
+                if done:
                     break
             time.sleep(0.25)
         assert query.isActive, f"query died: {query.exception()}"
     finally:
         stop_gracefully(query, batch_commit)
         batch_commit.close()
-    assert settled(), f"not settled after {timeout}s; batches: {[r.counters for r in results]}"
+    # Asked once more only when time ran out: the batch the stop let finish may have settled it.
+    done = done or settled()
+    assert done, f"not settled after {timeout}s; batches: {[r.counters for r in results]}"
     return results
 
 

@@ -217,9 +217,6 @@ def _create_table(
     builder takes no catalog name of three parts (`catalog.db.t`), and a Spark Connect
     client has none without Delta's Connect plugin on the server.
     """
-    from pyspark.errors import AnalysisException
-    from pyspark.sql.functions import col
-
     if target.is_path and not is_connect(spark):
         from delta.tables import DeltaTable
 
@@ -229,6 +226,9 @@ def _create_table(
             builder = builder.property(key, value)
         builder.execute()
         return
+    from pyspark.errors import AnalysisException
+    from pyspark.sql.functions import col
+
     writer = spark.createDataFrame([], schema).writeTo(target.sql_name).using("delta")
     if partition_by:
         writer = writer.partitionedBy(*(col(column) for column in partition_by))
