@@ -8,6 +8,8 @@ qualified names are what dead letters record as the error class.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class RetrylibError(Exception):
     """Raised for any failure that retrylib itself detects (never for handler failures)."""
@@ -101,3 +103,13 @@ class DamagedFile(RetrylibError, ValueError):
         )
         self.uri = uri
         self.reason = reason
+
+
+def causes(error: BaseException | None) -> Iterator[BaseException]:
+    """`error`, then what it was raised from or during, and so on (each once: a chain that
+    loops back ends where it would repeat)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__

@@ -78,7 +78,7 @@ from retrylib.config.table_ref import TableRef
 from retrylib.config.topic_names import produced_topic
 from retrylib.delta.compaction import Compactor
 from retrylib.delta.tables import append_once, committed_version
-from retrylib.errors import DamagedFile, RetrylibError, TableWriteError
+from retrylib.errors import DamagedFile, RetrylibError, TableWriteError, causes
 from retrylib.kafka import worker_clients
 from retrylib.kafka.clients import RecordLimits
 from retrylib.kafka.markers import ControlTopic
@@ -709,13 +709,11 @@ def no_space_error(error: BaseException) -> RetrylibError | None:
     )
 
 
-def _enospc(error: BaseException | None) -> OSError | None:
+def _enospc(error: BaseException) -> OSError | None:
     """The first `OSError` of "no space left on device" in `error`'s chain, else None."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            return error
-        error = error.__cause__ or error.__context__
-    return None
+    return next(
+        (e for e in causes(error) if isinstance(e, OSError) and e.errno == errno.ENOSPC), None
+    )
 
 
 def table_write_error(batch_id: int, key: str, table: TableRef, reason: str) -> TableWriteError:

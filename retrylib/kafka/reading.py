@@ -28,7 +28,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from retrylib.errors import MarkerReadError
+from retrylib.errors import MarkerReadError, causes
 from retrylib.kafka.clients import (
     READ_COMMITTED,
     client_config,
@@ -278,9 +278,7 @@ def serve(call: Callable[[float], int], timeout: float) -> int:
     try:
         return call(timeout)
     except SystemError as e:
-        error: BaseException | None = e
-        while error is not None and not isinstance(error, KafkaException):
-            error = error.__cause__ or error.__context__
-        if error is not None:
-            raise error from None
+        kafka = next((c for c in causes(e) if isinstance(c, KafkaException)), None)
+        if kafka is not None:
+            raise kafka from None
         raise KafkaException(KafkaError(KafkaError._FAIL, f"producer failed: {e}")) from e

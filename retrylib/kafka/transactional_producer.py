@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from retrylib.config.topic_names import produced_topic
-from retrylib.errors import MarkerReadError, ProduceError, RetrylibError, TopicError
+from retrylib.errors import MarkerReadError, ProduceError, RetrylibError, TopicError, causes
 from retrylib.kafka.clients import make_producer
 from retrylib.kafka.markers import marker_value, unit_produced
 from retrylib.kafka.outgoing_records import (
@@ -353,9 +353,5 @@ def _fenced(error: BaseException) -> bool:
 
 def _clear_frames(error: BaseException) -> None:
     """Clear the locals of the finished frames in the tracebacks of `error` and its causes."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in causes(error):
         traceback.clear_frames(current.__traceback__)
-        current = current.__cause__ or current.__context__

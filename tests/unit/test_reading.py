@@ -137,3 +137,17 @@ def test_a_marker_read_that_gets_no_answer_fails(monkeypatch) -> None:
 
     with pytest.raises(MarkerReadError, match="c offsets 0..1: no answer"):
         last_marker(consumer, "c", lambda message: 1)
+
+
+def test_serve_raises_the_kafka_error_behind_a_callbacks_system_error():
+    fenced = KafkaException(KafkaError(KafkaError._FENCED, "fenced"))
+
+    def flush(timeout: float) -> int:
+        try:
+            raise fenced
+        except KafkaException as cause:
+            raise SystemError("callback raised") from cause
+
+    with pytest.raises(KafkaException) as raised:
+        reading.serve(flush, 1.0)
+    assert raised.value is fenced

@@ -91,3 +91,10 @@ def test_a_full_disk_under_python_names_its_file_and_other_errors_are_not_one():
     assert no_space_error(ValueError("a handler's bug")) is None
     unnamed = no_space_error(OSError(errno.ENOSPC, "No space left on device"))
     assert unnamed is not None and "a file system the job writes to" in str(unnamed)
+
+
+def test_an_error_chain_that_loops_back_is_walked_once():
+    first, second = RuntimeError("first"), RuntimeError("second")
+    first.__context__, second.__context__ = second, first
+
+    assert no_space_error(first) is None
