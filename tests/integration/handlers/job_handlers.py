@@ -9,7 +9,7 @@ bad-*       raises ValueError (configured non-retryable: dead-lettered at once)
 stop-*      raises NonRetryable
 skip-*      raises Skip
 after-*     raises RetryAfter(1.5) on attempt 0, then succeeds
-afterlong-* raises RetryAfter(6) on attempt 0, then succeeds
+afterlong-* raises RetryAfter(15) on attempt 0, then succeeds
 afterhuge-* raises RetryAfter(1e17) on every attempt
 exit-*      raises SystemExit on attempt 0, then succeeds
 hang-*      sleeps far past the timeout on attempt 0, then succeeds
@@ -80,7 +80,7 @@ def by_key(record: Record) -> dict | None:
     if prefix == "after" and first:
         raise RetryAfter(1.5)
     if prefix == "afterlong" and first:
-        raise RetryAfter(6)
+        raise RetryAfter(15)
     if prefix == "afterhuge":
         raise RetryAfter(1e17)
     if prefix == "exit" and first:
