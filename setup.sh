@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Create a virtualenv with retrylib (editable) and everything the demo and the tests need, then
 # fetch the JVM jars once: Spark's Kafka connector, Delta Lake and Apache Kafka's broker, and
-# for the tests Hadoop's MiniDFSCluster (tests/hdfs_cluster.py).
+# for the tests Hadoop's MiniDFSCluster (tests/hdfs_cluster.py). Last, it puts bytecode into
+# pyspark's own python/lib/pyspark.zip, from which every Python process Spark starts imports
+# pyspark (tests/pyspark_zip_bytecode.py says why).
 #
 #   ./setup.sh               .venv          pyspark 4.2.0, delta-spark 4.4.0 (the default)
 #   ./setup.sh --spark 4.1   .venv-spark41  pyspark 4.1.1, delta-spark 4.4.0
@@ -31,3 +33,4 @@ command -v mvn >/dev/null 2>&1 || { echo "setup.sh: Maven is needed once to fetc
 "$venv/bin/python" -m pip install -q -e ".[spark,test]" "${pins[@]}"
 "$venv/bin/python" -m retrylib.spark.jars
 "$venv/bin/python" tests/hdfs_cluster.py
+"$venv/bin/python" tests/pyspark_zip_bytecode.py
