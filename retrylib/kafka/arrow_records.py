@@ -60,10 +60,15 @@ RANGE_SCHEMA = StructType(
         StructField("partition", IntegerType()),
         StructField("startOffset", LongType()),
         StructField("endOffset", LongType()),
+        StructField("recordsLost", LongType()),
     ]
 )
 """The schema with `retrylib.emit = ranges`: offsets `startOffset` (inclusive) to `endOffset`
-(exclusive) of one topic-partition per row, one row per offset range of the batch."""
+(exclusive) of one topic-partition per row, one row per offset range of the batch.
+
+`recordsLost` is set on one row of a batch (null on the others): the records the reader saw
+waiting unread in topics deleted since (`failOnDataLoss` false), for the batch's
+`records_lost`. A batch with no range to read carries it on an empty range."""
 
 KEY_RANGE_SCHEMA = StructType([*RANGE_SCHEMA.fields, StructField("keyQueues", BinaryType())])
 """`RANGE_SCHEMA` with `retrylib.keyOrder`: a key group's first row carries the queues of its

@@ -321,12 +321,15 @@ def not_read(
 
 
 def recreated_topics(
-    start: Mapping[PartitionKey, int], latest: Mapping[PartitionKey, int]
+    start: Mapping[PartitionKey, int],
+    latest: Mapping[PartitionKey, int],
+    seen: Mapping[PartitionKey, int],
 ) -> dict[str, list[str]]:
-    """The topics of `latest` that went back behind `start`, with what went back: a partition
-    of `start` that is gone, or whose latest offset is below its position in `start`.
+    """The topics of `latest` that went back, with what went back: a partition of `start`
+    that is gone, or whose latest offset is below its position in `start`, or below the
+    latest offset `seen` at an earlier look.
 
-    Kafka's offsets never go back, so either means the topic was deleted and created again
+    Kafka's offsets never go back, so each means the topic was deleted and created again
     (or lost its log). Topics of `start` absent from `latest` are not judged.
     """
     read = {topic for topic, _ in latest}
@@ -335,11 +338,16 @@ def recreated_topics(
         if topic not in read:
             continue
         now = latest.get((topic, partition))
+        earlier = seen.get((topic, partition), -1)
         if now is None:
             changed.setdefault(topic, []).append(f"partition {partition} is gone")
         elif now < position:
             changed.setdefault(topic, []).append(
                 f"partition {partition} ends at offset {now}, before the job's position {position}"
+            )
+        elif now < earlier:
+            changed.setdefault(topic, []).append(
+                f"partition {partition} ends at offset {now}, before offset {earlier} it had"
             )
     return changed
 

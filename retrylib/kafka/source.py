@@ -189,7 +189,23 @@ def quiet_hang_up() -> None:
 class KafkaRangeGroup(InputPartition):
     """Offset ranges that one Spark task emits as rows (`retrylib.emit = ranges`)."""
 
-    ranges: list[tuple]  # topic, partition, start, end (and, with keyOrder, queues or None)
+    # topic, partition, start, end, records lost or None (and, with keyOrder, queues or None)
+    ranges: list[tuple]
+
+
+def with_records_lost(
+    planned: list[KafkaRangeGroup], end: Offsets, lost: int, *, key_order: bool
+) -> list[KafkaRangeGroup]:
+    """`planned` with `lost` (records deleted topics took, > 0) on an empty range at the end
+    of its first group, or in a group of its own when there is none; as planned when nothing
+    was lost, or when there is no partition to name. With `key_order`, rows carry queues."""
+    if not lost or not end:
+        return planned
+    key = min(end)
+    row: tuple = (*key, end[key], end[key], lost, *((None,) if key_order else ()))
+    if not planned:
+        return [KafkaRangeGroup([row])]
+    return [KafkaRangeGroup([*planned[0].ranges, row]), *planned[1:]]
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -208,6 +224,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._tails_with_records: dict[PartitionKey, tuple[int, int]] = {}
         # Every partition's latest offset at the last look, to count what a deleted topic took.
         self._latest_seen: Offsets = {}
+        # Records deleted topics took unread since the last batch planned, for the next one.
+        self._records_lost = 0
         # The first not-due record (offset, timestamp) each scan found (`FrontierScan`).
         self._not_due: dict[PartitionKey, tuple[int, int]] = {}
 
@@ -325,6 +343,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = offsets_from_json(start, what="start offsets")
         finish = offsets_from_json(end, what="end offsets")
         self._last_end = finish
+        lost, self._records_lost = self._records_lost, 0
         # A start past its end is of a topic created again since (`_without_recreated`).
         new = [key for key in finish if key not in begin or begin[key] > finish[key]]
         if new:
@@ -332,13 +351,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             begin = with_new_partitions(kept, new, self._kafka.list_offsets(new, EARLIEST))
         ranges = split_ranges(begin, finish, self._options.max_records_per_task)
         if self._options.key_order is not None:
-            return self._key_group_partitions(ranges, finish)
+            planned = self._key_group_partitions(ranges, finish)
+            return with_records_lost(planned, finish, lost, key_order=True)
         if self._options.emit_ranges:
             groups = self._options.range_groups or max(len(ranges), 1)
-            return [
-                KafkaRangeGroup([(r.topic, r.partition, r.start, r.end) for r in group])
+            planned = [
+                KafkaRangeGroup([(r.topic, r.partition, r.start, r.end, None) for r in group])
                 for group in group_ranges(ranges, groups)
             ]
+            return with_records_lost(planned, finish, lost, key_order=False)
         return [
             KafkaInputPartition(
                 r.topic,
@@ -376,7 +397,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [
             KafkaRangeGroup(
                 [
-                    (r.topic, r.partition, r.start, r.end, None if i else first_rows[index])
+                    (r.topic, r.partition, r.start, r.end, None, None if i else first_rows[index])
                     for index, group in dealt
                     for i, r in enumerate(group)
                 ]
@@ -417,6 +438,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         partitions = self._kafka.partitions()
         end = self._kafka.list_offsets(partitions, LATEST)
         start = self._without_recreated(start, end)
+        self._count_gone(start, end)
         self._latest_seen = dict(end)
         new = [key for key in partitions if key not in start]
         if new:
@@ -438,20 +460,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _without_recreated(self, start: Offsets, latest: Offsets) -> Offsets:
         """`start` without the topics that were deleted and created again since
-        (`recreated_topics`: `latest` is behind it), which are then read from their earliest
-        offsets.
+        (`recreated_topics`: `latest` is behind it, or behind what this reader saw), which are
+        then read from their earliest offsets.
 
         Raises `TopicError` naming them and what changed, unless `failOnDataLoss` is false:
-        then a warning says so. Both count the records this reader last saw waiting there
-        (they went with the old topic), when it saw the topic before.
+        then a warning says so, and the next batch counts them in `records_lost`. Both count
+        the records this reader last saw waiting there (they went with the old topic), when
+        it saw the topic before.
         """
-        recreated = recreated_topics(start, latest)
+        recreated = recreated_topics(start, latest, self._latest_seen)
         if not recreated:
             return start
         changes = "; ".join(f"{topic!r}: {', '.join(what)}" for topic, what in recreated.items())
-        seen = [key for key in start if key[0] in recreated and key in self._latest_seen]
-        if seen:
-            waited = sum(max(self._latest_seen[key] - start[key], 0) for key in seen)
+        waited = self._waited([key for key in start if key[0] in recreated], start)
+        if waited is not None:
             lost = f"the {waited} record(s) that waited there unread are lost"
         else:
             lost = "the records that waited there unread are lost"
@@ -467,7 +489,33 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             changes,
             lost,
         )
+        self._records_lost += waited or 0
         return {key: offset for key, offset in start.items() if key[0] not in recreated}
+
+    def _count_gone(self, start: Offsets, latest: Offsets) -> None:
+        """Count, for the next batch's `records_lost`, the records this reader last saw
+        waiting unread in subscribed topics that are gone now (deleted; with `failOnDataLoss`
+        false, `_Metadata.partitions` leaves them out), with a warning naming them."""
+        present = {topic for topic, _ in latest}
+        unsubscribed = self._not_read(start)
+        gone = [key for key in start if key[0] not in present and key not in unsubscribed]
+        waited = self._waited(gone, start)
+        if waited:
+            topics = sorted({topic for topic, _ in gone})
+            log.warning(
+                "topic(s) %s deleted: the %d record(s) that waited there unread are lost",
+                topics,
+                waited,
+            )
+            self._records_lost += waited
+
+    def _waited(self, keys: Sequence[PartitionKey], start: Offsets) -> int | None:
+        """The records between `start` and the latest offset this reader last saw, over those
+        of `keys` it saw (None: it saw none of them)."""
+        seen = [key for key in keys if key in self._latest_seen]
+        if not seen:
+            return None
+        return sum(max(self._latest_seen[key] - start[key], 0) for key in seen)
 
     def _not_read(self, offsets: Offsets) -> Offsets:
         """The entries of `offsets` of topics this source no longer subscribes to."""

@@ -206,7 +206,7 @@ class ForwardingTask:
             plan.fail_on_data_loss,
         )
         delay_ms = plan.delays_ms[topic]
-        for messages in read_messages(part, self._count_lost):
+        for messages in read_messages(part, self.count_lost):
             self.counters[ForwardCount.RECORDS_DELAYED] += len(messages)
             for message in messages:
                 headers = message.headers() or []
@@ -271,7 +271,8 @@ class ForwardingTask:
                 self._topics = frozenset(consumer.list_topics(timeout=METADATA_TIMEOUT_S).topics)
         return self._topics
 
-    def _count_lost(self, records: int) -> None:
+    def count_lost(self, records: int) -> None:
+        """Count `records` as lost: deleted from Kafka before they were read."""
         self.counters[Count.RECORDS_LOST] += records
 
     def _add_outgoing(
@@ -341,9 +342,12 @@ def run_forwarding_task(
     for batch in batches:
         if batch.schema.names != RANGE_SCHEMA.names:
             raise TypeError(f"a delay router reads offset ranges, got {batch.schema.names}")
-        for topic, partition, start, end in zip(
+        for topic, partition, start, end, lost in zip(
             *(column.to_pylist() for column in batch.columns), strict=True
         ):
-            task.forward_range(topic, partition, start, end)
+            if lost:
+                task.count_lost(lost)
+            if start < end:
+                task.forward_range(topic, partition, start, end)
         yield from task.results.drain()
     yield from task.finish()

@@ -224,10 +224,10 @@ class RoutingTask:
             self.plan.fail_on_data_loss,
         )
         if self.plan.handler_kind != "record":
-            for batch in self._timed_read(read_range(part, self._count_lost)):
+            for batch in self._timed_read(read_range(part, self.count_lost)):
                 self.route(batch)
             return
-        for messages in self._timed_read(read_messages(part, self._count_lost)):
+        for messages in self._timed_read(read_messages(part, self.count_lost)):
             if topic in self.tier_of:
                 self._handle_retries(self._retries_of_messages(topic, partition, messages))
             else:
@@ -249,7 +249,8 @@ class RoutingTask:
                 )
             self._flush()
 
-    def _count_lost(self, records: int) -> None:
+    def count_lost(self, records: int) -> None:
+        """Count `records` as lost: deleted from Kafka before they were read."""
         self.counters[Count.RECORDS_LOST] += records
 
     def _timed_read(self, chunks: Iterator[T]) -> Iterator[T]:
@@ -551,13 +552,16 @@ def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         task = RoutingTask(plan)
         for batch in batches:
             if batch.schema.names[: len(_RANGE_COLUMNS)] == _RANGE_COLUMNS:
-                for topic, partition, start, end, *queues in zip(
+                for topic, partition, start, end, lost, *queues in zip(
                     *(column.to_pylist() for column in batch.columns), strict=True
                 ):
                     if queues and queues[0] is not None:  # a key group's first range
                         assert task.key_order is not None
                         task.key_order.load(queues[0])
-                    task.route_range(topic, partition, start, end)
+                    if lost:
+                        task.count_lost(lost)
+                    if start < end:
+                        task.route_range(topic, partition, start, end)
             else:
                 task.route(batch)
             yield from task.results.drain()

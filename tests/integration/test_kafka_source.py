@@ -644,9 +644,9 @@ def test_ranges_read_in_the_task_give_the_handler_what_records_mode_gives(
         reader.stop()
     assert len(groups) == 2  # six ranges of at most 8 offsets, dealt into two tasks
     assert sorted(range_rows) == [
-        (topic, p, first, min(first + 8, 20)) for p in (0, 1) for first in (0, 8, 16)
+        (topic, p, first, min(first + 8, 20), None) for p in (0, 1) for first in (0, 8, 16)
     ]
-    parts = [KafkaInputPartition(*row, bootstrap_servers, {}) for row in range_rows]
+    parts = [KafkaInputPartition(*row[:4], bootstrap_servers, {}) for row in range_rows]
 
     output_schema = parse_schema(
         "key BINARY, value BINARY, partition INT, offset BIGINT, timestamp BIGINT, headers STRING"

@@ -7,6 +7,7 @@ Kafka is a fake answering the reader's driver-side look-ups; no Spark, no broker
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow as pa
 import pytest
@@ -149,6 +150,21 @@ def test_a_topic_created_again_with_fewer_partitions_fails_naming_it_and_what_it
     )
 
 
+def test_a_topic_created_again_behind_what_the_reader_saw_fails_though_nothing_was_read() -> None:
+    kafka = FakeKafka({P0: 6})  # a tier of records not due yet: the job's position stays 0
+    reader = reader_for(kafka)
+    assert reader.latestOffset({"orders": {"0": 0}}, None) == {"orders": {"0": 6}}
+
+    kafka.latest = {P0: 0}  # deleted and created again: no position is behind it
+
+    expected = (
+        "'orders': partition 0 ends at offset 0, before offset 6 it had): the 6 record(s) "
+        "that waited there unread"
+    )
+    with pytest.raises(TopicError, match=re.escape(expected)):
+        reader.latestOffset({"orders": {"0": 0}}, None)
+
+
 def test_without_fail_on_data_loss_a_topic_created_again_is_read_from_its_start(caplog) -> None:
     reader = reader_for(FakeKafka({P0: 3}), failOnDataLoss="false")
     checkpointed = {"orders": {"0": 50, "1": 45}}  # a restart: nothing seen before
@@ -161,6 +177,52 @@ def test_without_fail_on_data_loss_a_topic_created_again_is_read_from_its_start(
     ]
     assert "the records that waited there unread are lost" in caplog.text
     assert "'orders': partition 0 ends at offset 3" in caplog.text
+
+
+def test_records_a_topic_created_again_took_ride_on_the_next_batch_as_records_lost(
+    caplog,
+) -> None:
+    kafka = FakeKafka({P0: 50, P1: 50})
+    reader = reader_for(kafka, failOnDataLoss="false", **{"retrylib.emit": "ranges"})
+    reader.latestOffset({"orders": {"0": 40, "1": 45}}, None)  # it sees 10 + 5 waiting
+
+    kafka.latest = {P0: 3}  # deleted, created again with one partition, 3 records since
+    start = {"orders": {"0": 40, "1": 45}}
+    end = reader.latestOffset(start, None)
+
+    [group] = reader.partitions(start, end)
+    assert group.ranges == [("orders", 0, 0, 3, None), ("orders", 0, 3, 3, 15)]
+    assert "the 15 record(s) that waited there unread are lost" in caplog.text
+    assert reader.partitions(end, end) == []  # counted once
+
+
+def test_records_a_deleted_topic_took_ride_on_an_empty_range_when_nothing_is_read(
+    caplog, tmp_path
+) -> None:
+    tier = ("orders.retry", 0)
+    kafka = FakeKafka({P0: 5, tier: 12})
+    reader = reader_for(
+        kafka,
+        subscribe="orders,orders.retry",
+        failOnDataLoss="false",
+        **{
+            "retrylib.emit": "ranges",
+            "retrylib.keyOrder": json.dumps(
+                {"tiers": {"orders": ["orders.retry"]}, "stateFile": str(tmp_path / "queues")}
+            ),
+        },
+    )
+    start = {"orders": {"0": 5}, "orders.retry": {"0": 4}}
+    reader.latestOffset(start, None)
+
+    del kafka.latest[tier]  # deleted, not created again yet
+    end = reader.latestOffset(start, None)
+
+    assert end == {"orders": {"0": 5}}
+    assert [g.ranges for g in reader.partitions(start, end)] == [
+        [("orders", 0, 5, 5, 8, None)]  # keyOrder's rows carry queues
+    ]
+    assert "topic(s) ['orders.retry'] deleted: the 8 record(s)" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -287,10 +287,11 @@ def test_a_read_left_part_way_closes_its_consumer(kafka) -> None:
     assert kafka[0].closed
 
 
-def ranges(*rows: tuple[str, int, int, int]) -> Iterator[pa.RecordBatch]:
+def ranges(*rows: tuple) -> Iterator[pa.RecordBatch]:
+    """Rows of (topic, partition, start, end) and optionally records lost."""
     schema = to_arrow_schema(RANGE_SCHEMA)
     yield pa.RecordBatch.from_pylist(
-        [dict(zip(schema.names, row, strict=True)) for row in rows], schema=schema
+        [dict(zip(schema.names[: len(row)], row, strict=True)) for row in rows], schema=schema
     )
 
 
@@ -320,3 +321,14 @@ def test_a_delay_router_task_counts_the_clients_it_opened(kafka, forward_plan) -
     # One consumer reads the delay topic (read_committed), another lists the topics.
     assert first["kafka_clients_opened"] == 2 == len(kafka)
     assert "kafka_clients_opened" not in second
+
+
+def test_tasks_count_the_records_lost_a_range_row_carries_and_read_nothing_for_it(
+    kafka, plan, forward_plan
+) -> None:
+    routed = counters_of(run_task(plan, ranges(("orders", 0, 30, 30, 7))))
+    forwarded = counters_of(run_forwarding_task(forward_plan, ranges(("delays", 0, 5, 5, 4))))
+
+    assert routed["records_lost"] == 7 and forwarded["records_lost"] == 4
+    assert "records_main" not in routed and "records_delayed" not in forwarded
+    assert kafka == []  # no consumer opened for an empty range
