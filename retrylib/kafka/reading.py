@@ -140,7 +140,9 @@ class ReadToEnd:
     A partition is done once a record or its end (EOF) at or past its end offset arrives:
     offsets that hold no committed record (transaction markers, aborted transactions) need
     no waiting. `next_offset` follows the records read; `unfinished` names the partitions
-    that `messages` left before their end (out of time or at its `limit`).
+    that `messages` left before their end (out of time or at its `limit`), and `ended_short`
+    those whose end (EOF) came before their end offset: a read_committed read stops at an
+    open transaction, and a log that shrank (a topic created again) ends there too.
     """
 
     def __init__(
@@ -157,6 +159,7 @@ class ReadToEnd:
         self.end = dict(end)
         self.next_offset = dict(start)
         self._open = {key for key, offset in start.items() if self.end[key] > offset}
+        self.ended_short: set[PartitionKey] = set()
 
     @classmethod
     def from_earliest(cls, consumer: Consumer, keys: Iterable[PartitionKey]) -> ReadToEnd:
@@ -196,6 +199,8 @@ class ReadToEnd:
                     raise KafkaException(error)
                 if error is not None or message.offset() >= self.end[key]:
                     self._open.discard(key)
+                    if error is not None and message.offset() < self.end[key]:
+                        self.ended_short.add(key)
                     continue
                 self.next_offset[key] = message.offset() + 1
                 if left is not None:

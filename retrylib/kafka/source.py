@@ -687,8 +687,10 @@ class _Metadata:
 
     def holding_records(self, tails: Mapping[PartitionKey, tuple[int, int]]) -> set[PartitionKey]:
         """The partitions of `tails` ((start, end) offsets of each) that hold a committed
-        record in that range, or may: not read to its end within `_TAIL_READ_S`, or not read
-        at all because Kafka answered with an error (logged)."""
+        record in that range, or may: not read to its end within `_TAIL_READ_S`, ended before
+        it (an open transaction, or a topic deleted and created again since its end was
+        listed: the next look at it tells), or not read at all because Kafka answered with an
+        error (logged)."""
         read = ReadToEnd(
             self._tail_consumer(),
             {key: start for key, (start, _) in tails.items()},
@@ -699,7 +701,7 @@ class _Metadata:
         except KafkaException as error:
             log.info("reading the tails of %s failed, read as holding records: %s", tails, error)
             return set(tails)
-        return holding | set(read.unfinished)
+        return holding | set(read.unfinished) | read.ended_short
 
     def scan_timestamps(
         self,

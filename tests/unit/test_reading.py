@@ -91,6 +91,16 @@ def test_a_read_stops_at_its_limit_and_names_what_is_left() -> None:
     assert read.unfinished and set(read.unfinished) <= {A0, A1}
 
 
+def test_a_read_names_the_partitions_whose_log_ended_before_their_end_offset() -> None:
+    # An open transaction holds a read_committed read at offset 2; partition 1's topic was
+    # created again with no record since its end (3) was listed.
+    logs = {A0: {0: (None, b"x")}, A1: {}}
+    read = ReadToEnd(FakeConsumer(logs, {A0: 2, A1: 0}), {A0: 0, A1: 0}, {A0: 5, A1: 3})
+
+    assert [m.offset() for m in read.messages(timeout_s=5)] == [0]
+    assert read.ended_short == {A0, A1} and read.unfinished == {}
+
+
 def test_a_partition_already_at_its_end_is_not_read() -> None:
     consumer = FakeConsumer({A0: {0: (None, b"x")}}, {A0: 1})
     read = ReadToEnd(consumer, {A0: 1})
