@@ -21,7 +21,7 @@ from delta.exceptions import (
 )
 
 from retrylib.config.table_ref import TableRef
-from retrylib.delta.tables import read_table, update_where
+from retrylib.delta.tables import read_table, sql_string, sql_timestamp, update_where
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -70,6 +70,24 @@ class DeadLetterTable:
         columns = [*SHOWN_COLUMNS, *(("key", "value", "headers") if full else ())]
         frame = read_table(self.spark, self.table).where(predicate)
         return frame.select(*columns).orderBy("dead_lettered_at", "id").toArrow().to_pylist()
+
+    def first(self, predicate: str, count: int) -> str:
+        """`predicate` narrowed to the first `count` rows it picks in the order of `rows`: the
+        rows up to the count-th's place in that order (a row dead-lettered later is not
+        taken, however many come)."""
+        ordered = read_table(self.spark, self.table).where(predicate)
+        ordered = ordered.select("dead_lettered_at", "id").orderBy("dead_lettered_at", "id")
+        last = ordered.offset(count - 1).limit(1).toArrow().to_pylist()
+        if not last:  # fewer rows than `count`
+            return predicate
+        at, row_id = last[0]["dead_lettered_at"], sql_string(last[0]["id"])
+        if at is None:  # Spark orders missing times first
+            return f"{predicate} AND dead_lettered_at IS NULL AND id <= {row_id}"
+        at = sql_timestamp(at)
+        return (
+            f"{predicate} AND (dead_lettered_at IS NULL OR dead_lettered_at < {at} OR "
+            f"(dead_lettered_at = {at} AND id <= {row_id}))"
+        )
 
     def claimed(self) -> dict[str, list[dict[str, Any]]]:
         """Rows claimed by a redrive but not confirmed, by redrive id."""

@@ -125,9 +125,9 @@ def _parser() -> argparse.ArgumentParser:
         "headers dropped), to its origin topic or --to; the dead-letter table records it\n"
         "(redrive_id, redrive_topic, redriven_at), so running it again sends nothing twice.\n"
         "A redrive interrupted by a crash is finished by the next run. Filters combine with\n"
-        "AND; --error-class and --id may repeat (OR within each). Times are ISO 8601, UTC\n"
-        "unless they carry an offset. The table is read and updated through Spark (local[1]\n"
-        "unless launched by spark-submit).",
+        "AND; --error-class, --id, --topic and --key may repeat (OR within each). Times are\n"
+        "ISO 8601, UTC unless they carry an offset. The table is read and updated through\n"
+        "Spark (local[1] unless launched by spark-submit).",
     )
     redrive.add_argument("--to", metavar="TOPIC", help="send to this topic instead of the origin")
     redrive.add_argument(
@@ -143,6 +143,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     redrive.add_argument(
         "--id", action="append", default=[], metavar="ID", help="a dead-letter row id"
+    )
+    redrive.add_argument(
+        "--topic", action="append", default=[], metavar="TOPIC", help="the record's origin topic"
+    )
+    redrive.add_argument(
+        "--key", action="append", default=[], metavar="KEY", help="the record's key (UTF-8 text)"
+    )
+    redrive.add_argument("--partition", type=int, metavar="N", help="the record's origin partition")
+    redrive.add_argument(
+        "--offsets",
+        type=_offset_range,
+        metavar="FIRST-LAST",
+        help="its origin offsets, both included (with --partition)",
+    )
+    redrive.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="at most N records, the oldest dead letters first; run again for the next N",
     )
     redrive.add_argument(
         "--dry-run", action="store_true", help="show what would be sent; change nothing"
@@ -172,6 +191,13 @@ def _moment(text: str) -> datetime:
         raise argparse.ArgumentTypeError(
             f"expected an ISO 8601 time like 2026-05-01T12:00:00Z, got {text!r}"
         ) from None
+
+
+def _offset_range(text: str) -> tuple[int, int]:
+    first, dash, last = text.partition("-")
+    if not (dash and first.isdigit() and last.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected FIRST-LAST offsets like 100-199, got {text!r}")
+    return int(first), int(last)
 
 
 def _load(path: str, *, check_imports: bool = True):
@@ -286,7 +312,17 @@ def _redrive(args: argparse.Namespace) -> int:
     from retrylib.ops.render import ProgressLine, redrive_json, render_redrive
 
     config = _load(args.config, check_imports=False)
-    selection = Selection(args.since, args.until, tuple(args.error_class), tuple(args.id))
+    selection = Selection(
+        args.since,
+        args.until,
+        tuple(args.error_class),
+        tuple(args.id),
+        topics=tuple(args.topic),
+        keys=tuple(args.key),
+        partition=args.partition,
+        offsets=args.offsets,
+        limit=args.limit,
+    )
     progress = None if args.dry_run else ProgressLine("redrive: sent")
     try:
         with _stops_new_spark():

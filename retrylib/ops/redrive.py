@@ -3,7 +3,8 @@
 A record goes back with its key, value and own headers (any `retrylib.*` header dropped),
 to its origin topic (and origin partition) or to the topic given; the job then reads it as a
 new record, with fresh attempts. Which rows go is chosen by time range (`dead_lettered_at`),
-error class and id; rows already redriven never go again.
+error class, id, origin topic, partition and offsets, and key, at most a number of them
+(the oldest); rows already redriven never go again.
 
 Exactly once, across a crash at any point, in three steps:
 
@@ -83,16 +84,37 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class Selection:
-    """Which dead-lettered rows to redrive: all conditions must hold; empty means any."""
+    """Which dead-lettered rows to redrive: all conditions must hold; empty means any.
+
+    `topics`, `partition` and `offsets` (first and last, both included) are of the record's
+    origin; `keys` are record keys as UTF-8 text. `limit` keeps the first rows of those the
+    rest picks, in dead-letter order (`DeadLetterTable.rows`): a large replay goes in parts.
+    """
 
     since: datetime | None = None
     until: datetime | None = None
     error_classes: tuple[str, ...] = ()
     ids: tuple[str, ...] = ()
+    topics: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+    partition: int | None = None
+    offsets: tuple[int, int] | None = None
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.offsets is not None and self.partition is None:
+            raise RedriveError("--offsets: name the partition too (--partition)")
+        if self.offsets is not None and self.offsets[0] > self.offsets[1]:
+            raise RedriveError(
+                f"--offsets: the first offset is after the last, got {self.offsets[0]}-"
+                f"{self.offsets[1]}"
+            )
+        if self.limit is not None and self.limit < 1:
+            raise RedriveError(f"--limit: at least 1, got {self.limit}")
 
     def predicate(self) -> str:
         """A Spark SQL condition over the dead-letter table for rows not claimed by any
-        redrive.
+        redrive (all but `limit`, which `DeadLetterTable.first` applies).
 
         An error class matches the stored class exactly ("builtins.ValueError") or by its
         last part ("ValueError").
@@ -110,7 +132,22 @@ class Selection:
             parts.append(f"(error_class IN ({classes}) OR {short})")
         if self.ids:
             parts.append(f"id IN ({', '.join(sql_string(i) for i in self.ids)})")
+        if self.topics:
+            parts.append(f"origin_topic IN ({', '.join(sql_string(t) for t in self.topics)})")
+        if self.keys:
+            keys = ", ".join(f"CAST({sql_string(k)} AS BINARY)" for k in self.keys)
+            parts.append(f"key IN ({keys})")
+        if self.partition is not None:
+            parts.append(f"origin_partition = {self.partition}")
+        if self.offsets is not None:
+            parts.append(f"origin_offset BETWEEN {self.offsets[0]} AND {self.offsets[1]}")
         return " AND ".join(parts)
+
+    def chosen(self, dead: DeadLetterTable) -> str:
+        """`predicate`, narrowed to the first `limit` rows it picks when there is a limit."""
+        if self.limit is None:
+            return self.predicate()
+        return dead.first(self.predicate(), self.limit)
 
 
 @dataclass
@@ -216,7 +253,7 @@ def _redrive_holding(
             report.sent += sender.send(redrive_id, rows)
             _confirm(dead, redrive_id, int(time.time() * 1000))
             report.resumed += [_shown(row) for row in rows]
-    predicate = selection.predicate()
+    predicate = selection.chosen(dead)
     targets = [to] if to is not None else dead.origin_topics(predicate)
     if not targets:
         return report
@@ -255,7 +292,7 @@ def _dry_run(
         )
     report.selected = [
         {**_shown(row), "redrive_topic": to or row["origin_topic"]}
-        for row in dead.rows(selection.predicate())
+        for row in dead.rows(selection.chosen(dead))
     ]
     return report
 

@@ -44,27 +44,39 @@ def add_dead_letters(spark, table: TableRef, rows: list[dict]) -> None:
 
 
 def chosen(spark, table: TableRef, selection: Selection) -> list[str]:
-    frame = read_table(spark, table).where(selection.predicate())
+    """The ids of the rows a redrive of `selection` would claim, sorted."""
+    frame = read_table(spark, table).where(
+        selection.chosen(table_module.DeadLetterTable(spark, table))
+    )
     return sorted(row.id for row in frame.select("id").collect())
 
 
 @pytest.fixture(scope="module")
 def selection_table(spark, tmp_path_factory) -> TableRef:
     table = TableRef.parse(str(tmp_path_factory.mktemp("selection") / "dlq"), "dead_letter.table")
-    rows = [
-        ("a", "builtins.ValueError", NOW - timedelta(hours=3), None),
-        ("b", "builtins.ValueError", NOW - timedelta(hours=1), None),
-        ("c", "shop.errors.PriceError", NOW - timedelta(minutes=5), None),
-        ("d", "builtins.KeyError", NOW, "earlier-redrive"),
-        ("it's", "shop.NotAValueError", NOW, None),
-        ("back\\slash", "builtins.KeyError", NOW, None),
+    rows = [  # id, error class, dead-lettered at, redrive id, origin topic, partition, offset
+        ("a", "builtins.ValueError", NOW - timedelta(hours=3), None, "orders", 0, 7),
+        ("b", "builtins.ValueError", NOW - timedelta(hours=1), None, "orders", 1, 7),
+        ("c", "shop.errors.PriceError", NOW - timedelta(minutes=5), None, "orders", 1, 9),
+        ("d", "builtins.KeyError", NOW, "earlier-redrive", "orders", 1, 8),
+        ("it's", "shop.NotAValueError", NOW, None, "returns", 1, 8),
+        ("back\\slash", "builtins.KeyError", NOW, None, "orders", 1, 10),
     ]
     add_dead_letters(
         spark,
         table,
         [
-            {"id": i, "error_class": c, "dead_lettered_at": at, "redrive_id": r}
-            for i, c, at, r in rows
+            {
+                "id": i,
+                "error_class": c,
+                "dead_lettered_at": at,
+                "redrive_id": r,
+                "origin_topic": topic,
+                "origin_partition": partition,
+                "origin_offset": offset,
+                "key": f"key-{i}".encode(),
+            }
+            for i, c, at, r, topic, partition, offset in rows
         ],
     )
     return table
@@ -79,6 +91,14 @@ def selection_table(spark, tmp_path_factory) -> TableRef:
         (Selection(error_classes=("ValueError",)), ["a", "b"]),  # not NotAValueError
         (Selection(error_classes=("shop.errors.PriceError", "KeyError")), ["back\\slash", "c"]),
         (Selection(ids=("it's", "back\\slash", "a")), ["a", "back\\slash", "it's"]),
+        (Selection(topics=("returns",)), ["it's"]),
+        (Selection(keys=("key-b", "key-c", "key-z")), ["b", "c"]),
+        (Selection(topics=("orders",), partition=1, offsets=(8, 9)), ["c"]),  # d: claimed
+        (Selection(partition=1), ["b", "back\\slash", "c", "it's"]),
+        # The oldest first; rows dead-lettered at one time in id order.
+        (Selection(limit=4), ["a", "b", "back\\slash", "c"]),
+        (Selection(partition=1, limit=2), ["b", "c"]),
+        (Selection(error_classes=("KeyError",), limit=5), ["back\\slash"]),
     ],
 )
 def test_the_selection_picks_rows_not_claimed(spark, selection_table, selection, ids):
@@ -240,10 +260,12 @@ def test_status_and_redrive_with_a_catalog_table(
         with pytest.raises(RedriveError, match="'nosuchtopic' does not exist on .*; create it$"):
             redrive(config, Selection(error_classes=("ValueError",)), to="nosuchtopic", spark=spark)
 
-        report = redrive(config, Selection(error_classes=("ValueError",)), spark=spark)
+        # In parts: the oldest first, then the next.
+        first = redrive(config, Selection(error_classes=("ValueError",), limit=1), spark=spark)
+        report = redrive(config, Selection(error_classes=("ValueError",), limit=1), spark=spark)
 
-        assert report.sent == 2
-        assert [row["id"] for row in report.selected] == ["id-0", "id-1"]
+        assert (first.sent, report.sent) == (1, 1)
+        assert [row["id"] for row in first.selected + report.selected] == ["id-0", "id-1"]
         assert records_in(bootstrap_servers, topic, 1) == [
             (b"k0", [("trace", b"t1")]),
             (b"k1", [("trace", b"t1")]),
@@ -256,7 +278,7 @@ def test_status_and_redrive_with_a_catalog_table(
         )
         expected = spark.createDataFrame(
             [
-                ("id-0", report.redrive_id, topic, True),
+                ("id-0", first.redrive_id, topic, True),
                 ("id-1", report.redrive_id, topic, True),
                 ("id-2", None, None, False),
             ],

@@ -60,6 +60,50 @@ def test_quotes_and_backslashes_in_values_are_escaped():
     assert predicate.endswith("id IN ('it\\'s', 'back\\\\slash')")
 
 
+def test_origin_topic_partition_offsets_and_keys_narrow_the_rows():
+    predicate = Selection(
+        topics=("orders", "it's"), keys=("k1", "ü"), partition=3, offsets=(100, 199)
+    ).predicate()
+
+    assert predicate == (
+        f"{UNCLAIMED} AND origin_topic IN ('orders', 'it\\'s') "
+        "AND key IN (CAST('k1' AS BINARY), CAST('ü' AS BINARY)) "
+        "AND origin_partition = 3 AND origin_offset BETWEEN 100 AND 199"
+    )
+
+
+@pytest.mark.parametrize(
+    "selection, message",
+    [
+        ({"offsets": (1, 2)}, "--offsets: name the partition too"),
+        ({"partition": 0, "offsets": (5, 4)}, "the first offset is after the last, got 5-4"),
+        ({"limit": 0}, "--limit: at least 1, got 0"),
+    ],
+)
+def test_a_selection_that_cannot_pick_as_meant_is_refused(selection, message):
+    with pytest.raises(redrive_module.RedriveError, match=message):
+        Selection(**selection)
+
+
+def test_the_command_line_names_the_filters(capsys):
+    from retrylib.ops.cli import _parser
+
+    args = _parser().parse_args(
+        ["redrive", "job.toml", "--topic", "a", "--topic", "b", "--key", "k", "--partition", "2"]
+        + ["--offsets", "10-20", "--limit", "5"]
+    )
+    assert (args.topic, args.key, args.partition, args.offsets, args.limit) == (
+        ["a", "b"],
+        ["k"],
+        2,
+        (10, 20),
+        5,
+    )
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["redrive", "job.toml", "--offsets", "10"])
+    assert "expected FIRST-LAST offsets like 100-199, got '10'" in capsys.readouterr().err
+
+
 class FakeUpdates:
     """Stands for `update_where`: raises the queued errors first, then records the UPDATE."""
 
