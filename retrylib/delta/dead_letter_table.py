@@ -71,6 +71,10 @@ class DeadLetterTable:
         frame = read_table(self.spark, self.table).where(predicate)
         return frame.select(*columns).orderBy("dead_lettered_at", "id").toArrow().to_pylist()
 
+    def count(self, predicate: str) -> int:
+        """How many rows `predicate` picks."""
+        return read_table(self.spark, self.table).where(predicate).count()
+
     def first(self, predicate: str, count: int) -> str:
         """`predicate` narrowed to the first `count` rows it picks in the order of `rows`: the
         rows up to the count-th's place in that order (a row dead-lettered later is not

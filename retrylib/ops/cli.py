@@ -164,6 +164,12 @@ def _parser() -> argparse.ArgumentParser:
         help="at most N records, the oldest dead letters first; run again for the next N",
     )
     redrive.add_argument(
+        "--rate",
+        type=float,
+        metavar="R",
+        help="send at most R records a second (and at most 10 minutes' worth a run)",
+    )
+    redrive.add_argument(
         "--dry-run", action="store_true", help="show what would be sent; change nothing"
     )
     redrive.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -326,7 +332,14 @@ def _redrive(args: argparse.Namespace) -> int:
     progress = None if args.dry_run else ProgressLine("redrive: sent")
     try:
         with _stops_new_spark():
-            report = redrive(config, selection, to=args.to, dry_run=args.dry_run, progress=progress)
+            report = redrive(
+                config,
+                selection,
+                to=args.to,
+                rate=args.rate,
+                dry_run=args.dry_run,
+                progress=progress,
+            )
     finally:
         if progress is not None:
             progress.close()

@@ -47,7 +47,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -70,13 +70,16 @@ from retrylib.retry.headers import without_reserved
 from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:
-    from confluent_kafka.admin import AdminClient
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _TRANSACTION_TIMEOUT_MS = 900_000  # Kafka's default transaction.max.timeout.ms
+PACED_SEND_S = 600
+"""The longest a paced send (`--rate`) may take: its records go in one transaction, which
+must commit well within `_TRANSACTION_TIMEOUT_MS`; a rate takes at most rate × this many
+records a run."""
 
 Progress = Callable[[int, int], None]
 """Called with (records sent so far, records to send) while sending."""
@@ -160,6 +163,7 @@ class RedriveReport:
     resumed: list[dict[str, Any]] = field(default_factory=list)  # sent now for an earlier run
     confirmed: list[dict[str, Any]] = field(default_factory=list)  # sent by an earlier run
     sent: int = 0
+    left: int = 0  # rows the filters pick that a limit or rate left for the next run
 
 
 def redrive(
@@ -167,13 +171,16 @@ def redrive(
     selection: Selection,
     *,
     to: str | None = None,
+    rate: float | None = None,
     dry_run: bool = False,
     progress: Progress | None = None,
     spark: SparkSession | None = None,
 ) -> RedriveReport:
     """Redrive the rows `selection` picks, to `to` or each row's origin topic; see the module
-    docstring. With `dry_run`, change nothing and report what would go. The table is read
-    and updated through `spark`, or through `tool_session()` when it is None.
+    docstring. With `rate`, send at most that many records a second, and at most
+    `PACED_SEND_S` seconds' worth a run. With `dry_run`, change nothing and report what would
+    go. The table is read and updated through `spark`, or through `tool_session()` when it
+    is None.
 
     Raises `RedriveError` for a bad `to`, a missing target topic, or a failed send,
     `TopicError` when the control topic is missing and may not be created, and `LeaseHeld`
@@ -181,6 +188,11 @@ def redrive(
     """
     if to is not None and not _TOPIC.fullmatch(to):
         raise RedriveError(f"--to: not a Kafka topic name, got {to!r}")
+    if rate is not None:
+        if not rate > 0:
+            raise RedriveError(f"--rate: records a second, more than 0, got {rate}")
+        paced = max(1, int(rate * PACED_SEND_S))
+        selection = replace(selection, limit=min(selection.limit or paced, paced))
     if isinstance(config, RouterConfig):
         raise RedriveError(
             f"{config.source_path} is a delay router: it has no dead-letter table to redrive "
@@ -215,7 +227,8 @@ def redrive(
         what=f"redrive of {config.job.name!r}",
     )
     try:
-        return _redrive_holding(config, dead, selection, to, report, admin, progress)
+        sender = _Sender(config, admin, progress, rate)
+        return _redrive_holding(config, dead, selection, to, report, sender)
     finally:
         lease.release()
 
@@ -226,23 +239,11 @@ def _redrive_holding(
     selection: Selection,
     to: str | None,
     report: RedriveReport,
-    admin: AdminClient,
-    progress: Progress | None,
+    sender: _Sender,
 ) -> RedriveReport:
     """`redrive` once the job's redrive lease is held: finish what an earlier run left, then
     claim, send and confirm the rows `selection` picks."""
-    kafka = config.kafka
-    options = kafka.client_options()
-    producer = make_producer(
-        kafka.bootstrap_servers,
-        {
-            **options,
-            "transactional.id": f"retrylib-redrive-{config.job.name}",
-            "transaction.timeout.ms": str(_TRANSACTION_TIMEOUT_MS),
-        },
-    )
-    producer.init_transactions(30)  # fences a stale redrive and settles its transaction
-    sender = _Sender(config, producer, admin, progress)
+    sender.open()  # fences a stale redrive and settles its transaction
     committed = committed_redrives(config)
     for redrive_id, rows in dead.claimed().items():
         if redrive_id in committed:
@@ -273,6 +274,8 @@ def _redrive_holding(
         report.sent += sender.send(report.redrive_id, rows)
         _confirm(dead, report.redrive_id, int(time.time() * 1000))
     report.selected = [_shown(row) for row in rows]
+    if selection.limit is not None:
+        report.left = dead.count(selection.predicate())
     return report
 
 
@@ -294,6 +297,8 @@ def _dry_run(
         {**_shown(row), "redrive_topic": to or row["origin_topic"]}
         for row in dead.rows(selection.chosen(dead))
     ]
+    if selection.limit is not None:
+        report.left = dead.count(selection.predicate()) - len(report.selected)
     return report
 
 
@@ -335,14 +340,31 @@ def _refuse_retry_tiers(config: Config, targets: Iterable[str]) -> None:
 
 
 class _Sender:
-    """Produces claimed rows and their redrive's marker in one transaction."""
+    """Produces claimed rows and their redrive's marker in one transaction, at most `rate`
+    records a second (`Pace`)."""
 
-    def __init__(self, config: Config, producer: Any, admin: Any, progress: Progress | None):
+    def __init__(
+        self, config: Config, admin: Any, progress: Progress | None, rate: float | None
+    ) -> None:
         self._config = config
-        self._producer = producer
+        self._producer: Any = None
         self._admin = admin
         self._progress = progress
+        self._rate = rate
         self._partitions: dict[str, int] = {}
+
+    def open(self) -> None:
+        """Make the job's transactional redrive producer, fencing a stale one."""
+        kafka = self._config.kafka
+        self._producer = make_producer(
+            kafka.bootstrap_servers,
+            {
+                **kafka.client_options(),
+                "transactional.id": f"retrylib-redrive-{self._config.job.name}",
+                "transaction.timeout.ms": str(_TRANSACTION_TIMEOUT_MS),
+            },
+        )
+        self._producer.init_transactions(30)
 
     def send(self, redrive_id: str, rows: Sequence[dict[str, Any]]) -> int:
         """Send `rows` and the marker `redrive_id`; returns the number of records sent.
@@ -355,9 +377,11 @@ class _Sender:
             f"create it: redrive {redrive_id} was interrupted, and its claimed records go there",
         )
         producer = self._producer
+        pace = Pace(self._rate)
         producer.begin_transaction()
         try:
             for done, row in enumerate(rows, 1):
+                pace.wait(done - 1)
                 self._produce(row)
                 if self._progress is not None and (done % 1000 == 0 or done == len(rows)):
                     self._progress(done, len(rows))
@@ -411,6 +435,32 @@ class _Sender:
             headers=headers,
             partition=partition if partition_kept else None,
         )
+
+
+class Pace:
+    """Waits so that records go at most `rate` a second (no wait when `rate` is None)."""
+
+    def __init__(
+        self,
+        rate: float | None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._rate = rate
+        self._clock = clock
+        self._sleep = sleep
+        self._started: float | None = None
+
+    def wait(self, sent: int) -> None:
+        """Wait until the next record may go, `sent` having gone since the first."""
+        if self._rate is None:
+            return
+        now = self._clock()
+        if self._started is None:
+            self._started = now
+        ahead = self._started + sent / self._rate - now
+        if ahead > 0:
+            self._sleep(ahead)
 
 
 def _shown(row: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
@@ -285,6 +286,10 @@ def status_json(status: Mapping[str, Any]) -> str:
     return json.dumps(status, indent=2, default=str)
 
 
+_SHOWN_ROWS = 20
+"""The rows a dry run prints (of the records it would send); --json lists them all."""
+
+
 def render_redrive(report: RedriveReport) -> str:
     """`report` (from `redrive`) as text for a terminal."""
     lines = []
@@ -297,7 +302,20 @@ def render_redrive(report: RedriveReport) -> str:
         lines.append(f"redrive {report.redrive_id}: {len(report.selected)} record(s) sent")
     else:
         lines.append("nothing to redrive: no dead letter matches that was not redriven before")
-    lines += _rows_table(report.selected)
+    if report.dry_run and report.selected:
+        classes = Counter(row["error_class"] or "-" for row in report.selected)
+        lines.append(
+            "by error class: "
+            + ", ".join(f"{name} {count}" for name, count in sorted(classes.items()))
+        )
+    lines += _rows_table(report.selected[:_SHOWN_ROWS] if report.dry_run else report.selected)
+    if report.dry_run and len(report.selected) > _SHOWN_ROWS:
+        lines.append(f"... and {len(report.selected) - _SHOWN_ROWS} more (--json lists them all)")
+    if report.left:
+        verb = "would be left" if report.dry_run else "are left"
+        lines.append(
+            f"{report.left} more record(s) match but {verb} for the next run (--limit or --rate)"
+        )
     if report.resumed:
         verb = "would be resent" if report.dry_run else "resent"
         lines.append(f"{len(report.resumed)} record(s) of an interrupted redrive {verb}:")
@@ -369,6 +387,7 @@ def redrive_json(report: RedriveReport) -> str:
             "dry_run": report.dry_run,
             "redrive_id": report.redrive_id,
             "sent": report.sent,
+            "left": report.left,
             "selected": rows(report.selected),
             "resumed": rows(report.resumed),
             "confirmed": rows(report.confirmed),

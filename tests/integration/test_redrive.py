@@ -29,7 +29,7 @@ from retrylib.errors import LeaseHeld, RedriveError
 from retrylib.kafka.clients import ensure_topics
 from retrylib.kafka.runner_lease import redrive_group, take_lease
 from retrylib.ops.check import preflight
-from retrylib.ops.redrive import Selection, redrive
+from retrylib.ops.redrive import PACED_SEND_S, Selection, redrive
 from retrylib.ops.status import collect_status
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -260,11 +260,13 @@ def test_status_and_redrive_with_a_catalog_table(
         with pytest.raises(RedriveError, match="'nosuchtopic' does not exist on .*; create it$"):
             redrive(config, Selection(error_classes=("ValueError",)), to="nosuchtopic", spark=spark)
 
-        # In parts: the oldest first, then the next.
+        # In parts: the oldest first, then the next (a rate takes 10 minutes' worth a run).
         first = redrive(config, Selection(error_classes=("ValueError",), limit=1), spark=spark)
-        report = redrive(config, Selection(error_classes=("ValueError",), limit=1), spark=spark)
+        report = redrive(
+            config, Selection(error_classes=("ValueError",)), rate=1 / PACED_SEND_S, spark=spark
+        )
 
-        assert (first.sent, report.sent) == (1, 1)
+        assert (first.sent, first.left, report.sent, report.left) == (1, 1, 1, 0)
         assert [row["id"] for row in first.selected + report.selected] == ["id-0", "id-1"]
         assert records_in(bootstrap_servers, topic, 1) == [
             (b"k0", [("trace", b"t1")]),

@@ -172,3 +172,57 @@ def test_confirm_sets_redriven_at_as_a_utc_timestamp_literal(updates):
 def test_a_bad_target_topic_is_refused_before_any_table_is_read():
     with pytest.raises(redrive_module.RedriveError, match="--to: not a Kafka topic name"):
         redrive_module.redrive(None, Selection(), to="bad topic!")
+
+
+def test_a_pace_spaces_records_by_its_rate_from_the_first():
+    now, slept = [100.0], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(round(seconds, 3))
+        now[0] += seconds
+
+    pace = redrive_module.Pace(4.0, clock=lambda: now[0], sleep=sleep)
+    for sent in range(3):
+        pace.wait(sent)
+    now[0] += 2.0  # the producer was slow: no wait for what is overdue
+    pace.wait(3)
+
+    assert slept == [0.25, 0.25]
+    redrive_module.Pace(None, clock=lambda: 0.0, sleep=sleep).wait(10)  # no rate: no wait
+    assert slept == [0.25, 0.25]
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0, float("nan")])
+def test_a_rate_that_sends_nothing_is_refused(rate):
+    with pytest.raises(redrive_module.RedriveError, match="--rate: records a second, more than 0"):
+        redrive_module.redrive(None, Selection(), rate=rate)
+
+
+def test_a_dry_run_shows_its_error_classes_and_first_rows_and_what_a_limit_leaves():
+    from retrylib.ops.render import render_redrive
+
+    rows = [
+        {
+            "id": f"id-{i}",
+            "dead_lettered_at": NOW,
+            "error_class": "builtins.ValueError" if i % 3 else "shop.PriceError",
+            "origin_topic": "orders",
+            "origin_partition": 0,
+            "origin_offset": i,
+            "redrive_topic": "orders",
+        }
+        for i in range(25)
+    ]
+    report = redrive_module.RedriveReport(dry_run=True, selected=rows, left=75)
+
+    lines = render_redrive(report).splitlines()
+
+    assert lines[:2] == [
+        "dry run: 25 record(s) would be redriven; nothing was sent or changed",
+        "by error class: builtins.ValueError 16, shop.PriceError 9",
+    ]
+    assert sum(line.startswith("  id-") for line in lines) == 20
+    assert lines[-2:] == [
+        "... and 5 more (--json lists them all)",
+        "75 more record(s) match but would be left for the next run (--limit or --rate)",
+    ]
