@@ -217,12 +217,14 @@ class DeadLetterConfig:
     """[dead_letter]: where records go when they are out of attempts or non-retryable.
 
     `routes` send a record whose last error is an instance of a class (by name, in order:
-    the first match wins) to a topic of its own instead of `topic`.
+    the first match wins) to a topic of its own instead of `topic`. `max_redrives`: a record
+    dead-lettered again after that many redrives is not redriven again unless asked.
     """
 
     topic: str
     table: str
     routes: tuple[tuple[str, str], ...] = ()
+    max_redrives: int = 3
 
     def topics(self) -> tuple[str, ...]:
         """Every dead-letter topic: the default one, then each route's."""

@@ -456,6 +456,7 @@ def read_dead_letter(
         check_table_name(t, "table", table)
     routes_example = '[dead_letter.routes] "ValueError" = "orders.invalid.dlt"'
     routes = _dead_letter_routes(t.table("routes", routes_example, required=False))
+    max_redrives = t.get("max_redrives", POSITIVE_INT, "max_redrives = 3", 3)
     t.finish()
     if topic and main_topics:
         check_dead_letter_topics(
@@ -463,7 +464,7 @@ def read_dead_letter(
         )
     if not t.ok or topic is None or table is None:
         return None
-    return DeadLetterConfig(topic, table, routes)
+    return DeadLetterConfig(topic, table, routes, max_redrives)
 
 
 def _dead_letter_routes(t: Table) -> tuple[tuple[str, str], ...]:

@@ -164,6 +164,11 @@ def _parser() -> argparse.ArgumentParser:
         help="at most N records, the oldest dead letters first; run again for the next N",
     )
     redrive.add_argument(
+        "--again",
+        action="store_true",
+        help="also records redriven dead_letter.max_redrives times already (they came back)",
+    )
+    redrive.add_argument(
         "--rate",
         type=float,
         metavar="R",
@@ -337,6 +342,7 @@ def _redrive(args: argparse.Namespace) -> int:
                 selection,
                 to=args.to,
                 rate=args.rate,
+                again=args.again,
                 dry_run=args.dry_run,
                 progress=progress,
             )

@@ -66,7 +66,7 @@ from retrylib.kafka.clients import (
 )
 from retrylib.kafka.reading import ReadToEnd, produce, reading_consumer
 from retrylib.kafka.runner_lease import redrive_group, take_lease
-from retrylib.retry.headers import without_reserved
+from retrylib.retry.headers import REDRIVES, redriven_headers
 from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:
@@ -90,8 +90,10 @@ class Selection:
     """Which dead-lettered rows to redrive: all conditions must hold; empty means any.
 
     `topics`, `partition` and `offsets` (first and last, both included) are of the record's
-    origin; `keys` are record keys as UTF-8 text. `limit` keeps the first rows of those the
-    rest picks, in dead-letter order (`DeadLetterTable.rows`): a large replay goes in parts.
+    origin; `keys` are record keys as UTF-8 text. `redrives_below` leaves out the records
+    redriven that many times or more (`retrylib.redrives`), which came back each time.
+    `limit` keeps the first rows of those the rest picks, in dead-letter order
+    (`DeadLetterTable.rows`): a large replay goes in parts.
     """
 
     since: datetime | None = None
@@ -102,6 +104,7 @@ class Selection:
     keys: tuple[str, ...] = ()
     partition: int | None = None
     offsets: tuple[int, int] | None = None
+    redrives_below: int | None = None
     limit: int | None = None
 
     def __post_init__(self) -> None:
@@ -144,7 +147,17 @@ class Selection:
             parts.append(f"origin_partition = {self.partition}")
         if self.offsets is not None:
             parts.append(f"origin_offset BETWEEN {self.offsets[0]} AND {self.offsets[1]}")
+        if self.redrives_below is not None:
+            parts.append(f"NOT {_redriven_at_least(self.redrives_below)}")
         return " AND ".join(parts)
+
+    def looping(self) -> str | None:
+        """A Spark SQL condition for the rows the rest picks but `redrives_below` leaves out
+        (None without it)."""
+        if self.redrives_below is None:
+            return None
+        unguarded = replace(self, redrives_below=None).predicate()
+        return f"{unguarded} AND {_redriven_at_least(self.redrives_below)}"
 
     def chosen(self, dead: DeadLetterTable) -> str:
         """`predicate`, narrowed to the first `limit` rows it picks when there is a limit."""
@@ -164,6 +177,7 @@ class RedriveReport:
     confirmed: list[dict[str, Any]] = field(default_factory=list)  # sent by an earlier run
     sent: int = 0
     left: int = 0  # rows the filters pick that a limit or rate left for the next run
+    looping: int = 0  # rows left out as redriven max_redrives times already (see --again)
 
 
 def redrive(
@@ -172,14 +186,16 @@ def redrive(
     *,
     to: str | None = None,
     rate: float | None = None,
+    again: bool = False,
     dry_run: bool = False,
     progress: Progress | None = None,
     spark: SparkSession | None = None,
 ) -> RedriveReport:
     """Redrive the rows `selection` picks, to `to` or each row's origin topic; see the module
-    docstring. With `rate`, send at most that many records a second, and at most
-    `PACED_SEND_S` seconds' worth a run. With `dry_run`, change nothing and report what would
-    go. The table is read and updated through `spark`, or through `tool_session()` when it
+    docstring. Records redriven `dead_letter.max_redrives` times already are left out (and
+    counted) unless `again`. With `rate`, send at most that many records a second, and at
+    most `PACED_SEND_S` seconds' worth a run. With `dry_run`, change nothing and report what
+    would go. The table is read and updated through `spark`, or through `tool_session()` when it
     is None.
 
     Raises `RedriveError` for a bad `to`, a missing target topic, or a failed send,
@@ -206,6 +222,9 @@ def redrive(
         log.info("no dead-letter table %s: nothing to redrive", table)
         return report
     dead = DeadLetterTable(spark, table)
+    if not again:
+        selection = replace(selection, redrives_below=config.dead_letter.max_redrives)
+        report.looping = dead.count(selection.looping() or "false")
     if dry_run:
         return _dry_run(config, dead, selection, to, report)
     kafka = config.kafka
@@ -426,7 +445,7 @@ class _Sender:
             and partition is not None
             and 0 <= partition < self._partitions[topic]
         )
-        headers, _ = without_reserved([(h["key"], h["value"]) for h in row["headers"] or ()])
+        headers = redriven_headers([(h["key"], h["value"]) for h in row["headers"] or ()])
         produce(
             self._producer,
             topic,
@@ -435,6 +454,14 @@ class _Sender:
             headers=headers,
             partition=partition if partition_kept else None,
         )
+
+
+def _redriven_at_least(count: int) -> str:
+    """Spark SQL: the row's record was redriven `count` times or more (its headers)."""
+    return (
+        f"coalesce(exists(headers, h -> h.key = {sql_string(REDRIVES)} AND "
+        f"coalesce(try_cast(cast(h.value AS STRING) AS INT) >= {count}, false)), false)"
+    )
 
 
 class Pace:

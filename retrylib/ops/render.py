@@ -311,6 +311,11 @@ def render_redrive(report: RedriveReport) -> str:
     lines += _rows_table(report.selected[:_SHOWN_ROWS] if report.dry_run else report.selected)
     if report.dry_run and len(report.selected) > _SHOWN_ROWS:
         lines.append(f"... and {len(report.selected) - _SHOWN_ROWS} more (--json lists them all)")
+    if report.looping:
+        lines.append(
+            f"{report.looping} matching record(s) came back after being redriven "
+            "dead_letter.max_redrives times: left out (--again sends them too)"
+        )
     if report.left:
         verb = "would be left" if report.dry_run else "are left"
         lines.append(
@@ -388,6 +393,7 @@ def redrive_json(report: RedriveReport) -> str:
             "redrive_id": report.redrive_id,
             "sent": report.sent,
             "left": report.left,
+            "looping": report.looping,
             "selected": rows(report.selected),
             "resumed": rows(report.resumed),
             "confirmed": rows(report.confirmed),

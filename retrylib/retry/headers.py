@@ -1,7 +1,8 @@
 """Retry and dead-letter headers on Kafka records.
 
-Every header retrylib writes is one of the names in `HEADER_DOCS` and holds UTF-8 text:
-integers as decimal strings, times as epoch milliseconds. Only those exact names are reserved:
+Every header retrylib writes is one of the names in `HEADER_DOCS`, or `REDRIVES` (written by
+`retrylib redrive`), and holds UTF-8 text: integers as decimal strings, times as epoch
+milliseconds. Only the names in `HEADER_DOCS` are reserved:
 the handler never sees them, and every other header (a user's own `retrylib.x` too) travels
 unchanged, in order, ahead of them.
 
@@ -252,6 +253,24 @@ def decode_retry_state(retrylib_headers: Mapping[str, bytes | None]) -> RetrySta
         error_class=reader.text(ERROR_CLASS),
         error_message=reader.text(ERROR_MESSAGE),
     )
+
+
+REDRIVES = PREFIX + "redrives"
+"""How many times `retrylib redrive` has sent the record back: not reserved, so the handler
+sees it and it travels with the record's own headers into the dead-letter table, where the
+next redrive reads it (`redriven_headers`)."""
+
+
+def redriven_headers(headers: Sequence[tuple[str, bytes | None]]) -> list[Header]:
+    """A dead letter's headers as `retrylib redrive` sends them back: without the reserved
+    ones, its `REDRIVES` count one more (1 when it had none or an unreadable one), last."""
+    kept, _ = without_reserved(headers)
+    counts = [value for name, value in kept if name == REDRIVES]
+    try:
+        before = int((counts[-1] or b"").decode()) if counts else 0
+    except (UnicodeDecodeError, ValueError):
+        before = 0
+    return [h for h in kept if h[0] != REDRIVES] + [(REDRIVES, str(before + 1).encode())]
 
 
 def without_reserved(headers: Sequence[tuple[str, bytes | None]]) -> tuple[list[Header], int]:

@@ -269,8 +269,8 @@ def test_status_and_redrive_with_a_catalog_table(
         assert (first.sent, first.left, report.sent, report.left) == (1, 1, 1, 0)
         assert [row["id"] for row in first.selected + report.selected] == ["id-0", "id-1"]
         assert records_in(bootstrap_servers, topic, 1) == [
-            (b"k0", [("trace", b"t1")]),
-            (b"k1", [("trace", b"t1")]),
+            (b"k0", [("trace", b"t1"), ("retrylib.redrives", b"1")]),
+            (b"k1", [("trace", b"t1"), ("retrylib.redrives", b"1")]),
         ]
         marked = read_table(spark, table).select(
             "id",
@@ -298,6 +298,50 @@ def test_status_and_redrive_with_a_catalog_table(
         }
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_records_redriven_max_redrives_times_are_left_out_unless_again(
+    spark, bootstrap_servers, make_topic, write_config, tmp_path
+):
+    """A record that came back to the dead letter after `max_redrives` redrives (its
+    `retrylib.redrives` header) is counted and left out; `again` sends it too. Each send
+    counts one more redrive."""
+    topic = make_topic("loops", partitions=1)
+    config = write_config([topic], name="loops")
+    config = dataclasses.replace(
+        config, dead_letter=dataclasses.replace(config.dead_letter, max_redrives=3)
+    )
+    redrives = {"new": None, "twice": b"2", "thrice": b"3", "unreadable": b"x"}
+    add_dead_letters(
+        spark,
+        config.dead_letter.table_ref(),
+        [
+            {
+                "id": key,
+                "origin_topic": topic,
+                "origin_partition": 0,
+                "dead_lettered_at": NOW + timedelta(seconds=i),
+                "key": key.encode(),
+                "headers": [{"key": "trace", "value": b"t"}]
+                + ([] if count is None else [{"key": "retrylib.redrives", "value": count}]),
+            }
+            for i, (key, count) in enumerate(redrives.items())
+        ],
+    )
+
+    dry = redrive(config, Selection(), dry_run=True, spark=spark)
+    report = redrive(config, Selection(), spark=spark)
+    again = redrive(config, Selection(), again=True, spark=spark)
+
+    assert (dry.looping, report.looping) == (1, 1)
+    assert [row["id"] for row in report.selected] == ["new", "twice", "unreadable"]
+    assert [row["id"] for row in again.selected] == ["thrice"]
+    assert records_in(bootstrap_servers, topic, 0) == [
+        (b"new", [("trace", b"t"), ("retrylib.redrives", b"1")]),
+        (b"twice", [("trace", b"t"), ("retrylib.redrives", b"3")]),
+        (b"unreadable", [("trace", b"t"), ("retrylib.redrives", b"1")]),
+        (b"thrice", [("trace", b"t"), ("retrylib.redrives", b"4")]),
+    ]
 
 
 def test_a_missing_catalog_table_has_nothing_to_redrive(spark, write_config, make_topic):

@@ -226,3 +226,35 @@ def test_a_dry_run_shows_its_error_classes_and_first_rows_and_what_a_limit_leave
         "... and 5 more (--json lists them all)",
         "75 more record(s) match but would be left for the next run (--limit or --rate)",
     ]
+
+
+def test_records_redriven_enough_times_are_left_out_and_counted_apart():
+    selection = Selection(ids=("a",), redrives_below=3, limit=5)
+    came_back = (
+        "coalesce(exists(headers, h -> h.key = 'retrylib.redrives' AND "
+        "coalesce(try_cast(cast(h.value AS STRING) AS INT) >= 3, false)), false)"
+    )
+
+    assert selection.predicate() == f"{UNCLAIMED} AND id IN ('a') AND NOT {came_back}"
+    assert selection.looping() == f"{UNCLAIMED} AND id IN ('a') AND {came_back}"
+    assert Selection().looping() is None
+
+
+@pytest.mark.parametrize(
+    "headers, sent",
+    [
+        ([("trace", b"t")], [("trace", b"t"), ("retrylib.redrives", b"1")]),
+        (
+            [("retrylib.redrives", b"2"), ("retrylib.attempt", b"3"), ("trace", None)],
+            [("trace", None), ("retrylib.redrives", b"3")],
+        ),
+        (
+            [("retrylib.redrives", b"\xff"), ("retrylib.redrives", b"")],
+            [("retrylib.redrives", b"1")],
+        ),
+    ],
+)
+def test_a_redriven_record_carries_its_redrive_count_last(headers, sent):
+    from retrylib.retry.headers import redriven_headers
+
+    assert redriven_headers(headers) == sent
