@@ -22,6 +22,7 @@ from delta.exceptions import (
 
 from retrylib.config.table_ref import TableRef
 from retrylib.delta.tables import read_table, sql_string, sql_timestamp, update_where
+from retrylib.retry.headers import REDRIVES
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,6 +54,15 @@ SHOWN_COLUMNS = (
     "redrive_topic",
 )
 """The columns `DeadLetterTable.rows` reads of each row: what `retrylib redrive` reports."""
+
+
+def redriven_at_least(count: int) -> str:
+    """Spark SQL: the row's record was redriven `count` times or more (its `REDRIVES`
+    header)."""
+    return (
+        f"coalesce(exists(headers, h -> h.key = {sql_string(REDRIVES)} AND "
+        f"coalesce(try_cast(cast(h.value AS STRING) AS INT) >= {count}, false)), false)"
+    )
 
 
 class DeadLetterTable:

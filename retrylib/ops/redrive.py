@@ -55,7 +55,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.config.model import AnyConfig, Config, RouterConfig
 from retrylib.config.topic_names import redriven_topic
-from retrylib.delta.dead_letter_table import SHOWN_COLUMNS, DeadLetterTable
+from retrylib.delta.dead_letter_table import SHOWN_COLUMNS, DeadLetterTable, redriven_at_least
 from retrylib.delta.tables import sql_string, sql_timestamp, table_exists
 from retrylib.errors import RedriveError
 from retrylib.kafka.clients import (
@@ -66,7 +66,7 @@ from retrylib.kafka.clients import (
 )
 from retrylib.kafka.reading import ReadToEnd, produce, reading_consumer
 from retrylib.kafka.runner_lease import redrive_group, take_lease
-from retrylib.retry.headers import REDRIVES, redriven_headers
+from retrylib.retry.headers import redriven_headers
 from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class Selection:
         if self.offsets is not None:
             parts.append(f"origin_offset BETWEEN {self.offsets[0]} AND {self.offsets[1]}")
         if self.redrives_below is not None:
-            parts.append(f"NOT {_redriven_at_least(self.redrives_below)}")
+            parts.append(f"NOT {redriven_at_least(self.redrives_below)}")
         return " AND ".join(parts)
 
     def looping(self) -> str | None:
@@ -157,7 +157,7 @@ class Selection:
         if self.redrives_below is None:
             return None
         unguarded = replace(self, redrives_below=None).predicate()
-        return f"{unguarded} AND {_redriven_at_least(self.redrives_below)}"
+        return f"{unguarded} AND {redriven_at_least(self.redrives_below)}"
 
     def chosen(self, dead: DeadLetterTable) -> str:
         """`predicate`, narrowed to the first `limit` rows it picks when there is a limit."""
@@ -454,14 +454,6 @@ class _Sender:
             headers=headers,
             partition=partition if partition_kept else None,
         )
-
-
-def _redriven_at_least(count: int) -> str:
-    """Spark SQL: the row's record was redriven `count` times or more (its headers)."""
-    return (
-        f"coalesce(exists(headers, h -> h.key = {sql_string(REDRIVES)} AND "
-        f"coalesce(try_cast(cast(h.value AS STRING) AS INT) >= {count}, false)), false)"
-    )
 
 
 class Pace:

@@ -130,8 +130,15 @@ def _dead_letter_lines(dead: Mapping[str, Any] | None) -> list[str]:
     if not dead["exists"]:
         lines.append(f"dead letters: no table {dead['table']} yet")
     else:
+        waiting = f"{dead['waiting']} waiting"
+        age_s = dead["oldest_waiting_age_seconds"]
+        if age_s is not None:
+            waiting += f" (the oldest for {format_duration(age_s * 1000)})"
+        if dead["looping"]:
+            waiting += f", {dead['looping']} of them back after dead_letter.max_redrives redrives"
         lines.append(
-            f"dead letters: {dead['total']} in {dead['table']}, {dead['redriven']} redriven"
+            f"dead letters: {dead['total']} in {dead['table']}, {dead['redriven']} redriven, "
+            + waiting
         )
         if dead["by_error_class"]:
             rows = [("error class", "records", "redriven", "last")]

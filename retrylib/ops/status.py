@@ -24,7 +24,9 @@ comes from:
   a record at once and the records behind it as they fall due (`kafka.source`).
   `dead_letters` is null for a router, and its last batches count what it forwarded.
 - Dead letters: counted by error class from the dead-letter Delta table, with how many
-  were redriven and how many a redrive claimed but has not confirmed yet.
+  were redriven and how many a redrive claimed but has not confirmed yet; `waiting` (not
+  redriven), the age of the oldest of those (`oldest_waiting_age_seconds`), and `looping` (waiting
+  after `dead_letter.max_redrives` redrives).
 - Breaker (`[breaker]` set, else null): its last change of state as the running job put it
   in `<checkpoint>/retrylib/breaker.json`: `state` (open, closed), `since`, `why`, and while
   open `next_probe_at`.
@@ -49,7 +51,7 @@ from confluent_kafka import KafkaError, KafkaException
 from retrylib.batch.key_order_store import stored_queues
 from retrylib.checkpoint import Checkpoint
 from retrylib.config.durations import format_duration
-from retrylib.config.model import AnyConfig, Config, RetryTier, RouterConfig
+from retrylib.config.model import AnyConfig, Config, DeadLetterConfig, RetryTier, RouterConfig
 from retrylib.errors import DamagedFile
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.offsets import PartitionKey
@@ -146,16 +148,16 @@ def collect_status(
     }
     status[tiers_key] = tiers
     if isinstance(config, Config):
-        status.update(_handler_job_state(spark, config, checkpoint))
+        status.update(_handler_job_state(spark, config, checkpoint, now_ms))
     return status
 
 
 def _handler_job_state(
-    spark: SparkSession, config: Config, checkpoint: Checkpoint
+    spark: SparkSession, config: Config, checkpoint: Checkpoint, now_ms: int
 ) -> dict[str, Any]:
     """A handler job's dead letters, and its breaker's state and key queues when it has them."""
     return {
-        "dead_letters": dead_letter_summary(spark, config.dead_letter.table_ref()),
+        "dead_letters": dead_letter_summary(spark, config.dead_letter, now_ms),
         "breaker": None if config.breaker is None else _breaker(spark, checkpoint),
         "key_order": _key_order(spark, checkpoint) if config.retry.key_ordered else None,
     }
@@ -334,23 +336,34 @@ def _count_stamped_ahead(summary: dict[str, Any], message: Any, now_ms: int) -> 
         summary["first_stamped_ahead"] = f"{where}, {ahead} ahead"
 
 
-def dead_letter_summary(spark: SparkSession, table: TableRef) -> dict[str, Any]:
-    """Dead-lettered records by error class (most first), with how many were redriven and
-    how many a redrive claimed but has not confirmed (`redrive_pending`).
+def dead_letter_summary(
+    spark: SparkSession, dead_letter: DeadLetterConfig, now_ms: int
+) -> dict[str, Any]:
+    """Dead-lettered records by error class (most first), with how many were redriven, how
+    many a redrive claimed but has not confirmed (`redrive_pending`), and of those not
+    redriven (`waiting`): the oldest's age at `now_ms`, and how many came back after
+    `max_redrives` redrives (`looping`: a redrive leaves them out unless told `--again`).
     """
     from pyspark.sql import functions as F
 
+    from retrylib.delta.dead_letter_table import redriven_at_least
     from retrylib.delta.tables import read_table, table_exists
 
+    table = dead_letter.table_ref()
     if not table_exists(spark, table):
         return {
             "table": str(table),
             "exists": False,
             "total": 0,
             "redriven": 0,
+            "waiting": 0,
+            "oldest_waiting_age_seconds": None,
+            "looping": 0,
             "by_error_class": [],
         }
     pending = F.col("redrive_id").isNotNull() & F.col("redriven_at").isNull()
+    waiting = F.col("redriven_at").isNull()
+    looping = waiting & F.expr(redriven_at_least(dead_letter.max_redrives))
     rows = (
         read_table(spark, table)
         .groupBy("error_class")
@@ -358,8 +371,10 @@ def dead_letter_summary(spark: SparkSession, table: TableRef) -> dict[str, Any]:
             F.count(F.lit(1)).alias("records"),
             F.count("redriven_at").alias("redriven"),
             F.count(F.when(pending, 1)).alias("redrive_pending"),
+            F.count(F.when(looping, 1)).alias("looping"),
             F.min("dead_lettered_at").alias("first"),
             F.max("dead_lettered_at").alias("last"),
+            F.min(F.when(waiting, F.col("dead_lettered_at"))).alias("oldest_waiting"),
         )
         .orderBy(F.desc("records"), F.asc_nulls_last("error_class"))
         .toArrow()
@@ -371,16 +386,24 @@ def dead_letter_summary(spark: SparkSession, table: TableRef) -> dict[str, Any]:
             "records": row["records"],
             "redriven": row["redriven"],
             "redrive_pending": row["redrive_pending"],
+            "looping": row["looping"],
             "first_dead_lettered_at": _iso_datetime(row["first"]),
             "last_dead_lettered_at": _iso_datetime(row["last"]),
         }
         for row in rows
     ]
+    oldest = [row["oldest_waiting"] for row in rows if row["oldest_waiting"] is not None]
+    total, redriven = sum(c["records"] for c in classes), sum(c["redriven"] for c in classes)
     return {
         "table": str(table),
         "exists": True,
-        "total": sum(c["records"] for c in classes),
-        "redriven": sum(c["redriven"] for c in classes),
+        "total": total,
+        "redriven": redriven,
+        "waiting": total - redriven,
+        "oldest_waiting_age_seconds": (
+            max(0, now_ms - int(min(oldest).timestamp() * 1000)) // 1000 if oldest else None
+        ),
+        "looping": sum(c["looping"] for c in classes),
         "by_error_class": classes,
     }
 

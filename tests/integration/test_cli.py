@@ -197,6 +197,9 @@ def test_status_json_reports_tiers_dead_letters_and_batches(job, capsys):
     assert (second["waiting"], second["next_due_at"]) == (0, None)
     classes = {c["error_class"]: c["records"] for c in status["dead_letters"]["by_error_class"]}
     assert classes == {"builtins.ValueError": 3, "retrylib.errors.NonRetryable": 5}
+    dead = status["dead_letters"]
+    assert (dead["waiting"], dead["looping"]) == (8, 0)
+    assert 0 <= dead["oldest_waiting_age_seconds"] < 600
     batches = status["last_batches"]
     assert batches["source"] == "metrics_table"
     assert sum(b["records_main"] for b in batches["batches"]) == 15
@@ -208,6 +211,7 @@ def test_status_text_is_readable(job, capsys):
     assert code == 0
     assert "retry tiers" in out and "30m" in out and "in 2" in out  # next due in 2xm
     assert "builtins.ValueError" in out
+    assert ", 0 redriven, 8 waiting (the oldest for " in out
     assert "last batches (from metrics table)" in out
 
 

@@ -288,7 +288,7 @@ def test_status_and_redrive_with_a_catalog_table(
         )
         assert_df_equality(marked, expected, ignore_row_order=True, ignore_nullable=True)
         dead = collect_status(config, spark=spark, timeout=5)["dead_letters"]
-        assert (dead["total"], dead["redriven"]) == (3, 2)
+        assert (dead["total"], dead["redriven"], dead["waiting"]) == (3, 2, 1)
         again = redrive(config, Selection(error_classes=("ValueError",)), spark=spark)
         assert (again.sent, again.selected) == (0, [])
 
@@ -331,9 +331,11 @@ def test_records_redriven_max_redrives_times_are_left_out_unless_again(
 
     dry = redrive(config, Selection(), dry_run=True, spark=spark)
     report = redrive(config, Selection(), spark=spark)
+    dead = collect_status(config, spark=spark, timeout=5)["dead_letters"]
     again = redrive(config, Selection(), again=True, spark=spark)
 
-    assert (dry.looping, report.looping) == (1, 1)
+    assert (dry.looping, report.looping, again.looping) == (1, 1, 0)
+    assert (dead["waiting"], dead["looping"]) == (1, 1)
     assert [row["id"] for row in report.selected] == ["new", "twice", "unreadable"]
     assert [row["id"] for row in again.selected] == ["thrice"]
     assert records_in(bootstrap_servers, topic, 0) == [
