@@ -47,6 +47,7 @@ from retrylib.task.lanes import Lanes
 from retrylib.task.read_ahead import DueClock, WaitingRetries
 from retrylib.task.results import ResultRows, output_batch
 from retrylib.task.retry_records import Delivery, RetryPlan, RetryRecords
+from retrylib.task.tracing import handler_spans
 from retrylib.task.vectorized import (
     as_output_table,
     carries_reserved_headers,
@@ -165,6 +166,10 @@ class RoutingTask:
         self.handler: Handler = load_handler(plan.handler, plan.handler_paths)
         timed = TimedCall(plan.handler_timeout_ms)  # one: it owns the process's SIGALRM
         self.invoke = bound_call(self.handler, timed, isolate=plan.isolate)
+        # After the handler's import, which may set the process's tracer provider.
+        self.spans = (
+            handler_spans(len(plan.tier_delays_ms)) if plan.handler_kind == "record" else None
+        )
         self.tier_of = _tier_index(plan.retry_topics)
         self.columns = frozenset(plan.output_schema.names)
         self.results = ResultRows(plan.output_schema)
@@ -406,7 +411,8 @@ class RoutingTask:
                 self._keep(records[index], deliveries, index, call.result)
 
     def _call_between_hooks(self, record: Record, call: Callable[[Record], object]) -> object:
-        """`call(record)` (the handler) between `record`'s record hooks; `HELD` instead, with
+        """`call(record)` (the handler) between `record`'s record hooks, in a span when the
+        process traces (`retrylib.task.tracing`); `HELD` instead, with
         no call, when its key order holds it. When the call raises, its key's later records
         in this task are held (`KeyOrder.call_failed`) and what it raised is raised as the
         failure the record fails with (`as_failure`).
@@ -421,7 +427,7 @@ class RoutingTask:
         if hooks is not None:
             hooks.call("before_record", record)
         try:
-            result = call(record)
+            result = call(record) if self.spans is None else self.spans.call(record, call)
         except BaseException as raised:
             failure = as_failure(raised)
             if key_order is not None:

@@ -1,13 +1,27 @@
 """Lifecycle hooks through `retrylib run` as a user runs it: record hooks on the executors,
-batch hooks on the driver, and hooks that fail or hang without changing what the job does."""
+batch hooks on the driver, and hooks that fail or hang without changing what the job does;
+and handler calls as spans of the records' traces in a worker that traces."""
 
 from __future__ import annotations
 
 import json
+import signal
+import uuid
 from pathlib import Path
 
 from chispa import assert_df_equality
-from helpers import produce, run_job_available_now, write_job_toml
+from helpers import (
+    job_env,
+    metrics_totals,
+    produce,
+    retrylib_command,
+    run_job_available_now,
+    running_job,
+    wait_for,
+    write_job_toml,
+)
+
+from retrylib.kafka.clients import make_producer
 
 HANDLERS_DIR = Path(__file__).parent / "handlers"
 OUTPUT_SCHEMA = "key STRING, value STRING, topic STRING, partition INT, offset BIGINT, attempt INT"
@@ -22,22 +36,33 @@ HOOKS = {
 }
 
 
+def job_config(
+    tmp_path: Path, bootstrap: str, topic: str, name: str, **sections: dict[str, object]
+) -> Path:
+    """tmp_path/job.toml: job `name` reading `topic` with a handler from handlers/ (its
+    `function` in `sections["handler"]`); `sections` as in `helpers.job_toml`."""
+    handler = {"output_schema": OUTPUT_SCHEMA, "paths": [HANDLERS_DIR], **sections.pop("handler")}
+    return write_job_toml(
+        tmp_path / "job.toml",
+        topics=[topic],
+        name=name,
+        bootstrap_servers=bootstrap,
+        handler=handler,
+        **sections,
+    )
+
+
 def run_hooked_job(
     tmp_path: Path, bootstrap: str, topic: str, hooks: dict[str, str], **handler: object
 ):
     """`retrylib run --available-now` of a job with `hooks` (and more `handler` keys); its
     hook log's path and result."""
-    path = write_job_toml(
-        tmp_path / "job.toml",
-        topics=[topic],
-        name="hooked",
-        bootstrap_servers=bootstrap,
-        handler={
-            "function": "job_handlers:by_key",
-            "output_schema": OUTPUT_SCHEMA,
-            "paths": [HANDLERS_DIR],
-            **handler,
-        },
+    path = job_config(
+        tmp_path,
+        bootstrap,
+        topic,
+        "hooked",
+        handler={"function": "job_handlers:by_key", **handler},
         retry={"delays": ["1m"], "max_attempts": 3, "non_retryable": ["ValueError"]},
         hooks=hooks,
     )
@@ -115,3 +140,53 @@ def test_hooks_that_fail_or_hang_change_nothing_and_are_counted(
         "hook on_batch_end (lifecycle_hooks:hangs) has not returned within hooks.timeout (1s)"
         in done.stderr
     )
+
+
+def test_each_attempt_of_a_traced_record_is_a_span_of_its_trace(
+    spark, bootstrap_servers, make_topic, tmp_path
+):
+    """A handler module that sets a tracer provider: `retrylib run` calls the handler in a
+    span per attempt, each a child of the record's `traceparent`, which the dead letter
+    keeps."""
+    topic = make_topic("traced", partitions=1)
+    trace_id, parent_id = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+    traceparent = f"00-{trace_id}-{parent_id}-01".encode()
+    producer = make_producer(bootstrap_servers, {})
+    producer.produce(topic, key=b"always-0", value=b"v", headers=[("traceparent", traceparent)])
+    producer.produce(topic, key=b"ok-0", value=b"v")
+    producer.flush(30)
+    path = job_config(
+        tmp_path,
+        bootstrap_servers,
+        topic,
+        "traced",
+        handler={"function": "traced_handlers:by_key"},
+        job={"trigger": "500ms"},
+        retry={"delays": ["1s", "2s"], "max_attempts": 3},
+    )
+    spans = tmp_path / "spans.jsonl"
+    log = tmp_path / "job.log"
+    command = retrylib_command("run", str(path), "--master", "local[2]")
+    with running_job(command, job_env({"RETRYLIB_TEST_SPAN_LOG": str(spans)}), log) as job:
+        wait_for(job, lambda: metrics_totals(log.read_text()).get("dead_lettered") == 1, 180)
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(60) == 0, log.read_text()[-3000:]
+
+    by_key = {}
+    for line in spans.read_text().splitlines():
+        span = json.loads(line)
+        by_key.setdefault(span["attributes"]["messaging.kafka.offset"], []).append(span)
+    traced, plain = by_key[0], by_key[1]
+    assert [
+        (s["attributes"]["retrylib.attempt"], s["attributes"]["retrylib.outcome"]) for s in traced
+    ] == [
+        (0, "failed"),
+        (1, "failed"),
+        (2, "failed"),
+    ]
+    assert {(s["trace_id"], s["parent_id"]) for s in traced} == {(trace_id, parent_id)}
+    assert [(s["attributes"]["retrylib.outcome"], s["parent_id"]) for s in plain] == [
+        ("handled", None)
+    ]
+    dead = spark.read.format("delta").load(str(tmp_path / "out_dead_letter")).collect()
+    assert [(h["key"], h["value"]) for h in dead[0]["headers"]] == [("traceparent", traceparent)]
