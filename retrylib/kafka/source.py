@@ -434,7 +434,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         The end keeps the start of every topic the source no longer subscribes to (a retry
         tier or a main topic taken out of the config): subscribed again, the topic is read on
-        from there, not from its earliest record again."""
+        from there, not from its earliest record again.
+
+        A look that finds a listed topic unknown to the broker (deleted meanwhile, and maybe
+        being created again) is started over from fresh metadata until `METADATA_TIMEOUT_S`
+        has passed. What it counted lost is counted once: the next try compares with the
+        offsets this one saw.
+        """
+        deadline = time.monotonic() + METADATA_TIMEOUT_S
+        while True:
+            try:
+                return self._look(start)
+            except TopicVanished:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(_RETRY_PAUSE_S)
+
+    def _look(self, start: Offsets) -> tuple[Offsets, Offsets]:
+        """One try of `_available`."""
         partitions = self._kafka.partitions()
         end = self._kafka.list_offsets(partitions, LATEST)
         start = self._without_recreated(start, end)
@@ -597,6 +614,16 @@ def _records(numbered_group: tuple[int, list[OffsetRange]]) -> int:
     return sum(range_length(r) for r in numbered_group[1])
 
 
+class TopicVanished(KafkaSourceError):
+    """The broker does not know a partition its metadata listed a moment before: the topic
+    was deleted meanwhile (and may be being created again)."""
+
+
+def _vanished(partitions: Sequence[PartitionKey]) -> str:
+    topics = sorted({topic for topic, _ in partitions})
+    return f"listing offsets of {topics} failed: the broker no longer knows them (deleted?)"
+
+
 def _passing(error: KafkaError) -> bool:
     return error.retriable() or error.code() in _PASSING_CODES
 
@@ -652,9 +679,10 @@ class _Metadata:
         For a time, the answer is the first offset at or after it, or -1 when there is none.
         A retriable error, for one partition or the whole request (a partition whose leader
         is still being elected, as right after partitions are added), is asked again until
-        `METADATA_TIMEOUT_S` has passed. Raises `KafkaSourceError` naming the partition the
-        broker answered with another error, or with a retriable one for that long, and
-        `KafkaException` when the request itself fails so.
+        `METADATA_TIMEOUT_S` has passed. Raises `TopicVanished` when the broker does not know
+        a partition (its topic was deleted since the metadata listed it), `KafkaSourceError`
+        naming the partition the broker answered with another error, or with a retriable one
+        for that long, and `KafkaException` when the request itself fails so.
         """
         offsets: Offsets = {}
         pending = list(partitions)
@@ -666,6 +694,8 @@ class _Metadata:
                     timeout=METADATA_TIMEOUT_S,
                 )
             except KafkaException as e:
+                if e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise TopicVanished(_vanished(pending)) from e
                 if not (_passing(e.args[0]) and time.monotonic() < deadline):
                     raise
                 time.sleep(_RETRY_PAUSE_S)
@@ -675,6 +705,8 @@ class _Metadata:
                 key = (answer.topic, answer.partition)
                 if answer.error is None:
                     offsets[key] = answer.offset
+                elif answer.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise TopicVanished(_vanished([key]))
                 elif _passing(answer.error) and time.monotonic() < deadline:
                     pending.append(key)
                 else:

@@ -426,8 +426,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not _from_spark(e):
             raise
         text = str(e).strip()
-        _out(f"error: Spark: {text.splitlines()[0] if text else type(e).__name__}", sys.stderr)
+        _out(f"error: Spark: {spark_error_line(text) if text else type(e).__name__}", sys.stderr)
         return EXIT_FAILED
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def spark_error_line(text: str) -> str:
+    """The first line of a Spark error's `text`; when that line opens a Python traceback (of
+    code Spark ran in a Python worker: retrylib's source, the handler), with the traceback's
+    exception line in its place."""
+    first, *rest = text.splitlines()
+    if not first.endswith(_TRACEBACK):
+        return first
+    raised = next((line for line in rest if line and not line[0].isspace()), None)
+    return first.removesuffix(_TRACEBACK) + raised if raised else first
 
 
 def _from_spark(error: Exception) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrylib.ops.cli import EXIT_CONFIG, EXIT_OK, main, script_main
+from retrylib.ops.cli import EXIT_CONFIG, EXIT_OK, main, script_main, spark_error_line
 
 COMMANDS = ("run", "check", "status", "redrive", "demo")
 
@@ -63,3 +63,24 @@ def test_a_missing_config_file_exits_2(capsys, tmp_path):
 
     assert code == EXIT_CONFIG
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_spark_error_from_python_code_is_one_line_with_what_python_raised() -> None:
+    text = (
+        "[STREAM_FAILED] Query [id = 1] terminated with exception: "
+        "[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source "
+        "perform reportLatestOffset: Traceback (most recent call last):\n"
+        '  File "/x/source.py", line 9, in reportLatestOffset\n'
+        "    _, end = self._available(self._last_end or {})\n"
+        "             ^^^^^^^^^^^^^^^\n"
+        "retrylib.kafka.source.TopicVanished: listing offsets of ['t'] failed\n"
+        "\tat org.apache.spark.sql.execution.python.streaming.Runner.x(Runner.scala:1)\n"
+    )
+
+    assert spark_error_line(text) == (
+        "[STREAM_FAILED] Query [id = 1] terminated with exception: "
+        "[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source "
+        "perform reportLatestOffset: retrylib.kafka.source.TopicVanished: listing offsets of "
+        "['t'] failed"
+    )
+    assert spark_error_line("[DELTA_X] no table\nmore") == "[DELTA_X] no table"

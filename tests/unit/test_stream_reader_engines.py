@@ -11,13 +11,14 @@ import re
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from helpers import FakeKafka, reader_for
 
 from retrylib.errors import TopicError
 from retrylib.kafka import arrow_records
 from retrylib.kafka.arrow_records import KAFKA_SCHEMA
-from retrylib.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
-from retrylib.kafka.source import KafkaStreamReader
+from retrylib.kafka.offsets import EARLIEST, LATEST, Offsets, offsets_from_json, offsets_to_json
+from retrylib.kafka.source import KafkaStreamReader, TopicVanished, _Metadata
 from retrylib.kafka.source_options import parse_source_options
 
 P0, P1 = ("orders", 0), ("orders", 1)
@@ -293,3 +294,45 @@ def test_only_spark_s_source_runner_ends_quietly_when_the_jvm_hangs_up(runner, m
         sys.excepthook(error, error(), None)
 
     assert printed == ([ValueError] if runner else [BrokenPipeError, EOFError, ValueError])
+
+
+class _VanishingOnce(FakeKafka):
+    """A FakeKafka whose next look at offsets by time finds the topic unknown to the broker
+    (deleted while the reader looked), once."""
+
+    vanish = False
+
+    def list_offsets(self, partitions, timestamp: int) -> Offsets:
+        if self.vanish and timestamp not in (LATEST, EARLIEST):
+            self.vanish = False
+            raise TopicVanished("listing offsets of ['orders'] failed")
+        return super().list_offsets(partitions, timestamp)
+
+
+def test_a_look_that_meets_a_topic_deleted_under_it_starts_over_and_counts_once() -> None:
+    kafka = _VanishingOnce({P0: 6}, due={P0: 0})  # a tier of 6 records not due yet
+    reader = reader_for(
+        kafka,
+        failOnDataLoss="false",
+        **{"retrylib.emit": "ranges", "retrylib.topicDelaysMs": json.dumps({"orders": 5000})},
+    )
+    start = {"orders": {"0": 0}}
+    reader.latestOffset(start, None)
+
+    kafka.latest = {P0: 0}  # created again: the look counts 6 lost before the topic vanishes
+    kafka.vanish = True
+    end = reader.latestOffset(start, None)
+
+    assert [g.ranges for g in reader.partitions(start, end)] == [[("orders", 0, 0, 0, 6)]]
+
+
+def test_an_unknown_topic_in_an_offsets_answer_is_a_vanished_topic() -> None:
+    class Unknown:
+        def offsets_for_times(self, partitions, timeout):
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+
+    metadata = _Metadata.__new__(_Metadata)
+    metadata._consumer = Unknown()
+
+    with pytest.raises(TopicVanished, match=re.escape("listing offsets of ['orders'] failed")):
+        metadata.list_offsets([P0, P1], LATEST)
