@@ -151,11 +151,10 @@ class Selection:
             parts.append(f"NOT {redriven_at_least(self.redrives_below)}")
         return " AND ".join(parts)
 
-    def looping(self) -> str | None:
-        """A Spark SQL condition for the rows the rest picks but `redrives_below` leaves out
-        (None without it)."""
-        if self.redrives_below is None:
-            return None
+    def looping(self) -> str:
+        """A Spark SQL condition for the rows the rest picks but `redrives_below` (set)
+        leaves out."""
+        assert self.redrives_below is not None, "only a guarded selection leaves rows out"
         unguarded = replace(self, redrives_below=None).predicate()
         return f"{unguarded} AND {redriven_at_least(self.redrives_below)}"
 
@@ -224,7 +223,7 @@ def redrive(
     dead = DeadLetterTable(spark, table)
     if not again:
         selection = replace(selection, redrives_below=config.dead_letter.max_redrives)
-        report.looping = dead.count(selection.looping() or "false")
+        report.looping = dead.count(selection.looping())
     if dry_run:
         return _dry_run(config, dead, selection, to, report)
     kafka = config.kafka
