@@ -20,9 +20,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,11 +38,13 @@ CLOSED, OPEN = "closed", "open"
 
 @dataclass(frozen=True)
 class BreakerState:
-    """What the source needs: whether main topics are held, and when the next probe is."""
+    """What the source needs: whether main topics are held, and when the next probe is;
+    whether everything is paused (`[breaker] health` says the downstream is down)."""
 
     phase: str  # CLOSED or OPEN
     probe_at_ms: int = 0  # when open: main-topic records flow again from then ...
     probe_records: int = 0  # ... this many of them, until the driver decides
+    paused: bool = False  # main topics and retry tiers alike held where they are
 
 
 class Breaker:
@@ -57,16 +61,62 @@ class Breaker:
         self.config = config
         self.state_file = state_file
         self._on_change = on_change
+        self._lock = threading.Lock()  # the batches' thread and the health watch's
         self.state = BreakerState(CLOSED)
+        self._paused_at: float | None = None  # monotonic, when the pause began
+        self._counted_to = 0.0  # monotonic: the pause until then is in `_paused_s`
+        self._paused_s = 0.0  # spent paused since the last `take_paused_ms`
         self._window: deque[tuple[int, int]] = deque()  # (records, failed) per batch
         write_state(state_file, self.state)
         if on_change is not None:
             on_change(self.state, "the job started")
 
+    def state_name(self) -> str:
+        """`paused` while the health check holds everything, else the phase."""
+        return "paused" if self.state.paused else self.state.phase
+
+    def health(self, up: bool, why: str) -> None:
+        """Pause everything while the downstream is down (`up` false), resume when it is up."""
+        with self._lock:
+            if up == (not self.state.paused):
+                return
+            now = time.monotonic()
+            if up:
+                assert self._paused_at is not None
+                self._paused_s += now - self._counted_to
+                log.warning(
+                    "resumed after %.1f s paused: %s; main topics and retry tiers flow again",
+                    now - self._paused_at,
+                    why,
+                )
+                self._paused_at = None
+            else:
+                self._paused_at = self._counted_to = now
+                log.warning(
+                    "paused: %s; no main-topic record is read and due retries wait, keeping "
+                    "their attempts",
+                    why,
+                )
+            self._write(replace(self.state, paused=not up), why)
+
+    def take_paused_ms(self) -> int:
+        """How long the job was paused since the last call, in ms (a batch's `paused_ms`)."""
+        with self._lock:
+            paused_s, self._paused_s = self._paused_s, 0.0
+            if self._paused_at is not None:
+                now = time.monotonic()
+                paused_s += now - self._counted_to
+                self._counted_to = now
+            return round(paused_s * 1000)
+
     def after_batch(self, records: int, failed: int, now_ms: int) -> None:
         """Take a batch's `records` main-topic records, of which `failed` failed."""
         if records == 0:
             return
+        with self._lock:
+            self._after_batch(records, failed, now_ms)
+
+    def _after_batch(self, records: int, failed: int, now_ms: int) -> None:
         if self.state.phase == OPEN:  # the batch's main-topic records were a probe
             if failed < self.config.failure_share * records:
                 self._change(BreakerState(CLOSED), f"a probe passed ({failed} of {records} failed)")
@@ -102,6 +152,9 @@ class Breaker:
             )
         else:
             log.warning("breaker closed: %s; main topics flow again", why)
+        self._write(replace(state, paused=self.state.paused), why)
+
+    def _write(self, state: BreakerState, why: str) -> None:
         self.state = state
         write_state(self.state_file, state)
         if self._on_change is not None:

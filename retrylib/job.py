@@ -19,11 +19,13 @@ from pyspark.sql.streaming import StreamingQuery
 
 from retrylib import steps
 from retrylib.batch.commit import BatchCommit, BatchFunction, no_space_error, task_error
+from retrylib.batch.health_watch import HealthWatch
 from retrylib.batch.key_order_store import KeyOrderStore
 from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
 from retrylib.breaker import OPEN, Breaker, BreakerState
 from retrylib.checkpoint import Checkpoint
+from retrylib.config.importing import import_object
 from retrylib.config.model import (
     BATCH_HOOKS,
     RECORD_HOOKS,
@@ -528,7 +530,9 @@ def _start_prepared(
         signing_key=signing_key,
         units=default_parallelism(spark),
     )
-    batch_commit = make_batch_commit(parts, spark, on_result=on_result, lease=prepared.lease)
+    batch_commit = make_batch_commit(
+        parts, spark, on_result=on_result, lease=prepared.lease, runs_batches=not connect
+    )
     if not connect:
         batch_commit.read_tables_ahead(spark)
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
@@ -657,10 +661,12 @@ def make_batch_commit(
     *,
     on_result: Callable[[BatchResult], None] | None = None,
     lease: RunnerLease | None = None,
+    runs_batches: bool = True,
 ) -> BatchCommit:
     """The job's `BatchCommit`, with its metrics and record limits, and a handler job's
     breaker, key queues, hooks and compaction, for batches run through `spark`; `lease` is
-    released by its `close()`."""
+    released by its `close()`. `runs_batches` is false for a Spark Connect client's, which
+    only builds the query's frame: the server's own one watches `[breaker] health`."""
     config = parts.config
     limits, producer_options = record_limits(config, parts.partitions)
     checkpoint = Checkpoint(config.job.checkpoint)
@@ -686,7 +692,7 @@ def make_batch_commit(
         )
     plan = task_plan(parts.job.config, parts.partitions, parts.signing_key)
     return _handler_batch_commit(
-        commit, checkpoint, plan, parts.job, parts.app_id, spark, on_result
+        commit, checkpoint, plan, parts.job, parts.app_id, spark, on_result, runs_batches
     )
 
 
@@ -698,6 +704,7 @@ def _handler_batch_commit(
     app_id: str,
     spark: SparkSession,
     on_result: Callable[[BatchResult], None] | None,
+    runs_batches: bool,
 ) -> BatchCommit:
     """`make_batch_commit` of a handler job: `commit` given `plan`, the tables and the rest;
     the breaker, key queues and compaction keep their state in `checkpoint`."""
@@ -723,7 +730,7 @@ def _handler_batch_commit(
         if config.metrics.table_ref() is not None:
             tables.append(("metrics", config.metrics.table_ref()))
         compactor = Compactor(checkpoint.compaction, config.output.optimize_every_ms, tables)
-    return commit(
+    batch_commit = commit(
         plan,
         output_table=job.output,
         evolve_output=config.output.schema_evolution,
@@ -741,6 +748,24 @@ def _handler_batch_commit(
         task=run_task,
         key_order=key_order,
     )
+    if runs_batches and breaker is not None:
+        _watch_health(batch_commit, breaker, config.handler.paths)
+    return batch_commit
+
+
+def _watch_health(batch_commit: BatchCommit, breaker: Breaker, paths: tuple[str, ...]) -> None:
+    """Start asking the breaker's `health` function, if it has one, until `batch_commit`
+    closes."""
+    health = breaker.config.health
+    if health is None:
+        return
+    watch = HealthWatch(
+        import_object(health, paths),  # type: ignore[arg-type]
+        breaker.config.health_every_ms / 1000,
+        breaker.config.health_timeout_ms / 1000,
+        breaker,
+    )
+    batch_commit.on_close(watch.start().stop)
 
 
 def _release_taken(preparing: Future[Prepared]) -> None:
@@ -767,7 +792,15 @@ def _publish_breaker(spark: SparkSession, uri: str, state: BreakerState, why: st
     now_ms = int(time.time() * 1000)
     probe_at = state.probe_at_ms if state.phase == OPEN else None
     replace_json(
-        spark, uri, {"state": state.phase, "since_ms": now_ms, "why": why, "probe_at_ms": probe_at}
+        spark,
+        uri,
+        {
+            "state": state.phase,
+            "paused": state.paused,
+            "since_ms": now_ms,
+            "why": why,
+            "probe_at_ms": probe_at,
+        },
     )
 
 

@@ -195,6 +195,11 @@ class BatchCommit:
         self.last_finished: int | None = None
         """The id of the last batch that did all its work in this run."""
         self._watch: ProgressWatch | None = None
+        self._closers: list[Callable[[], None]] = []
+
+    def on_close(self, closer: Callable[[], None]) -> None:
+        """Have `close()` call `closer` (a watch the job started beside the batches)."""
+        self._closers.append(closer)
 
     def routed(self, source: DataFrame) -> DataFrame:
         """The streaming query's frame: `source` routed by this commit's tasks, `units` of
@@ -496,6 +501,8 @@ class BatchCommit:
         of the runner lease; log the batches a Spark Connect server finished last."""
         if self._watch is not None:
             self._watch.stop()
+        for closer in self._closers:
+            closer()
         worker_clients.close_all()
         if self.lease is not None:
             self.lease.release()

@@ -14,7 +14,7 @@ one line on the `retrylib.metrics` logger whose message is a JSON object:
      "timestamp_header_missing": 0, "handler_ms": 40, "kafka_clients_opened": 0,
      "retried": 5, "retried_by_tier": [4, 1], "produced": 7,
      "lateness_p50_ms_by_tier": [212, null], "lateness_p99_ms_by_tier": [870, null],
-     "oldest_waiting_ms_by_tier": [4100, 61000], "breaker": null,
+     "oldest_waiting_ms_by_tier": [4100, 61000], "breaker": null, "paused_ms": null,
      "input_lag": {"orders": {"lag": 0, "not_due": 0},
                    "orders.orders.retry.5s": {"lag": 0, "not_due": 3}}}
 
@@ -32,7 +32,9 @@ the records produced to the dead-letter topic cut to fit it (`record_size.fit`).
 how long after it was due each retry record of the batch reached the handler (null: none
 did). `oldest_waiting_ms_by_tier` is the age of the longest-waiting record at the head of
 each tier's partitions after the batch, since it failed (null: nothing waits). `breaker` is
-the breaker's state after the batch (`open`, `closed`; null without `[breaker]`). The same
+the breaker's state after the batch (`open`, `closed`, `paused`; null without `[breaker]`),
+`paused_ms` how long `[breaker] health` held the job paused since the last batch's metrics
+(null without `[breaker]`). The same
 counters and percentiles are in Spark's progress reports too (`observed`).
 
 Input lag is measured right after the batch: for a main topic, records in Kafka past the
@@ -102,6 +104,7 @@ METRICS_SCHEMA = pa.schema(
         pa.field("lateness_p99_ms_by_tier", pa.list_(pa.int64())),
         pa.field("oldest_waiting_ms_by_tier", pa.list_(pa.int64())),
         pa.field("breaker", pa.string()),
+        pa.field("paused_ms", pa.int64()),
         pa.field(
             "input_lag",
             pa.list_(
@@ -210,6 +213,7 @@ def metrics_row(
     lag: Mapping[str, Mapping[str, int]] | None,
     waiting: list[int | None] | None = None,
     breaker: str | None = None,
+    paused_ms: int | None = None,
 ) -> dict[str, Any]:
     """The figures of one batch, as logged (JSON-ready; see the module docstring);
     `waiting` is `oldest_waiting_ms_by_tier`."""
@@ -236,6 +240,7 @@ def metrics_row(
         ]
     row["oldest_waiting_ms_by_tier"] = waiting
     row["breaker"] = breaker
+    row["paused_ms"] = paused_ms
     row["input_lag"] = {topic: dict(figures) for topic, figures in lag.items()} if lag else None
     return row
 
@@ -309,7 +314,8 @@ class MetricsRecorder:
             job=self.config.job.name,
             tiers=len(self.retry_tiers),
             finished_ms=now_ms,
-            breaker=None if self.breaker is None else self.breaker.state.phase,
+            breaker=None if self.breaker is None else self.breaker.state_name(),
+            paused_ms=None if self.breaker is None else self.breaker.take_paused_ms(),
             **self._backlog(result.batch_id, now_ms),
         )
         log.info(json.dumps(row))

@@ -332,6 +332,8 @@ def _build(
     if check_imports and hooks and handler_paths:
         for name, reference in hooks.references().items():
             check_callable(root.problems, f"hooks.{name}", reference, handler_paths)
+    if check_imports and breaker and breaker.health and handler_paths:
+        check_callable(root.problems, "breaker.health", breaker.health, handler_paths)
     if not (job and kafka and handler and output and retry and dead_letter and metrics and hooks):
         return None
     return Config(

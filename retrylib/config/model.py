@@ -275,6 +275,9 @@ class BreakerConfig:
     window: int  # over the outcomes of at least this many latest main-topic records
     probe_every_ms: int  # while open, lets `probe_records` main-topic records in this often
     probe_records: int
+    health: str | None = None  # "module:function" the driver asks whether the downstream is up
+    health_every_ms: int = 5_000
+    health_timeout_ms: int = 2_000
 
 
 RECORD_HOOKS = ("before_record", "after_record", "on_retry", "on_dead_letter")

@@ -523,6 +523,9 @@ def read_breaker(t: Table, source: str | None) -> BreakerConfig | None:
     window = t.get("window", POSITIVE_INT, "window = 1000", 1000)
     probe_every = t.duration("probe_every", 'probe_every = "30s"', "30s", positive=True)
     probe_records = t.get("probe_records", POSITIVE_INT, "probe_records = 10", 10)
+    health = t.get("health", FUNCTION_REF, 'health = "orders_health:payments_up"', None)
+    health_every = t.duration("health_every", 'health_every = "5s"', "5s", positive=True)
+    health_timeout = t.duration("health_timeout", 'health_timeout = "2s"', "2s", positive=True)
     t.finish()
     if share is not None and float(share[:-1]) == 0:
         t.problems.add(
@@ -536,9 +539,17 @@ def read_breaker(t: Table, source: str | None) -> BreakerConfig | None:
             "can stop reading the main topics while the query runs; set kafka.source = "
             '"python" or remove [breaker]',
         )
-    if not t.ok or probe_every is None:
+    if not t.ok or probe_every is None or health_every is None or health_timeout is None:
         return None
-    return BreakerConfig(float(share[:-1]) / 100, window, probe_every, probe_records)
+    return BreakerConfig(
+        float(share[:-1]) / 100,
+        window,
+        probe_every,
+        probe_records,
+        health,
+        health_every,
+        health_timeout,
+    )
 
 
 def read_delay_router(t: Table, job_name: str | None) -> DelayRouterConfig | None:

@@ -297,9 +297,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _held_by_breaker(self, begin: Offsets, end: Offsets) -> Offsets:
         """`end` with the main topics held at `begin` while the breaker is open, or cut to
-        its probe's records when one is due (`retrylib.breaker`)."""
+        its probe's records when one is due, and every partition held at `begin` while the
+        job is paused (`retrylib.breaker`)."""
         assert self._options.breaker_file is not None
         state = read_state(self._options.breaker_file)
+        if state.paused:  # everything waits where it is: the downstream is down
+            return {key: begin.get(key, offset) for key, offset in end.items()}
         allowance = main_topic_allowance(state, int(time.time() * 1000))
         if allowance is None:
             return end

@@ -177,6 +177,16 @@ def describe_breaker(breaker: BreakerConfig) -> str:
         "main-topic records failed, then holds the main topics (retry tiers go on) and lets "
         f"{breaker.probe_records} through every {format_duration(breaker.probe_every_ms)} "
         "until a probe passes"
+    ) + _describe_health(breaker)
+
+
+def _describe_health(breaker: BreakerConfig) -> str:
+    if breaker.health is None:
+        return ""
+    return (
+        f"; paused while {breaker.health}() says down (asked every "
+        f"{format_duration(breaker.health_every_ms)}, within "
+        f"{format_duration(breaker.health_timeout_ms)})"
     )
 
 

@@ -28,8 +28,8 @@ comes from:
   redriven), the age of the oldest of those (`oldest_waiting_age_seconds`), and `looping` (waiting
   after `dead_letter.max_redrives` redrives).
 - Breaker (`[breaker]` set, else null): its last change of state as the running job put it
-  in `<checkpoint>/retrylib/breaker.json`: `state` (open, closed), `since`, `why`, and while
-  open `next_probe_at`.
+  in `<checkpoint>/retrylib/breaker.json`: `state` (open, closed, paused), `since`, `why`,
+  and while open `next_probe_at`.
 - Key order (`retry.key_ordered` set, else null): the queues the job stored after its last
   batch (`<checkpoint>/retrylib/key_order/`): `blocked_keys`, `held_records` (records
   waiting behind their key's first), `after_batch`, and the `longest_queues` (at most 5:
@@ -172,7 +172,7 @@ def _breaker(spark: SparkSession, checkpoint: Checkpoint) -> dict[str, Any]:
     if published is None:
         return {"state": None, "since": None, "why": "the job has not run with [breaker] yet"}
     return {
-        "state": published["state"],
+        "state": "paused" if published.get("paused") else published["state"],
         "since": _iso(published["since_ms"]),
         "why": published["why"],
         "next_probe_at": _iso(published["probe_at_ms"]),

@@ -1,15 +1,20 @@
 """The circuit breaker through `retrylib run`: a handler whose dependency goes down and comes
 back. The breaker trips, holds the main topic while the retry tiers go on, probes, closes
-when the dependency is back, and nothing is dead-lettered because of the outage."""
+when the dependency is back, and nothing is dead-lettered because of the outage; a health
+check pauses the job, main topic and tiers alike, while it says the dependency is down."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
+import time
+from datetime import datetime
 
 from helpers import (
     job_env,
     logged_metrics,
+    metrics_totals,
     produce,
     read_table,
     read_table_rows,
@@ -75,3 +80,56 @@ def status(capsys, config_path: str) -> dict:
     code, out, err = run_cli(capsys, "status", config_path, "--json")
     assert code == 0, err[-3000:]
     return json.loads(out)
+
+
+def test_a_health_check_pauses_the_job_and_nothing_is_dead_lettered_for_the_wait(
+    bootstrap_servers, make_topic, write_config, tmp_path, capsys
+):
+    """`[breaker] health` says the dependency is down: the job reads no main-topic record and
+    holds a retry that falls due, then handles both once it is up; a SIGTERM while paused
+    stops it at once."""
+    topic = make_topic("paused", partitions=1)
+    config = write_config(
+        [topic],
+        kafka={"source": "python"},
+        # Long enough to fall due after the pause began: the first batch takes seconds
+        # after the failure before its metrics line says so.
+        retry={"delays": ["12s"], "max_attempts": 2},
+        breaker={"health": "health_checks:dependency_up", "health_every": "500ms"},
+    )
+    down = tmp_path / "dependency-down"
+    log_path = tmp_path / "job.log"
+    command = retrylib_command("run", config.source_path, "--master", "local[2]")
+    env = job_env({"RETRYLIB_TEST_DEPENDENCY_DOWN": str(down), "RETRYLIB_LOG_FORMAT": "json"})
+    with running_job(command, env, log_path) as job:
+        produce(bootstrap_servers, topic, [("flaky1-0", "v")])
+        wait_for(job, lambda: metrics_totals(log_path.read_text()).get("main_failed") == 1, 180)
+        down.touch()  # the retry falls due during the pause: it waits, keeping its attempt
+        wait_for(job, lambda: "paused: breaker.health says down" in log_path.read_text(), 30)
+        produce(bootstrap_servers, topic, [(f"dep-{i}", "v") for i in range(5)])
+        # Until the retry is due for sure (12 s after its failure, which came before its
+        # batch finished), and 2 s more: nothing may be read.
+        failed = next(m for m in logged_metrics(log_path.read_text()) if m["main_failed"])
+        due_by = datetime.fromisoformat(failed["finished_at"]).timestamp() + 12
+        time.sleep(max(0.0, due_by + 2 - time.time()))
+        paused = status(capsys, config.source_path)["breaker"]
+        totals = metrics_totals(log_path.read_text())
+        handled_while_paused = totals.get("records_main", 0) + totals.get("records_retry", 0)
+        down.unlink()
+        wait_for_rows(job, log_path, config.output.table, lambda rows: rows >= 6, 120)
+        down.touch()
+        wait_for(job, lambda: log_path.read_text().count("paused: breaker.health") == 2, 30)
+        stopping = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=60)
+        stopped_in = time.monotonic() - stopping
+    log = log_path.read_text()
+    assert job.returncode == 0, log[-3000:]
+    assert stopped_in < 30  # no batch to wait for
+    assert (paused["state"], handled_while_paused) == ("paused", 1)
+    output = read_table(config.output.table).column("key").to_pylist()
+    assert sorted(output) == sorted(["flaky1-0"] + [f"dep-{i}" for i in range(5)])  # each once
+    assert read_table_rows(config.dead_letter.table) == 0
+    assert re.search(r"resumed after \d+\.\d s paused: breaker.health says up", log)
+    # The first batch after the pause carries its length (about 12 s).
+    assert sum(m["paused_ms"] for m in logged_metrics(log)) > 5_000

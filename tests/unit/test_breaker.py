@@ -3,6 +3,8 @@ in while it is open; and the config that turns it on. No Spark, no broker."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from helpers import FakeKafka, problem_for, reader_for, write_literal_config
 
@@ -73,9 +75,10 @@ def test_a_state_file_not_written_yet_reads_as_closed(tmp_path) -> None:
     assert read_state(str(tmp_path / "none.json")) == BreakerState(CLOSED)
 
 
-def test_the_reader_holds_main_partitions_and_lets_tiers_go_on(tmp_path) -> None:
-    state_file = tmp_path / "state.json"
-    reader = reader_for(
+def breaker_reader(state_file):
+    """A reader of main topic `orders` (50 records) and its tier (8, all due) that reads the
+    breaker's state from `state_file`."""
+    return reader_for(
         FakeKafka({P0: 50, TIER: 8}, due={TIER: 8}),
         subscribe="orders,orders.retry",
         **{
@@ -83,6 +86,11 @@ def test_the_reader_holds_main_partitions_and_lets_tiers_go_on(tmp_path) -> None
             "retrylib.breakerFile": str(state_file),
         },
     )
+
+
+def test_the_reader_holds_main_partitions_and_lets_tiers_go_on(tmp_path) -> None:
+    state_file = tmp_path / "state.json"
+    reader = breaker_reader(state_file)
     start = {"orders": {"0": 10}, "orders.retry": {"0": 2}}
 
     write_state(state_file, BreakerState(OPEN, 2**62, 5))
@@ -114,3 +122,69 @@ def test_a_zero_share_is_refused(tmp_path) -> None:
 
     assert problem.startswith("breaker.failure_share: ")
     assert "give a share above 0%" in problem
+
+
+def test_a_health_check_that_does_not_import_is_refused_by_its_key(tmp_path) -> None:
+    extra = '[breaker]\nhealth = "nosuchmodule:payments_up"\n'
+    problem = problem_for(tmp_path, {"kafka.source": '"python"'}, extra=extra)
+
+    assert problem.startswith('breaker.health: cannot import "nosuchmodule:payments_up"')
+
+
+def test_a_pause_holds_every_partition_and_outlives_the_breaker_s_own_changes(breaker) -> None:
+    breaker.health(False, "payments down")
+    assert breaker.state == BreakerState(CLOSED, paused=True)
+    breaker.after_batch(100, 100, now_ms=0)  # trips while paused: the pause stays
+    assert breaker.state == BreakerState(OPEN, 30_000, 5, paused=True)
+    breaker.health(True, "payments up")
+    assert read_state(str(breaker.state_file)) == BreakerState(OPEN, 30_000, 5)
+
+
+def test_each_batch_s_paused_ms_is_the_pause_since_the_last_batch(
+    breaker, monkeypatch, caplog
+) -> None:
+    clock = iter([10.0, 12.5, 20.0, 21.0, 30.0]).__next__
+    monkeypatch.setattr("retrylib.breaker.time", SimpleNamespace(monotonic=clock))
+
+    breaker.health(False, "payments down")  # at 10
+    assert breaker.take_paused_ms() == 2_500  # at 12.5: still paused
+    breaker.health(True, "payments up")  # at 20
+    assert breaker.take_paused_ms() == 7_500  # at 21
+    assert breaker.take_paused_ms() == 0  # at 30
+    assert "resumed after 10.0 s paused: payments up" in caplog.text
+
+
+def test_the_reader_reads_nothing_while_paused(tmp_path) -> None:
+    state_file = tmp_path / "state.json"
+    reader = breaker_reader(state_file)
+    start = {"orders": {"0": 10}, "orders.retry": {"0": 2}}
+
+    write_state(state_file, BreakerState(CLOSED, paused=True))
+    assert offsets_from_json(reader.latestOffset(start, None)) == {P0: 10, TIER: 2}
+
+
+def test_the_health_watch_counts_a_raise_or_a_hang_as_down(breaker) -> None:
+    import threading
+
+    from retrylib.batch.health_watch import HealthWatch
+
+    answers = iter(["up", "", "raise", "hang", "up again"])
+    release = threading.Event()
+
+    def check() -> str:
+        answer = next(answers)
+        if answer == "raise":
+            raise RuntimeError("no route to payments")
+        if answer == "hang":
+            release.wait(10)
+        return answer
+
+    watch = HealthWatch(check, every_s=3600, timeout_s=0.2, breaker=breaker)  # not started
+    assert watch.ask() == (True, "breaker.health says up")
+    assert watch.ask() == (False, "breaker.health says down")
+    assert watch.ask() == (False, "breaker.health raised RuntimeError: no route to payments")
+    assert watch.ask() == (False, "breaker.health has not returned within 0.2 s")
+    assert watch.ask() == (False, "breaker.health has not returned within 0.2 s")  # not again
+    release.set()
+    watch._call.join(5)
+    assert watch.ask() == (True, "breaker.health says up")  # a new call, once that one ended

@@ -194,7 +194,17 @@ def test_check_describes_the_breaker(tmp_path, capsys):
     assert main(["check", str(path)]) == EXIT_OK
     assert (
         "breaker: opens when 50% of the last 1000 main-topic records failed, then holds the "
-        "main topics (retry tiers go on) and lets 10 through every 1m until a probe passes"
+        "main topics (retry tiers go on) and lets 10 through every 1m until a probe passes\n"
+    ) in capsys.readouterr().out
+
+
+def test_check_describes_the_health_check(tmp_path, capsys):
+    health = {"health": "h:handle", "health_every": "10s"}
+    path = write(tmp_path, kafka={"source": "python"}, breaker=health)
+
+    assert main(["check", str(path)]) == EXIT_OK
+    assert (
+        "until a probe passes; paused while h:handle() says down (asked every 10s, within 2s)\n"
     ) in capsys.readouterr().out
 
 
