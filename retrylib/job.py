@@ -721,7 +721,12 @@ def _handler_batch_commit(
         key_order = KeyOrderStore(checkpoint.key_order, job.key_state_file)
         key_order.load(spark)
     metrics = MetricsRecorder(
-        config, app_id, config.retry.tiers, forward=on_result, breaker=breaker
+        config,
+        app_id,
+        config.retry.tiers,
+        forward=on_result,
+        breaker=breaker,
+        dead_letters=job.dead_letter,
     )
     metrics.prepare(spark)
     compactor = None

@@ -15,6 +15,7 @@ one line on the `retrylib.metrics` logger whose message is a JSON object:
      "retried": 5, "retried_by_tier": [4, 1], "produced": 7,
      "lateness_p50_ms_by_tier": [212, null], "lateness_p99_ms_by_tier": [870, null],
      "oldest_waiting_ms_by_tier": [4100, 61000], "breaker": null, "paused_ms": null,
+     "dead_letters_waiting": 12, "oldest_dead_letter_age_ms": 5400000,
      "input_lag": {"orders": {"lag": 0, "not_due": 0},
                    "orders.orders.retry.5s": {"lag": 0, "not_due": 3}}}
 
@@ -34,7 +35,11 @@ did). `oldest_waiting_ms_by_tier` is the age of the longest-waiting record at th
 each tier's partitions after the batch, since it failed (null: nothing waits). `breaker` is
 the breaker's state after the batch (`open`, `closed`, `paused`; null without `[breaker]`),
 `paused_ms` how long `[breaker] health` held the job paused since the last batch's metrics
-(null without `[breaker]`). The same
+(null without `[breaker]`). `dead_letters_waiting` counts the dead-letter table's records no
+redrive has sent back, `oldest_dead_letter_age_ms` is the age of the oldest of them (null:
+none waits); the table is read on the first batch and then at most every
+`metrics.dead_letter_every` (a Spark query), so both may be that old (null for a delay
+router, or when the read failed). The same
 counters and percentiles are in Spark's progress reports too (`observed`).
 
 Input lag is measured right after the batch: for a main topic, records in Kafka past the
@@ -63,6 +68,8 @@ import pyarrow as pa
 from retrylib.batch.result import BatchResult
 from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import AnyConfig, RetryTier
+from retrylib.config.table_ref import TableRef
+from retrylib.delta.dead_letter_table import DeadLetterTable
 from retrylib.delta.tables import append_once, ensure_table
 from retrylib.kafka.offsets import PartitionKey, delay_frontier
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
@@ -105,6 +112,8 @@ METRICS_SCHEMA = pa.schema(
         pa.field("oldest_waiting_ms_by_tier", pa.list_(pa.int64())),
         pa.field("breaker", pa.string()),
         pa.field("paused_ms", pa.int64()),
+        pa.field("dead_letters_waiting", pa.int64()),
+        pa.field("oldest_dead_letter_age_ms", pa.int64()),
         pa.field(
             "input_lag",
             pa.list_(
@@ -214,9 +223,11 @@ def metrics_row(
     waiting: list[int | None] | None = None,
     breaker: str | None = None,
     paused_ms: int | None = None,
+    dead_letters: tuple[int, int | None] | None = None,
 ) -> dict[str, Any]:
     """The figures of one batch, as logged (JSON-ready; see the module docstring);
-    `waiting` is `oldest_waiting_ms_by_tier`."""
+    `waiting` is `oldest_waiting_ms_by_tier`, `dead_letters` the dead letters waiting and
+    the oldest one's age."""
     counters = result.counters
     by_tier = [int(counters.get(retried_tier(i), 0)) for i in range(tiers)]
     row: dict[str, Any] = {
@@ -241,6 +252,7 @@ def metrics_row(
     row["oldest_waiting_ms_by_tier"] = waiting
     row["breaker"] = breaker
     row["paused_ms"] = paused_ms
+    row["dead_letters_waiting"], row["oldest_dead_letter_age_ms"] = dead_letters or (None, None)
     row["input_lag"] = {topic: dict(figures) for topic, figures in lag.items()} if lag else None
     return row
 
@@ -282,6 +294,7 @@ class MetricsRecorder:
         retry_tiers: Sequence[RetryTier],
         forward=None,
         breaker: Breaker | None = None,
+        dead_letters: TableRef | None = None,
     ) -> None:
         self.config = config
         self.retry_tiers = tuple(retry_tiers)
@@ -292,6 +305,9 @@ class MetricsRecorder:
         self._spark = None
         self._table = config.metrics.table_ref()
         self._checkpoint = Checkpoint(config.job.checkpoint)
+        self._dead_letters = dead_letters
+        self._dead_letters_read_ms: int | None = None
+        self._oldest_dead_letter: tuple[int, int | None] | None = None  # count, oldest ms
 
     def prepare(self, spark) -> None:
         self._spark = spark
@@ -316,6 +332,7 @@ class MetricsRecorder:
             finished_ms=now_ms,
             breaker=None if self.breaker is None else self.breaker.state_name(),
             paused_ms=None if self.breaker is None else self.breaker.take_paused_ms(),
+            dead_letters=self._dead_letters_waiting(now_ms),
             **self._backlog(result.batch_id, now_ms),
         )
         log.info(json.dumps(row))
@@ -333,6 +350,27 @@ class MetricsRecorder:
                     e,
                 )
         return row
+
+    def _dead_letters_waiting(self, now_ms: int) -> tuple[int, int | None] | None:
+        """The dead letters waiting and the oldest one's age at `now_ms`, as of the last read
+        of the dead-letter table, read again when `dead_letter_every` has passed since."""
+        if self._dead_letters is None or self._spark is None:
+            return None
+        last = self._dead_letters_read_ms
+        if last is None or now_ms - last >= self.config.metrics.dead_letter_every_ms:
+            self._dead_letters_read_ms = now_ms
+            try:
+                count, oldest = DeadLetterTable(self._spark, self._dead_letters).waiting()
+            except Exception as e:
+                log.warning("dead letters waiting unknown: %s", e)
+                self._oldest_dead_letter = None
+            else:
+                oldest_ms = None if oldest is None else int(oldest.timestamp() * 1000)
+                self._oldest_dead_letter = (count, oldest_ms)
+        if self._oldest_dead_letter is None:
+            return None
+        count, oldest_ms = self._oldest_dead_letter
+        return count, None if oldest_ms is None else max(now_ms - oldest_ms, 0)
 
     def _backlog(self, batch_id: int, now_ms: int) -> dict[str, Any]:
         """`metrics_row`'s `lag` and `waiting` after batch `batch_id`, None when unknown."""

@@ -258,9 +258,11 @@ class DelayRouterConfig(_ReadOnlyMappings):
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """[metrics]: an optional Delta table of per-batch counts."""
+    """[metrics]: an optional Delta table of per-batch counts; how often a batch's metrics
+    read the dead letters waiting from the dead-letter table."""
 
     table: str | None
+    dead_letter_every_ms: int = 60_000
 
     def table_ref(self) -> TableRef | None:
         """The table, checked when the config loaded; None when there is none."""

@@ -512,8 +512,9 @@ def read_hooks(t: Table, handler_kind: str | None) -> HooksConfig | None:
 def read_metrics(t: Table) -> MetricsConfig | None:
     table = t.get("table", TEXT, 'table = "/tmp/retrylib/orders/metrics"', None)
     check_table_name(t, "table", table)
+    every = t.duration("dead_letter_every", 'dead_letter_every = "1m"', "1m", positive=False)
     t.finish()
-    return MetricsConfig(table) if t.ok else None
+    return MetricsConfig(table, every) if t.ok and every is not None else None
 
 
 def read_breaker(t: Table, source: str | None) -> BreakerConfig | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from delta.exceptions import (
@@ -19,6 +20,7 @@ from delta.exceptions import (
     MetadataChangedException,
     ProtocolChangedException,
 )
+from pyspark.sql import functions as F
 
 from retrylib.config.table_ref import TableRef
 from retrylib.delta.tables import read_table, sql_string, sql_timestamp, update_where
@@ -56,6 +58,10 @@ SHOWN_COLUMNS = (
 """The columns `DeadLetterTable.rows` reads of each row: what `retrylib redrive` reports."""
 
 
+WAITING = "redriven_at IS NULL"
+"""Spark SQL: the row's record waits for a redrive (none has sent it back yet)."""
+
+
 def redriven_at_least(count: int) -> str:
     """Spark SQL: the row's record was redriven `count` times or more (its `REDRIVES`
     header)."""
@@ -84,6 +90,12 @@ class DeadLetterTable:
     def count(self, predicate: str) -> int:
         """How many rows `predicate` picks."""
         return read_table(self.spark, self.table).where(predicate).count()
+
+    def waiting(self) -> tuple[int, datetime | None]:
+        """How many rows are `WAITING`, and when the oldest of them was dead-lettered."""
+        frame = read_table(self.spark, self.table).where(WAITING)
+        [row] = frame.agg(F.count(F.lit(1)), F.min("dead_lettered_at")).collect()
+        return row[0], row[1]
 
     def first(self, predicate: str, count: int) -> str:
         """`predicate` narrowed to the first `count` rows it picks in the order of `rows`: the

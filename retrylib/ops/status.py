@@ -346,7 +346,7 @@ def dead_letter_summary(
     """
     from pyspark.sql import functions as F
 
-    from retrylib.delta.dead_letter_table import redriven_at_least
+    from retrylib.delta.dead_letter_table import WAITING, redriven_at_least
     from retrylib.delta.tables import read_table, table_exists
 
     table = dead_letter.table_ref()
@@ -362,7 +362,7 @@ def dead_letter_summary(
             "by_error_class": [],
         }
     pending = F.col("redrive_id").isNotNull() & F.col("redriven_at").isNull()
-    waiting = F.col("redriven_at").isNull()
+    waiting = F.expr(WAITING)
     looping = waiting & F.expr(redriven_at_least(dead_letter.max_redrives))
     rows = (
         read_table(spark, table)

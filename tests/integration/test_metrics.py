@@ -31,7 +31,7 @@ def test_metrics_lines_and_table_match_the_run(
     config = write_config(
         [topic],
         retry={"delays": ["1s"], "max_attempts": 2},
-        metrics={"table": f"{tmp_path}/metrics"},
+        metrics={"table": f"{tmp_path}/metrics", "dead_letter_every": "0s"},
     )
     results: list[BatchResult] = []
     query, batch_commit = start_query(spark, config, on_result=results.append)
@@ -100,6 +100,12 @@ def test_metrics_lines_and_table_match_the_run(
     assert first_retries["oldest_waiting_ms_by_tier"][0] is not None
     assert lines[-1]["oldest_waiting_ms_by_tier"] == [None]  # every retry was handled
     assert all(line["duration_ms"] > 0 and line["replayed"] is False for line in lines)
+    # Read from the dead-letter table after every batch ("0s"): the dead letters so far wait.
+    dead_so_far = 0
+    for line in lines:
+        dead_so_far += line["dead_lettered"]
+        assert line["dead_letters_waiting"] == dead_so_far
+    assert 0 <= lines[-1]["oldest_dead_letter_age_ms"] < 120_000
     assert all(line["input_lag"][topic]["lag"] == 0 for line in lines)
     assert set(lines[-1]["input_lag"]) == {topic, *config.retry.tier_topics()}
 
@@ -113,6 +119,7 @@ def test_metrics_lines_and_table_match_the_run(
         assert row["retried_by_tier"] == line["retried_by_tier"]
         assert row["lateness_p99_ms_by_tier"] == line["lateness_p99_ms_by_tier"]
         assert row["oldest_waiting_ms_by_tier"] == line["oldest_waiting_ms_by_tier"]
+        assert row["dead_letters_waiting"] == line["dead_letters_waiting"]
         lag = {
             item["topic"]: {"lag": item["lag"], "not_due": item["not_due"]}
             for item in row["input_lag"]

@@ -50,6 +50,7 @@ def test_minimal_config_fills_defaults(tmp_path: Path) -> None:
     assert config.dead_letter.topic == "orders.orders.dlt"
     assert config.dead_letter.table == f"{tmp_path}/out_dead_letter"
     assert config.metrics.table is None
+    assert config.metrics.dead_letter_every_ms == 60_000
     assert config.source_path == str(tmp_path / "job.toml")
 
 
@@ -391,6 +392,7 @@ PROBLEMS = [
     ({"retry.read_ahead": '"2m"'}, r"retry\.read_ahead: at most 1m: a record read ahead holds"),
     ({"retry.read_ahead": '"-1s"'}, r"retry\.read_ahead: bad duration"),
     ({"metrics.tabel": '"x"'}, r"metrics\.tabel: unknown key; did you mean 'table'\?"),
+    ({"metrics.dead_letter_every": '"often"'}, r"metrics\.dead_letter_every: bad duration"),
 ]
 
 

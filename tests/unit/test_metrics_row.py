@@ -55,6 +55,26 @@ def test_row_holds_lateness_and_waiting_per_tier():
     assert table.column("lateness_p99_ms_by_tier").to_pylist() == [[900, None, 7]]
 
 
+def test_row_holds_the_pause_and_the_dead_letters_waiting():
+    row = metrics_row(
+        result(),
+        job="orders",
+        tiers=1,
+        finished_ms=0,
+        lag=None,
+        paused_ms=1500,
+        dead_letters=(12, 5_400_000),
+    )
+    bare = metrics_row(result(), job="orders", tiers=1, finished_ms=0, lag=None)
+
+    assert (row["paused_ms"], row["dead_letters_waiting"]) == (1500, 12)
+    assert row["oldest_dead_letter_age_ms"] == 5_400_000
+    assert (bare["paused_ms"], bare["dead_letters_waiting"]) == (None, None)
+    assert bare["oldest_dead_letter_age_ms"] is None
+    table = pa.Table.from_pylist([table_row(row), table_row(bare)], schema=METRICS_SCHEMA)
+    assert table.column("dead_letters_waiting").to_pylist() == [12, None]
+
+
 def test_row_counts_records_too_large_for_their_topic():
     counters = {"dead_lettered": 3, "dead_lettered_too_large": 1, "dead_letter_truncated": 2}
     row = metrics_row(result(**counters), job="orders", tiers=1, finished_ms=0, lag=None)
