@@ -333,12 +333,18 @@ def metrics_totals(log: str) -> dict[str, int]:
     return totals
 
 
-def wait_for(job: subprocess.Popen, done: Callable[[], bool], timeout: float) -> None:
-    """Wait until `done()`, failing if `job` exits or `timeout` seconds pass first."""
+def wait_for(
+    done: Callable[[], bool],
+    timeout: float,
+    what: str = "the condition",
+    job: subprocess.Popen | None = None,
+) -> None:
+    """Wait until `done()`, failing, with `what` it waited for, if `timeout` seconds pass
+    first or if `job` (a process) exits."""
     deadline = time.monotonic() + timeout
     while not done():
-        assert job.poll() is None, "the job exited"
-        assert time.monotonic() < deadline, "timed out"
+        assert job is None or job.poll() is None, f"the job exited waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
 
 
@@ -365,7 +371,7 @@ def wait_for_rows(
         read.update(at=size, rows=read_table_rows(table))
         return enough(read["rows"])
 
-    wait_for(job, done, timeout)
+    wait_for(done, timeout, f"rows in {table}", job)
     return read["rows"]
 
 

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from retrylib.config.importing import import_object
 from retrylib.handler import TimedCall
 from retrylib.retry.outcomes import Count
+from retrylib.task.bounded_call import BoundedCall
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +97,10 @@ class Hooks:
 
 
 class DriverHooks(Hooks):
-    """`Hooks` called on the driver, each call waited for at most `timeout_s`.
-
-    A call still running then is left to run in its thread (a thread cannot be stopped) and
-    counted as failed; the hook is not called again until it has returned, so a hook that
-    hangs holds one thread, never the batch or the job's stop.
+    """`Hooks` called on the driver, each call bounded by `timeout_s` (`BoundedCall`): a call
+    still running then is counted as failed and left to run, and the hook is not called
+    again until it has returned, so a hook that hangs holds one thread, never the batch or
+    the job's stop.
     """
 
     def __init__(
@@ -111,25 +111,15 @@ class DriverHooks(Hooks):
         timeout_s: float,
     ) -> None:
         super().__init__(references, paths, counters)
-        self._timeout_s = timeout_s
-        self._running: dict[str, threading.Thread] = {}
+        self._bounded = {
+            name: BoundedCall(function, timeout_s, "hooks.timeout", f"retrylib-{name}")
+            for name, function in self._functions.items()
+        }
 
     def call(self, name: str, *args: object) -> None:
-        if name not in self._functions:
+        bounded = self._bounded.get(name)
+        if bounded is None:
             return
-        running = self._running.get(name)
-        if running is not None and running.is_alive():
-            self._failed(name, "is still running from an earlier call; not called this time")
-            return
-        thread = threading.Thread(
-            target=super().call, args=(name, *args), name=f"retrylib-{name}", daemon=True
-        )
-        thread.start()
-        thread.join(self._timeout_s)
-        if thread.is_alive():
-            self._running[name] = thread
-            self._failed(
-                name,
-                f"has not returned within hooks.timeout ({self._timeout_s:g}s); it runs on "
-                "in its thread, and is not called again until it returns",
-            )
+        _, failure = bounded(*args)
+        if failure is not None:
+            self._failed(name, failure)

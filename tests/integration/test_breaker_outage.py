@@ -47,7 +47,7 @@ def test_an_outage_trips_the_breaker_and_nothing_is_dead_lettered(
     command = retrylib_command("run", config.source_path, "--master", "local[2]")
     env = job_env({"RETRYLIB_TEST_DEPENDENCY_DOWN": str(down), "RETRYLIB_LOG_FORMAT": "json"})
     with running_job(command, env, log_path) as job:
-        wait_for(job, lambda: "breaker open" in log_path.read_text(), 180)
+        wait_for(lambda: "breaker open" in log_path.read_text(), 180, "the breaker open", job)
         # The outage goes on while status looks: probes fail, retries wait in their tiers.
         during = status(capsys, config.source_path)["breaker"]
         down.unlink()
@@ -103,9 +103,16 @@ def test_a_health_check_pauses_the_job_and_nothing_is_dead_lettered_for_the_wait
     env = job_env({"RETRYLIB_TEST_DEPENDENCY_DOWN": str(down), "RETRYLIB_LOG_FORMAT": "json"})
     with running_job(command, env, log_path) as job:
         produce(bootstrap_servers, topic, [("flaky1-0", "v")])
-        wait_for(job, lambda: metrics_totals(log_path.read_text()).get("main_failed") == 1, 180)
+        wait_for(
+            lambda: metrics_totals(log_path.read_text()).get("main_failed") == 1,
+            180,
+            "a failed record",
+            job,
+        )
         down.touch()  # the retry falls due during the pause: it waits, keeping its attempt
-        wait_for(job, lambda: "paused: breaker.health says down" in log_path.read_text(), 30)
+        wait_for(
+            lambda: "paused: breaker.health says down" in log_path.read_text(), 30, "the pause", job
+        )
         produce(bootstrap_servers, topic, [(f"dep-{i}", "v") for i in range(5)])
         # Until the retry is due for sure (12 s after its failure, which came before its
         # batch finished), and 2 s more: nothing may be read.
@@ -118,7 +125,12 @@ def test_a_health_check_pauses_the_job_and_nothing_is_dead_lettered_for_the_wait
         down.unlink()
         wait_for_rows(job, log_path, config.output.table, lambda rows: rows >= 6, 120)
         down.touch()
-        wait_for(job, lambda: log_path.read_text().count("paused: breaker.health") == 2, 30)
+        wait_for(
+            lambda: log_path.read_text().count("paused: breaker.health") == 2,
+            30,
+            "the second pause",
+            job,
+        )
         stopping = time.monotonic()
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=60)

@@ -141,18 +141,38 @@ def test_retries_waiting_in_a_tier_deleted_under_the_job_are_counted_as_lost(
     log = tmp_path / "job.log"
     command = retrylib_command("run", config.source_path, "--master", "local[2]")
     with running_job(command, job_env(), log) as process:
-        wait_for(process, lambda: metrics_totals(log.read_text()).get("main_failed") == 5, 240)
+        wait_for(
+            lambda: metrics_totals(log.read_text()).get("main_failed") == 5,
+            240,
+            "5 failed records",
+            process,
+        )
         # The reader counts what it saw waiting: a batch planned after the retries' batch
         # ended has looked at the tier's tail. (Deleted before that look, the tier would be
         # as the reader last saw it, empty, and its records would go uncounted.)
         produce(bootstrap_servers, topic, [("ok-before", "v")])
-        wait_for(process, lambda: metrics_totals(log.read_text()).get("succeeded") == 1, 120)
+        wait_for(
+            lambda: metrics_totals(log.read_text()).get("succeeded") == 1,
+            120,
+            "the first success",
+            process,
+        )
         # At once: the next plan looks once at the tier's new tail (records, or only a
         # marker?), and a look at the new, empty topic must not pass the tail as markers.
         _recreate(bootstrap_servers, tier, partitions=1)
         produce(bootstrap_servers, topic, [("ok-after", "v")])
-        wait_for(process, lambda: metrics_totals(log.read_text()).get("succeeded") == 2, 120)
-        wait_for(process, lambda: metrics_totals(log.read_text())["records_lost"] > 0, 60)
+        wait_for(
+            lambda: metrics_totals(log.read_text()).get("succeeded") == 2,
+            120,
+            "the second success",
+            process,
+        )
+        wait_for(
+            lambda: metrics_totals(log.read_text())["records_lost"] > 0,
+            60,
+            "records counted lost",
+            process,
+        )
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0, log.read_text()[-3000:]
     text = log.read_text()

@@ -87,7 +87,10 @@ def test_a_job_whose_client_or_server_is_killed_writes_each_record_once(
         second_log = tmp_path / "client-2.log"
         with running_job(command, env, second_log) as client:
             wait_for(
-                client, lambda: "done on the Spark Connect server" in second_log.read_text(), 180
+                lambda: "done on the Spark Connect server" in second_log.read_text(),
+                180,
+                "a batch done on the server",
+                client,
             )
             before = read_table_rows(config.output.table)
             server.kill()  # the client would retry it for minutes (PySpark's retry policy)

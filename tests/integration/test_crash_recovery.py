@@ -14,13 +14,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from functools import partial
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from helpers import read_topic
+from helpers import read_topic, wait_for
 
 from retrylib.checkpoint import Checkpoint
 from retrylib.config.topic_names import produced_topic
@@ -169,16 +168,6 @@ def _once(*outgoing: Outgoing) -> Seen:
 def _read(bootstrap: str, topic: str, isolation: str = "read_committed") -> Seen:
     """(key, value) of every record of `topic` that a reader with `isolation` sees, sorted."""
     return sorted((m.key(), m.value()) for m in read_topic(bootstrap, topic, isolation=isolation))
-
-
-def _settled(read: Callable[[], list], expected: list, timeout_s: float = 30.0) -> list:
-    """`read()` until it returns `expected` or `timeout_s` passes; its last answer. A commit
-    returns once the transaction coordinator has logged it; the markers that show its records
-    to read_committed readers are written after it, seconds after right after a restart."""
-    deadline = time.monotonic() + timeout_s
-    while (seen := read()) != expected and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return seen
 
 
 def _markers(bootstrap: str, job: str, app: str = "app-1") -> list[tuple[int, int]]:
@@ -367,9 +356,11 @@ def test_broker_restarts_between_batches_and_inside_a_transaction(own_broker):
     assert producer.produce_once(2, b2, 0) == 6
     producer.close()
     expected = _once(b0, b1, b2)
-    assert _settled(partial(_read, bootstrap, "tier"), expected) == expected
+    # A commit returns once the transaction coordinator has logged it; the markers that show
+    # its records to read_committed readers are written after it, seconds after a restart.
+    wait_for(lambda: _read(bootstrap, "tier") == expected, 30, f"records {expected}")
     markers = [(0, 0), (1, 0), (2, 0)]
-    assert _settled(partial(_markers, bootstrap, "j", "app"), markers) == markers
+    wait_for(lambda: _markers(bootstrap, "j", "app") == markers, 30, f"markers {markers}")
 
 
 def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
@@ -409,9 +400,11 @@ def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
     assert b1.calls >= 2  # read again once the broker answered
     producer.close()
     expected = _once(b0, b1)
-    assert _settled(partial(_read, bootstrap, "tier"), expected) == expected
+    # A commit returns once the transaction coordinator has logged it; the markers that show
+    # its records to read_committed readers are written after it, seconds after a restart.
+    wait_for(lambda: _read(bootstrap, "tier") == expected, 30, f"records {expected}")
     markers = [(0, 0), (1, 0)]
-    assert _settled(partial(_markers, bootstrap, "j", "app"), markers) == markers
+    wait_for(lambda: _markers(bootstrap, "j", "app") == markers, 30, f"markers {markers}")
 
 
 # -- the real job, killed over and over ---------------------------------------------------

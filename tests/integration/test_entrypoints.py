@@ -212,7 +212,7 @@ def test_sigterm_while_a_handler_hangs_cancels_its_batch_at_the_stop_timeout(
         text=True,
     )
     try:
-        wait_for(job, (tmp_path / "stuck.started").exists, 180)
+        wait_for((tmp_path / "stuck.started").exists, 180, "the stuck handler", job)
         job.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         _, stderr = job.communicate(timeout=120)

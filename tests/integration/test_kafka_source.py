@@ -18,6 +18,7 @@ from helpers import produce as produce_pairs
 from helpers import (
     read_table_rows,
     run_until,
+    wait_for,
     write_job_toml,
 )
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -123,13 +124,6 @@ def start_query(spark, options: dict, checkpoint: str, sink: Callable, **trigger
 def run_available_now(spark, options: dict, checkpoint: str, sink: Collector) -> None:
     query = start_query(spark, options, checkpoint, sink, availableNow=True)
     assert query.awaitTermination(180), "availableNow query did not finish"
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_reads_every_record_once_with_kafka_schema(

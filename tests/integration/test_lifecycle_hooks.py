@@ -168,7 +168,12 @@ def test_each_attempt_of_a_traced_record_is_a_span_of_its_trace(
     log = tmp_path / "job.log"
     command = retrylib_command("run", str(path), "--master", "local[2]")
     with running_job(command, job_env({"RETRYLIB_TEST_SPAN_LOG": str(spans)}), log) as job:
-        wait_for(job, lambda: metrics_totals(log.read_text()).get("dead_lettered") == 1, 180)
+        wait_for(
+            lambda: metrics_totals(log.read_text()).get("dead_lettered") == 1,
+            180,
+            "a dead letter",
+            job,
+        )
         job.send_signal(signal.SIGTERM)
         assert job.wait(60) == 0, log.read_text()[-3000:]
 

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient
+from helpers import wait_for
 
 from retrylib.errors import LeaseHeld, TopicError
 from retrylib.kafka.broker import EmbeddedBroker
@@ -86,20 +87,15 @@ def test_a_runner_rides_out_a_broker_outage_longer_than_its_session(tmp_path, ca
         )
         try:
             broker.stop()
-            wait_until(lambda: "do not answer" in caplog.text, 30)
+            wait_for(lambda: "do not answer" in caplog.text, 30, "the lease's failed renewal")
             time.sleep(LEASE_SESSION_TIMEOUT_MS / 1000 + 2)
             broker.start()
-            wait_until(lambda: "answer again" in caplog.text and lease.held.is_set(), 60)
+            wait_for(
+                lambda: "answer again" in caplog.text and lease.held.is_set(), 60, "the lease again"
+            )
             assert not lease.taken_over.is_set()
         finally:
             lease.release()
     lines = [r.getMessage() for r in caplog.records if r.name == "retrylib.kafka.runner_lease"]
     assert sum("do not answer" in line for line in lines) == 1, lines
     assert sum("answer again, after" in line for line in lines) == 1, lines
-
-
-def wait_until(done, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)

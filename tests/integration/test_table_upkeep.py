@@ -60,12 +60,12 @@ def test_optimize_and_vacuum_beside_the_job_and_a_redrive_keep_every_record_once
 
     with running_job(command, env, log_path) as job:
         dead_lettered = lambda: read_table_rows(tables["dead letter"]) >= KEYS  # noqa: E731
-        wait_for(job, lambda: upkeep_until(dead_lettered), 300)
+        wait_for(lambda: upkeep_until(dead_lettered), 300, "the dead letters", job)
         down.unlink()
         code, _, err = run_cli(capsys, "redrive", config.source_path)
         assert code == 0, err[-3000:]
         handled = lambda: read_table_rows(tables["output"]) >= 2 * KEYS  # noqa: E731
-        wait_for(job, lambda: upkeep_until(handled), 300)
+        wait_for(lambda: upkeep_until(handled), 300, "every record handled", job)
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=120)
     log = log_path.read_text()
