@@ -63,7 +63,7 @@ class Breaker:
         self._on_change = on_change
         self._lock = threading.Lock()  # the batches' thread and the health watch's
         self.state = BreakerState(CLOSED)
-        self._paused_at: float | None = None  # monotonic, when the pause began
+        self._paused_at = 0.0  # monotonic, when the pause (if `state.paused`) began
         self._counted_to = 0.0  # monotonic: the pause until then is in `_paused_s`
         self._paused_s = 0.0  # spent paused since the last `take_paused_ms`
         self._window: deque[tuple[int, int]] = deque()  # (records, failed) per batch
@@ -82,14 +82,12 @@ class Breaker:
                 return
             now = time.monotonic()
             if up:
-                assert self._paused_at is not None
                 self._paused_s += now - self._counted_to
                 log.warning(
                     "resumed after %.1f s paused: %s; main topics and retry tiers flow again",
                     now - self._paused_at,
                     why,
                 )
-                self._paused_at = None
             else:
                 self._paused_at = self._counted_to = now
                 log.warning(
@@ -103,7 +101,7 @@ class Breaker:
         """How long the job was paused since the last call, in ms (a batch's `paused_ms`)."""
         with self._lock:
             paused_s, self._paused_s = self._paused_s, 0.0
-            if self._paused_at is not None:
+            if self.state.paused:
                 now = time.monotonic()
                 paused_s += now - self._counted_to
                 self._counted_to = now

@@ -533,6 +533,26 @@ def _start_prepared(
     batch_commit = make_batch_commit(
         parts, spark, on_result=on_result, lease=prepared.lease, runs_batches=not connect
     )
+    try:
+        query = _start_stream(spark, config, reader, parts, batch_commit, available_now)
+    except BaseException:
+        batch_commit.close()  # and with it what it started beside the batches
+        raise
+    return query, batch_commit
+
+
+def _start_stream(
+    spark: SparkSession,
+    config: AnyConfig,
+    reader: str,
+    parts: BatchCommitParts,
+    batch_commit: BatchCommit,
+    available_now: bool,
+) -> StreamingQuery:
+    """Start the streaming query of `batch_commit`, made from `parts`, reading the main
+    topics with `reader`."""
+    connect = is_connect(spark)
+    checkpoint = Checkpoint(config.job.checkpoint)
     if not connect:
         batch_commit.read_tables_ahead(spark)
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
@@ -542,8 +562,8 @@ def _start_prepared(
         target = available_now_target(config)
         log.info("availableNow on Spark %s: up to %s", spark.version, offsets_to_json(target))
     breaker_file = key_order = None
-    if isinstance(job, HandlerJob):
-        breaker_file, key_order = job.breaker_file, job.key_order_option()
+    if isinstance(parts.job, HandlerJob):
+        breaker_file, key_order = parts.job.breaker_file, parts.job.key_order_option()
     source = source_frame(spark, config, reader, parts.units, target, breaker_file, key_order)
     writer = (
         batch_commit.routed(source)
@@ -573,7 +593,7 @@ def _start_prepared(
             name=f"retrylib-available-now-{config.job.name}",
             daemon=True,
         ).start()
-    return query, batch_commit
+    return query
 
 
 @dataclass(frozen=True)
@@ -666,7 +686,8 @@ def make_batch_commit(
     """The job's `BatchCommit`, with its metrics and record limits, and a handler job's
     breaker, key queues, hooks and compaction, for batches run through `spark`; `lease` is
     released by its `close()`. `runs_batches` is false for a Spark Connect client's, which
-    only builds the query's frame: the server's own one watches `[breaker] health`."""
+    only builds the query's frame: the server's own one has the breaker and watches
+    `[breaker] health`."""
     config = parts.config
     limits, producer_options = record_limits(config, parts.partitions)
     checkpoint = Checkpoint(config.job.checkpoint)
@@ -709,8 +730,8 @@ def _handler_batch_commit(
     """`make_batch_commit` of a handler job: `commit` given `plan`, the tables and the rest;
     the breaker, key queues and compaction keep their state in `checkpoint`."""
     config = job.config
-    breaker = None
-    if job.breaker_file is not None and config.breaker is not None:
+    breaker = None  # a Spark Connect client's commit runs no batch: the server's has it
+    if runs_batches and job.breaker_file is not None and config.breaker is not None:
         breaker = Breaker(
             config.breaker,
             job.breaker_file,
@@ -753,7 +774,7 @@ def _handler_batch_commit(
         task=run_task,
         key_order=key_order,
     )
-    if runs_batches and breaker is not None:
+    if breaker is not None:
         _watch_health(batch_commit, breaker, config.handler.paths)
     return batch_commit
 

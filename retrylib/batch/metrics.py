@@ -307,7 +307,8 @@ class MetricsRecorder:
         self._checkpoint = Checkpoint(config.job.checkpoint)
         self._dead_letters = dead_letters
         self._dead_letters_read_ms: int | None = None
-        self._oldest_dead_letter: tuple[int, int | None] | None = None  # count, oldest ms
+        # (count, the oldest one's epoch ms) as last read; None: unknown
+        self._waiting_as_read: tuple[int, int | None] | None = None
 
     def prepare(self, spark) -> None:
         self._spark = spark
@@ -363,13 +364,13 @@ class MetricsRecorder:
                 count, oldest = DeadLetterTable(self._spark, self._dead_letters).waiting()
             except Exception as e:
                 log.warning("dead letters waiting unknown: %s", e)
-                self._oldest_dead_letter = None
+                self._waiting_as_read = None
             else:
                 oldest_ms = None if oldest is None else int(oldest.timestamp() * 1000)
-                self._oldest_dead_letter = (count, oldest_ms)
-        if self._oldest_dead_letter is None:
+                self._waiting_as_read = (count, oldest_ms)
+        if self._waiting_as_read is None:
             return None
-        count, oldest_ms = self._oldest_dead_letter
+        count, oldest_ms = self._waiting_as_read
         return count, None if oldest_ms is None else max(now_ms - oldest_ms, 0)
 
     def _backlog(self, batch_id: int, now_ms: int) -> dict[str, Any]:
