@@ -22,10 +22,20 @@ from retrylib.kafka import worker_clients
 HANDLERS_DIR = Path(__file__).parent / "handlers"
 
 
-LONGEST_FILES = ("test_crash_recovery.py", "test_hdfs_state.py")
-"""The test files that run longest (the crash sweeps, minutes each), handed out first: xdist
-gives each worker whole files in collection order (`--no-loadscope-reorder`), and one of
-them handed out last would run alone after everything else."""
+LONGEST_FILES = (
+    "test_crash_recovery.py",  # the crash sweep; about 1,100 worker-s in CI (ci16)
+    "test_hdfs_state.py",  # 480
+    "test_config_edits.py",  # 450
+    "test_connect_job.py",  # 410
+    "test_key_order.py",  # 350
+    "test_cli.py",  # 300
+    "test_breaker_outage.py",  # 200
+    "test_standalone_cluster.py",  # 200
+    "test_table_upkeep.py",  # 170
+)
+"""The test files that run longest, longest first, handed out before the others: xdist gives
+each worker whole files in collection order (`--no-loadscope-reorder`), and one of them handed
+out last would run alone after everything else (the rest are a minute or less each)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -33,7 +43,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: Path(item.fspath).name not in LONGEST_FILES)  # stable
+    first = {name: rank for rank, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: first.get(Path(item.fspath).name, len(first)))  # stable
 
 
 @pytest.fixture(scope="session", autouse=True)
