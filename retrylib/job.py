@@ -42,11 +42,12 @@ from retrylib.delta.dead_letter import dead_letter_struct
 from retrylib.delta.tables import ensure_table
 from retrylib.errors import LeaseHeld, RetrylibError, TopicError
 from retrylib.kafka.clients import (
-    READ_COMMITTED,
     RecordLimits,
     connected_admin,
     ensure_topics,
+    main_topic_reading,
     make_admin,
+    own_topic_reading,
     partition_counts,
 )
 from retrylib.kafka.main_reader import CONNECTOR
@@ -232,7 +233,7 @@ def source_options(config: AnyConfig) -> tuple[dict[str, str], dict[str, str]]:
     if kafka.max_offsets_per_trigger:
         common["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
     main = {
-        **_client_options(kafka.spark_options()),
+        **_client_options(main_topic_reading(kafka.spark_options())),
         **common,
         **_subscription(kafka),
         **_starting_options(kafka),
@@ -241,9 +242,7 @@ def source_options(config: AnyConfig) -> tuple[dict[str, str], dict[str, str]]:
         # A partition with no record from then on starts at its end, not fails the query.
         main["startingOffsetsByTimestampStrategy"] = "latest"
     tiers = {
-        # read_committed over the user's options: the source's offset look-ups too must stop
-        # a tier's end before an open transaction.
-        **_client_options({**kafka.client_options(), **READ_COMMITTED}),
+        **_client_options(own_topic_reading(kafka.client_options())),
         **common,
         "subscribe": ",".join(sorted(delays)),
         "retrylib.topicDelaysMs": json.dumps(delays),
@@ -274,12 +273,8 @@ def _starting_options(kafka: KafkaConfig) -> dict[str, str]:
 
 
 def _client_options(options: dict[str, str]) -> dict[str, str]:
-    """Kafka client `options` as a Kafka source's "kafka."-prefixed options.
-
-    Records of aborted transactions (a failed `retrylib redrive`, a user's transactional
-    producer) are never handed to the handler, unless the user's options say otherwise.
-    """
-    return {f"kafka.{key}": value for key, value in {**READ_COMMITTED, **options}.items()}
+    """Kafka client `options` as a Kafka source's "kafka."-prefixed options."""
+    return {f"kafka.{key}": value for key, value in options.items()}
 
 
 def _every_topic(config: AnyConfig) -> dict[str, str]:

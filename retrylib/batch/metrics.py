@@ -75,7 +75,7 @@ from retrylib.kafka.offsets import PartitionKey, delay_frontier
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.logs import METRICS_LOGGER
 from retrylib.retry.headers import LAST_FAILURE, header_ms, split_headers
-from retrylib.retry.outcomes import Count, ForwardCount, retried_tier
+from retrylib.retry.outcomes import RETRIED, Count, ForwardCount, retried, retried_tier
 from retrylib.retry.policy import due_timestamp_ms
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ _REPORTED_COUNTS = (
 """The tasks' counters the metrics carry: every one but `kafka_read_ms`, which only the
 batch's own log line shows (docs/operating.md). A handler job's and a delay router's rows
 have the same columns, so one table or dashboard can hold both."""
-OBSERVED_COUNTERS = (*_REPORTED_COUNTS, "retried")
+OBSERVED_COUNTERS = (*_REPORTED_COUNTS, RETRIED)
 """The counters the routing tasks count (`observed`): theirs, and `retried`, the tiers'
 `retried_tier_N` summed."""
 _COUNTERS = (*OBSERVED_COUNTERS, "produced")
@@ -241,7 +241,7 @@ def metrics_row(
     }
     for name in _REPORTED_COUNTS:
         row[name] = int(counters.get(name, 0))
-    row["retried"] = sum(by_tier)
+    row[RETRIED] = retried(counters)
     row["retried_by_tier"] = by_tier
     row["produced"] = result.produced
     for index, name in enumerate(("p50", "p99")):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from retrylib.retry.outcomes import retried_tier
+from retrylib.retry.outcomes import RETRIED, retried_tier
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -63,10 +63,10 @@ def observed_columns(counters: tuple[str, ...], tiers: int) -> list[Column]:
     def total(name: str) -> str:
         return f"coalesce(sum(cast(get_json_object(counters, '$.{name}') AS BIGINT)), 0)"
 
-    texts = {name: total(name) for name in counters if name != "retried"}
+    texts = {name: total(name) for name in counters if name != RETRIED}
     by_tier = {retried_tier(tier): total(retried_tier(tier)) for tier in range(tiers)}
-    if "retried" in counters:
-        texts["retried"] = " + ".join(["0", *by_tier.values()])
+    if RETRIED in counters:
+        texts[RETRIED] = " + ".join(["0", *by_tier.values()])
     texts.update(by_tier)
     columns: dict[str, Column] = {name: F.expr(text) for name, text in texts.items()}
     columns.update(_lateness_columns(tiers))

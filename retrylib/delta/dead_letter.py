@@ -7,7 +7,8 @@ from typing import Any
 
 import pyarrow as pa
 
-HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+from retrylib.kafka.arrow_records import HEADERS_TYPE
+
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 DEAD_LETTER_SCHEMA = pa.schema(

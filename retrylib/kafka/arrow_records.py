@@ -39,6 +39,10 @@ KAFKA_SCHEMA = StructType(
 )
 """The schema of Spark's built-in Kafka source (with `includeHeaders`), which this source emits."""
 
+HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+"""A Kafka record's headers as Arrow, wherever retrylib keeps them (outgoing records, the
+dead-letter table, an Arrow handler's batches)."""
+
 
 def utc_arrow_schema(schema: StructType) -> pa.Schema:
     """`schema` as Arrow, timestamps as UTC microseconds: what Spark expects of `read()`.

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from retrylib.delta.dead_letter import HEADERS_TYPE
 from retrylib.errors import RecordTooLargeError, RetrylibError
+from retrylib.kafka.arrow_records import HEADERS_TYPE
 from retrylib.kafka.reading import produce
 from retrylib.kafka.record_size import producer_limit, wire_size
 

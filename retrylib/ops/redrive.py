@@ -21,7 +21,8 @@ sent (with the same id and marker) when it is not (the crash came before or duri
 Opening the transactional producer first fences a stale instance and settles its
 in-flight transaction, so the markers read afterwards are final. Consumers that must not
 see the records of an aborted send read with `isolation.level = read_committed`, as the
-job does on every topic it reads (unless `[kafka.options]` overrides it).
+job does on every topic it reads (on its main topics, unless `[kafka.options]` says
+otherwise: `kafka.clients.main_topic_reading`).
 
 The dead-letter table (a path or a catalog name) is read and updated through Spark's Delta
 (`retrylib.delta.dead_letter_table`); an UPDATE that loses a race with another commit (an

@@ -7,6 +7,7 @@ line, the metrics table and `status`), so a name, once released, stays.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 
@@ -110,9 +111,17 @@ class ForwardCount(StrEnum):
 
 
 RETRIED_TIER_PREFIX = "retried_tier_"
+RETRIED = "retried"
+"""Records a batch sent to any retry tier, the tiers' counters summed (`retried`): the
+metrics, the query's observed metrics and `retrylib status` show it beside the counters."""
 
 
 def retried_tier(tier: int) -> str:
     """The counter of records sent to retry tier `tier` (0 = the first), named as the tiers
     are numbered to users: from 1 ("retried_tier_1" for the first)."""
     return f"{RETRIED_TIER_PREFIX}{tier + 1}"
+
+
+def retried(counters: Mapping[str, int]) -> int:
+    """`RETRIED` of a batch's `counters`: its `retried_tier_N` counters summed."""
+    return sum(count for name, count in counters.items() if name.startswith(RETRIED_TIER_PREFIX))

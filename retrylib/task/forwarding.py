@@ -40,7 +40,7 @@ from retrylib.config.durations import format_duration
 from retrylib.config.topic_names import CONTROL_TOPIC_PREFIX
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
-from retrylib.kafka.clients import READ_COMMITTED
+from retrylib.kafka.clients import own_topic_reading
 from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
 from retrylib.logs import configure_worker_logging
@@ -201,7 +201,7 @@ class ForwardingTask:
             start,
             end,
             plan.bootstrap_servers,
-            {**plan.client_options, **READ_COMMITTED},
+            own_topic_reading(plan.client_options),
             plan.secret_options,
             plan.fail_on_data_loss,
         )

@@ -34,7 +34,7 @@ from retrylib.handler import (
 )
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
-from retrylib.kafka.clients import READ_COMMITTED
+from retrylib.kafka.clients import main_topic_reading, own_topic_reading
 from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
 from retrylib.logs import configure_worker_logging
 from retrylib.record import Record
@@ -215,9 +215,8 @@ class RoutingTask:
         Records go from the Kafka client to the handler without passing through Arrow when
         the handler takes one record at a time. Raises `KafkaSourceError` as `read_messages`.
         """
-        options = dict(self.plan.client_options)
-        if topic in self.tier_of:
-            options.update(READ_COMMITTED)
+        reading = own_topic_reading if topic in self.tier_of else main_topic_reading
+        options = reading(self.plan.client_options)
         part = KafkaInputPartition(
             topic,
             partition,

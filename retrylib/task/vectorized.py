@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retrylib.delta.dead_letter import HEADERS_TYPE
 from retrylib.handler import BadHandlerResult
+from retrylib.kafka.arrow_records import HEADERS_TYPE
 from retrylib.record import Record
 from retrylib.retry.headers import RESERVED
 
