@@ -170,6 +170,15 @@ def _read(bootstrap: str, topic: str, isolation: str = "read_committed") -> Seen
     return sorted((m.key(), m.value()) for m in read_topic(bootstrap, topic, isolation=isolation))
 
 
+def _wait_committed(bootstrap: str, records: list, markers: list[tuple[int, int]]) -> None:
+    """Wait (30 s at most) until job "j" app "app" has exactly `records` in the tier and
+    `markers` in its control topic, both read committed. A commit returns once the
+    transaction coordinator has logged it; the markers that show its records to
+    read_committed readers are written after it, seconds after a broker restart."""
+    wait_for(lambda: _read(bootstrap, "tier") == records, 30, f"records {records}")
+    wait_for(lambda: _markers(bootstrap, "j", "app") == markers, 30, f"markers {markers}")
+
+
 def _markers(bootstrap: str, job: str, app: str = "app-1") -> list[tuple[int, int]]:
     """(batch, unit) of the committed markers of app id `app` in the control topic."""
     found = [
@@ -355,12 +364,7 @@ def test_broker_restarts_between_batches_and_inside_a_transaction(own_broker):
     b2 = Outgoing("b2", "tier", 6, midway=restart)
     assert producer.produce_once(2, b2, 0) == 6
     producer.close()
-    expected = _once(b0, b1, b2)
-    # A commit returns once the transaction coordinator has logged it; the markers that show
-    # its records to read_committed readers are written after it, seconds after a restart.
-    wait_for(lambda: _read(bootstrap, "tier") == expected, 30, f"records {expected}")
-    markers = [(0, 0), (1, 0), (2, 0)]
-    wait_for(lambda: _markers(bootstrap, "j", "app") == markers, 30, f"markers {markers}")
+    _wait_committed(bootstrap, _once(b0, b1, b2), [(0, 0), (1, 0), (2, 0)])
 
 
 def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
@@ -399,12 +403,7 @@ def test_a_broker_down_longer_than_the_timeouts_is_retried_until_it_is_back(
     assert len(retries) >= 2, [r.getMessage() for r in caplog.records]
     assert b1.calls >= 2  # read again once the broker answered
     producer.close()
-    expected = _once(b0, b1)
-    # A commit returns once the transaction coordinator has logged it; the markers that show
-    # its records to read_committed readers are written after it, seconds after a restart.
-    wait_for(lambda: _read(bootstrap, "tier") == expected, 30, f"records {expected}")
-    markers = [(0, 0), (1, 0)]
-    wait_for(lambda: _markers(bootstrap, "j", "app") == markers, 30, f"markers {markers}")
+    _wait_committed(bootstrap, _once(b0, b1), [(0, 0), (1, 0)])
 
 
 # -- the real job, killed over and over ---------------------------------------------------
