@@ -513,11 +513,15 @@ def _start_prepared(
         spark, config.kafka.source, partial(builtin_kafka_available, spark)
     )
     steps.reached("after_main_reader", steps.STARTING)
-    job = config if isinstance(config, RouterConfig) else _prepare_handler_job(spark, config)
+    job = config if isinstance(config, RouterConfig) else _handler_job(config)
     app_id = checkpoint.app_id(spark, config.job.name)
     steps.reached("after_identity", steps.STARTING)
     signing_key = checkpoint.signing_key(spark)
     steps.reached("after_signing_key", steps.STARTING)
+    if connect and isinstance(job, HandlerJob):
+        # The server's batches run in a process of their own, which cannot wait for this
+        # one's thread (`_start_stream`): the tables are made before the query.
+        _make_tables(spark, job)
     parts = BatchCommitParts(
         job=job,
         partitions=prepared.partitions,
@@ -549,7 +553,10 @@ def _start_stream(
     connect = is_connect(spark)
     checkpoint = Checkpoint(config.job.checkpoint)
     if not connect:
-        batch_commit.read_tables_ahead(spark)
+        handler_job = parts.job if isinstance(parts.job, HandlerJob) else None
+        batch_commit.read_tables_ahead(
+            spark, None if handler_job is None else partial(_make_tables, spark, handler_job)
+        )
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
     # back-to-back triggers instead, the tier source held to the target, until it is reached.
     target = None
@@ -594,8 +601,9 @@ def _start_stream(
 @dataclass(frozen=True)
 class HandlerJob:
     """A handler job's config with what its batch commit needs beyond a delay router's: its
-    output and dead-letter tables, ready, and the files its source reads the breaker's state
-    and the key queues from (local files on the Spark driver, fresh for each run)."""
+    output and dead-letter tables (`_make_tables` makes them), and the files its source reads
+    the breaker's state and the key queues from (local files on the Spark driver, fresh for
+    each run)."""
 
     config: Config
     output: TableRef
@@ -617,21 +625,27 @@ class HandlerJob:
         }
 
 
-def _prepare_handler_job(spark: SparkSession, config: Config) -> HandlerJob:
-    """Create the output and dead-letter tables if missing, and name the state files."""
-    output = config.output.table_ref()
-    dead_letter = config.dead_letter.table_ref()
+def _handler_job(config: Config) -> HandlerJob:
+    """The handler job of `config`: its tables named (`_make_tables` makes them), its state
+    files too."""
+    return HandlerJob(
+        config, config.output.table_ref(), config.dead_letter.table_ref(), *_state_files(config)
+    )
+
+
+def _make_tables(spark: SparkSession, job: HandlerJob) -> None:
+    """Create `job`'s output and dead-letter tables if missing; check their columns."""
+    config = job.config
     ensure_table(
         spark,
-        output,
+        job.output,
         config.handler.output_schema.to_spark(),
         what="output",
         partition_by=config.output.partition_by,
         properties=config.output.properties,
         evolve=config.output.schema_evolution,
     )
-    ensure_table(spark, dead_letter, dead_letter_struct(), what="dead-letter")
-    return HandlerJob(config, output, dead_letter, *_state_files(config))
+    ensure_table(spark, job.dead_letter, dead_letter_struct(), what="dead-letter")
 
 
 def _state_files(config: Config) -> tuple[Path | None, Path | None]:
@@ -956,6 +970,7 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
                     raise
             if batch_commit.failure is not None:
                 raise batch_commit.failure
+            batch_commit.tables_made()
             stop = partial(
                 stop_gracefully,
                 query,

@@ -15,10 +15,11 @@ only where a crash left their work undone):
 - after_topics: the job's topics exist; its runner lease is not taken yet.
 - after_lease: the runner lease is held (Spark may still be starting).
 - after_main_reader: the main topics' reader is chosen and recorded in the checkpoint.
-- in_table_create: a Delta table's creation is about to begin (once per table created: the
-  output table, then the dead-letter table; a metrics table's after the signing key).
 - after_identity: the checkpoint's app id is recorded in it.
 - after_signing_key: the checkpoint's signing key is recorded in it.
+- in_table_create: a Delta table's creation is about to begin (once per table created: the
+  output table, then the dead-letter table, in a thread of their own while the query starts,
+  whose first batch waits for them; a metrics table's too).
 - after_query_start: the streaming query has started; its first batch may not have run.
 
 The steps, in the order a batch reaches them:
@@ -50,9 +51,9 @@ START_STEPS = (
     "after_topics",
     "after_lease",
     "after_main_reader",
-    "in_table_create",
     "after_identity",
     "after_signing_key",
+    "in_table_create",
     "after_query_start",
 )
 BATCH_STEPS = (

@@ -189,6 +189,7 @@ class BatchCommit:
         self._hook_errors: Counter[str] = Counter()
         self._hooks = DriverHooks(hooks or {}, hook_paths, self._hook_errors, hook_timeout_s)
         self._checked_tables = False
+        self._tables_made: _Started | None = None
         self._tables_read: _Started | None = None
         self.batch_finished = threading.Event()
         """Set whenever a batch has done all its work (a graceful stop waits for it)."""
@@ -228,6 +229,7 @@ class BatchCommit:
 
     def _run(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        self.tables_made()
         self._hook_errors.clear()
         self._hooks.call("on_batch_start", batch_id)
         spark = df.sparkSession
@@ -267,12 +269,32 @@ class BatchCommit:
         self.last_finished = batch_id
         self.batch_finished.set()
 
-    def read_tables_ahead(self, spark: SparkSession) -> None:
-        """Start reading which batch the tables hold, in a thread, for the first batch's check
-        (`_check_tables_agree`). Cold, that read costs seconds of Spark jobs per table, and the
-        first batch would wait for it: started before the query, the query's own start
-        overlaps it."""
-        self._tables_read = _Started(spark, partial(self._committed_batches, spark))
+    def read_tables_ahead(
+        self, spark: SparkSession, make_tables: Callable[[], None] | None = None
+    ) -> None:
+        """Start, in threads, making the tables (`make_tables`: created if missing, checked
+        against the config) and then reading which batch they hold, for the first batch's
+        check (`_check_tables_agree`). Cold, each costs seconds of Spark jobs per table, and
+        the first batch would wait for them: started before the query, the query's own start
+        overlaps them. The first batch routes no record before the tables are made
+        (`tables_made`), so an error there stops the job before any effect."""
+        made = None if make_tables is None else _Started(spark, make_tables)
+        self._tables_made = made
+
+        def read() -> list[TableState]:
+            if made is not None:
+                made.result()
+            return self._committed_batches(spark)
+
+        self._tables_read = _Started(spark, read)
+
+    def tables_made(self) -> None:
+        """Wait until the tables given to `read_tables_ahead` are made; raise what stopped
+        that. (A run whose query ends before its first batch asks it too: its tables are
+        made or the run fails, as when it makes them before the query.)"""
+        made, self._tables_made = self._tables_made, None
+        if made is not None:
+            made.result()
 
     def _committed_batches(self, spark: SparkSession) -> list[TableState]:
         """The output and dead-letter tables the batch appends to, each with the last batch

@@ -29,9 +29,9 @@ from harness import FaultHarness, Round, plan_rounds  # noqa: E402
 SEED = 20261128
 FILE_POINTS = (
     "after_main_reader",
-    "in_table_create",
     "after_identity",
     "after_signing_key",
+    "in_table_create",
     "after_manifest",
     "after_cleanup",
 )

@@ -19,10 +19,10 @@ def test_a_sweep_meets_the_start_s_steps_first_in_their_order_then_each_batch_st
         ("after_topics", None),
         ("after_lease", None),
         ("after_main_reader", None),
-        ("in_table_create", "output"),
-        ("in_table_create", "dead_letter"),
         ("after_identity", None),
         ("after_signing_key", None),
+        ("in_table_create", "output"),
+        ("in_table_create", "dead_letter"),
         ("after_query_start", None),
     ]
     rest = plan[len(start) :]
@@ -34,7 +34,7 @@ def test_a_sweep_meets_the_start_s_steps_first_in_their_order_then_each_batch_st
 def test_a_sweep_of_chosen_points_keeps_the_start_s_order():
     plan = plan_rounds(1, points=("after_manifest", "after_identity", "in_table_create"))
     names = [r.name for r in plan if r.kind == "point"]
-    assert names[:3] == ["in_table_create:output", "in_table_create:dead_letter", "after_identity"]
+    assert names[:3] == ["after_identity", "in_table_create:output", "in_table_create:dead_letter"]
     assert names[3:] == ["after_manifest"]
 
 
