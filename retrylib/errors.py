@@ -69,13 +69,39 @@ class CorruptRetryHeaders(ValueError):
 
 
 class NonRetryable(Exception):
-    """Raised by a handler to send the record straight to the dead letter, skipping retries."""
+    """Raised by a handler to send the record straight to the dead letter, skipping retries.
+
+    For data no retry can fix:
+
+    >>> import json
+    >>> from retrylib import NonRetryable, Record
+    >>> def enrich_order(record: Record) -> dict:
+    ...     order = json.loads(record.value)
+    ...     if order["total"] < 0:
+    ...         raise NonRetryable(f"negative total {order['total']}")
+    ...     return {"order_id": order["id"], "total": order["total"]}
+    >>> enrich_order(Record(b"o-7", b'{"id": "o-7", "total": -5}', [], "orders", 0, 7, 0))
+    Traceback (most recent call last):
+    ...
+    retrylib.errors.NonRetryable: negative total -5
+    """
 
 
 class Skip(Exception):
     """Raised by a handler to drop the record: no output, no retry, no dead letter.
 
     The record is counted (`skipped_by_handler`) and logged with the message, never silent.
+    For a record the job should not handle, such as a test order:
+
+    >>> from retrylib import Record, Skip
+    >>> def enrich_order(record: Record) -> dict:
+    ...     if dict(record.headers).get("test") == b"true":
+    ...         raise Skip("test order")
+    ...     return {"order_id": record.key.decode()}
+    >>> enrich_order(Record(b"o-8", b"{}", [("test", b"true")], "orders", 0, 8, 0))
+    Traceback (most recent call last):
+    ...
+    retrylib.errors.Skip: test order
     """
 
 
@@ -83,6 +109,25 @@ class RetryAfter(Exception):
     """Raised by a handler to ask for the record to be retried no sooner than `seconds` from now.
 
     The record still counts an attempt; out of attempts, it goes to the dead letter as usual.
+    For a service that says when to come back, such as an HTTP 429 (rate limited):
+
+    >>> from retrylib import Record, RetryAfter
+    >>> def fetch_price(sku: bytes) -> tuple[int, float | None]:  # stands in for an HTTP call
+    ...     return 429, None
+    >>> def price_order(record: Record) -> dict:
+    ...     status, price = fetch_price(record.key)
+    ...     if status == 429:
+    ...         raise RetryAfter(30, "price service rate limit")
+    ...     return {"sku": record.key.decode(), "price": price}
+    >>> price_order(Record(b"sku-9", b"{}", [], "orders", 0, 9, 0))
+    Traceback (most recent call last):
+    ...
+    retrylib.errors.RetryAfter: price service rate limit
+
+    The job reads `seconds`; without a message, the error says them:
+
+    >>> RetryAfter(30).seconds, str(RetryAfter(30))
+    (30.0, 'retry after 30s')
     """
 
     def __init__(self, seconds: float, message: str = "") -> None:

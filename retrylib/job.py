@@ -935,6 +935,13 @@ def run(config: Config, *, available_now: bool = False, master: str | None = Non
     failed otherwise. Raises `LeaseHeld` when another copy runs the job from the same
     checkpoint (at start, or when it took the lease over while the brokers did not hear
     from this one).
+
+    A script of yours, run with `python` or `spark-submit`, runs a job so. The last line is
+    not run by the doctests (`+SKIP`): it starts Spark and a query that runs until stopped.
+
+    >>> import sys
+    >>> from retrylib import load_config, run
+    >>> sys.exit(run(load_config("job.toml")))  # doctest: +SKIP
     """
     redact_secrets(config.secret_values())
     # Topics and lease are made ready while Spark starts: a group's first rebalance waits

@@ -23,6 +23,23 @@ A hook that raises, whatever it raises, is counted (`hook_errors`) and logged, i
 failure in each task (or, on the driver, in each run of the job) with the error. Like the
 handler, record hooks are called again for a batch replayed before its decisions were
 recorded.
+
+Hooks are functions in a module of the user's, named in `[hooks]` (`on_dead_letter =
+"orders_hooks:page_someone"`, `on_batch_end = "orders_hooks:push_counters"`); called here
+with what the job passes them:
+
+>>> from retrylib import NonRetryable, Record
+>>> from retrylib.retry.outcomes import Reason
+>>> def page_someone(record: Record, reason: str, error: BaseException) -> None:
+...     where = f"{record.topic}[{record.partition}]@{record.offset}"
+...     print(f"dead letter {where}: {reason} ({error})")
+>>> def push_counters(batch_id: int, counters: dict[str, int]) -> None:
+...     print(f"batch {batch_id}: {counters.get('dead_lettered', 0)} dead-lettered")
+>>> record = Record(b"o-7", b"{}", [], "orders", 0, 7, 0)
+>>> page_someone(record, Reason.NON_RETRYABLE, NonRetryable("negative total"))
+dead letter orders[0]@7: non_retryable (negative total)
+>>> push_counters(12, {"records_main": 200, "succeeded": 199, "dead_lettered": 1})
+batch 12: 1 dead-lettered
 """
 
 from __future__ import annotations
