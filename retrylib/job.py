@@ -518,10 +518,11 @@ def _start_prepared(
     steps.reached("after_identity", steps.STARTING)
     signing_key = checkpoint.signing_key(spark)
     steps.reached("after_signing_key", steps.STARTING)
-    if connect and isinstance(job, HandlerJob):
+    make_tables = partial(_make_tables, spark, job) if isinstance(job, HandlerJob) else None
+    if connect and make_tables is not None:
         # The server's batches run in a process of their own, which cannot wait for this
-        # one's thread (`_start_stream`): the tables are made before the query.
-        _make_tables(spark, job)
+        # one's thread (`read_tables_ahead`): the tables are made before the query.
+        make_tables()
     parts = BatchCommitParts(
         job=job,
         partitions=prepared.partitions,
@@ -533,6 +534,8 @@ def _start_prepared(
         parts, spark, on_result=on_result, lease=prepared.lease, runs_batches=not connect
     )
     try:
+        if not connect:
+            batch_commit.read_tables_ahead(spark, make_tables)
         query = _start_stream(spark, config, reader, parts, batch_commit, available_now)
     except BaseException:
         batch_commit.close()  # and with it what it started beside the batches
@@ -552,11 +555,6 @@ def _start_stream(
     topics with `reader`."""
     connect = is_connect(spark)
     checkpoint = Checkpoint(config.job.checkpoint)
-    if not connect:
-        handler_job = parts.job if isinstance(parts.job, HandlerJob) else None
-        batch_commit.read_tables_ahead(
-            spark, None if handler_job is None else partial(_make_tables, spark, handler_job)
-        )
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
     # back-to-back triggers instead, the tier source held to the target, until it is reached.
     target = None
@@ -926,7 +924,7 @@ def _recorded_done(query: StreamingQuery, batch_id: int) -> bool:
     return progress is not None and progress.batchId >= batch_id
 
 
-def run(config: Config, *, available_now: bool = False, master: str | None = None) -> int:
+def run(config: AnyConfig, *, available_now: bool = False, master: str | None = None) -> int:
     """Run the job until it finishes (available-now), fails, or gets SIGTERM/SIGINT.
 
     Returns the process exit code: 0 when it finished or was stopped, 1 when the query
