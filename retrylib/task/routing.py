@@ -433,9 +433,15 @@ class RoutingTask:
                 key_order.call_failed(record)
             if hooks is not None:
                 hooks.call("after_record", record, failure)
-            if failure is raised:
-                raise
-            raise failure from raised
+            try:
+                if failure is raised:
+                    raise
+                raise failure from raised
+            finally:
+                # This frame is in the failure's traceback: kept here, the failure would make
+                # a reference cycle of every failed call, which only the garbage collector
+                # frees (when every record failed, its runs took some 15% of the routing).
+                del failure
         if hooks is not None:
             hooks.call("after_record", record, None)
         return result
