@@ -81,6 +81,9 @@ def test_record_id_keeps_its_value_across_versions() -> None:
     # Ids are kept in dead-letter tables and retry headers: a new version must give the
     # same id for the same record (the first 32 hex digits of the SHA-256 of the JSON list).
     assert record_id("job", "orders", 0, 5) == "cd4f6bc38877ed6da8fdc3a4b52460c0"
+    # Names JSON escapes (quotes, backslashes, control and separator characters), non-ASCII.
+    odd = record_id('jöb "q"\\', "tö\npic\u2028", 3, 12345678901)
+    assert odd == "08f08b2a2ef03fb7f2bc8a7ebdfcfadf"
 
 
 @pytest.mark.parametrize(
@@ -340,6 +343,14 @@ def test_signatures_stay_what_earlier_versions_wrote() -> None:
 
     assert signed[-1][1] == b"b81b0e85e503923f1574f625b9b0abb768b0dfe19a4308a664a0ee2d5c6b22f3"
     assert bare[-1][1] == b"3674e5ff5a62a1bcd08871b6732a950741c102b678f226f776718645536b1fdf"
+    accented = h.sign(
+        [("trâce", "é".encode()), ("retrylib.attempt", b"1")],
+        signing_key=b"k" * 32,
+        topic="commandes.réessai",
+        key=b"\xff",
+        value=None,
+    )
+    assert accented[-1][1] == b"1464adbaebb24b57f62d8cb4dd34463b30c4407e9784a8bcc929c5cfed8e80fe"
 
 
 def test_a_signed_record_verifies_and_keeps_its_headers_ahead_of_the_signature() -> None:
