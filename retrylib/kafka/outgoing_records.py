@@ -10,7 +10,7 @@ The routing tasks return a batch's outgoing records as Arrow RecordBatches of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -30,6 +30,43 @@ OUTGOING_SCHEMA = pa.schema(
         pa.field("headers", HEADERS_TYPE),
     ]
 )
+
+
+class OutgoingBuffer:
+    """The outgoing records a task gathers, kept column by column until `take` hands them
+    over as one RecordBatch of `OUTGOING_SCHEMA` (a dict per record for Arrow's
+    `from_pylist` cost twice as much, with every failed record of a storm an outgoing one)."""
+
+    def __init__(self) -> None:
+        self._columns: tuple[list, ...] = tuple([] for _ in OUTGOING_SCHEMA)
+
+    def add(
+        self,
+        topic: str,
+        partition: int | None,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]],
+    ) -> None:
+        """Add a record for `topic`'s `partition` (None: the producer's partitioner)."""
+        topics, partitions, timestamps, keys, values, header_lists = self._columns
+        topics.append(topic)
+        partitions.append(partition)
+        timestamps.append(timestamp_ms)
+        keys.append(key)
+        values.append(value)
+        header_lists.append(headers)
+
+    def take(self) -> pa.RecordBatch | None:
+        """The records added since the last `take`, or None when there are none."""
+        if not self._columns[0]:
+            return None
+        columns = zip(self._columns, OUTGOING_SCHEMA, strict=True)
+        arrays = [pa.array(column, field.type) for column, field in columns]
+        self._columns = tuple([] for _ in OUTGOING_SCHEMA)
+        return pa.RecordBatch.from_arrays(arrays, schema=OUTGOING_SCHEMA)
+
 
 OutgoingRecords = Callable[[], Iterable[pa.RecordBatch]]
 """Returns a fresh iterator of RecordBatches with the `OUTGOING_SCHEMA` columns on each call."""

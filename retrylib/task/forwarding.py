@@ -41,7 +41,7 @@ from retrylib.config.topic_names import CONTROL_TOPIC_PREFIX
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import own_topic_reading
-from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
+from retrylib.kafka.outgoing_records import OutgoingBuffer
 from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
 from retrylib.logs import configure_worker_logging
 from retrylib.retry.headers import DEAD_LETTER_REASON, ERROR_MESSAGE
@@ -184,7 +184,7 @@ class ForwardingTask:
         self.plan = plan
         self.results = ResultRows(None)
         self.counters: Counter[str] = Counter()
-        self._outgoing: list[dict] = []
+        self._outgoing = OutgoingBuffer()
         self._topics: frozenset[str] | None = None
         self._fallback_example: str | None = None
         self._unstamped_example: str | None = None
@@ -278,22 +278,12 @@ class ForwardingTask:
     def _add_outgoing(
         self, topic: str, partition: int | None, timestamp_ms: int, message, headers: list
     ) -> None:
-        self._outgoing.append(
-            {
-                "topic": topic,
-                "partition": partition,
-                "timestamp_ms": timestamp_ms,
-                "key": message.key(),
-                "value": message.value(),
-                "headers": [{"key": k, "value": v} for k, v in headers],
-            }
-        )
+        self._outgoing.add(topic, partition, timestamp_ms, message.key(), message.value(), headers)
 
     def _hand_over(self) -> None:
-        if self._outgoing:
-            outgoing = pa.RecordBatch.from_pylist(self._outgoing, schema=OUTGOING_SCHEMA)
+        outgoing = self._outgoing.take()
+        if outgoing is not None:
             self.results.add(OUTGOING_KIND, outgoing)
-            self._outgoing = []
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         """Waits until every record it released is due (one read ahead may not be yet: the

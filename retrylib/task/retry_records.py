@@ -20,7 +20,7 @@ import pyarrow as pa
 from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
 from retrylib.errors import CorruptRetryHeaders, RetrylibError, Skip, UnverifiedRetryRecord
 from retrylib.handler import BadHandlerResult
-from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
+from retrylib.kafka.outgoing_records import OutgoingBuffer
 from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
 from retrylib.record import Record
 from retrylib.retry.headers import (
@@ -120,7 +120,7 @@ class RetryRecords:
         self.seen: set[tuple[str, int]] = set()
         self.job_header = plan.job.encode("utf-8")
         self.dead_letter_topics = {plan.dead_letter_topic, *(t for _, t in plan.dead_letter_routes)}
-        self._outgoing: list[dict] = []
+        self._outgoing = OutgoingBuffer()
         self._dead_rows: list[dict] = []
         self._lateness: tuple[list[int], list[int]] = ([], [])  # tiers, lateness in ms
         self.key_order: KeyOrder | None = None  # with retry.key_ordered: told every outcome
@@ -376,24 +376,15 @@ class RetryRecords:
                 )
                 self.counters[Count.DEAD_LETTER_TRUNCATED] += 1
         signed = sign(headers, signing_key=self.plan.signing_key, topic=topic, key=key, value=value)
-        self._outgoing.append(
-            {
-                "topic": topic,
-                "partition": partition % self.plan.partition_counts[topic],
-                "timestamp_ms": timestamp_ms,
-                "key": key,
-                "value": value,
-                "headers": [{"key": k, "value": v} for k, v in signed],
-            }
-        )
+        partition %= self.plan.partition_counts[topic]
+        self._outgoing.add(topic, partition, timestamp_ms, key, value, signed)
 
     def hand_over(self, results: ResultRows) -> None:
         """Move the outgoing records, dead-letter rows and lateness rows gathered so far into
         `results`."""
-        if self._outgoing:
-            outgoing = pa.RecordBatch.from_pylist(self._outgoing, schema=OUTGOING_SCHEMA)
+        outgoing = self._outgoing.take()
+        if outgoing is not None:
             results.add(OUTGOING_KIND, outgoing)
-            self._outgoing = []
         if self._dead_rows:
             dead = pa.RecordBatch.from_pylist(self._dead_rows, schema=DEAD_LETTER_SCHEMA)
             results.add("dead_letter", dead)
