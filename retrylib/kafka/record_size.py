@@ -73,7 +73,9 @@ def wire_size(key: bytes | None, value: bytes | None, headers: Sequence[Header])
     """Upper bound of the bytes a record takes in Kafka alone in its batch (see module)."""
     size = BATCH_OVERHEAD_BYTES + RECORD_OVERHEAD_BYTES + len(key or b"") + len(value or b"")
     for name, header_value in headers:
-        size += HEADER_OVERHEAD_BYTES + len(name.encode("utf-8")) + len(header_value or b"")
+        # An ASCII name (every one of retrylib's) is as long in UTF-8: not encoded to count.
+        name_bytes = len(name) if name.isascii() else len(name.encode("utf-8"))
+        size += HEADER_OVERHEAD_BYTES + name_bytes + len(header_value or b"")
     return size
 
 

@@ -138,6 +138,8 @@ def bound_text(text: str, limit_bytes: int) -> str:
     returned as is, except that characters UTF-8 cannot encode (lone surrogates) become "?".
     Raises `ValueError` if `limit_bytes` is too small to hold the truncation marker.
     """
+    if text.isascii() and len(text) <= limit_bytes:
+        return text  # the common case, one byte a character, asked of every failed record
     encoded = text.encode("utf-8", errors="replace")
     if len(encoded) <= limit_bytes:
         return encoded.decode("utf-8")
