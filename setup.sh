@@ -31,6 +31,6 @@ command -v mvn >/dev/null 2>&1 || { echo "setup.sh: Maven is needed once to fetc
 [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q -e ".[spark,test]" "${pins[@]}"
-"$venv/bin/python" -m retrylib.spark.jars
+"$venv/bin/python" -m retrylib.dev.jars
 "$venv/bin/python" tests/hdfs_cluster.py
 "$venv/bin/python" tests/pyspark_zip_bytecode.py

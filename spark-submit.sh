@@ -5,15 +5,15 @@
 #   ./spark-submit.sh status|redrive conf/orders.toml [OPTIONS]    # that retrylib command
 #
 # Ships the retrylib package to the executors with --py-files (the handler's own package
-# is shipped by the job itself), without what runs on neither side of the job: the
-# embedded broker (demo, tests), the jar resolver and the demo. The driver's modules stay:
-# spark-submit puts the bundle first on the driver's Python path too, so the driver runs
-# from it. With a Spark installed from PyPI into a virtualenv (the project's .venv:
-# spark-submit beside the interpreter, pyvenv.cfg above it) it adds Spark's Kafka connector
-# and Delta Lake, resolved once by `python -m retrylib.spark.jars`; any other spark-submit
-# (a cluster's, on PATH) brings its own and gets none. Extra spark-submit flags
-# go in RETRYLIB_SPARK_EXTRA, e.g. RETRYLIB_SPARK_EXTRA="--master yarn" (the name
-# deploy/emr/submit.sh reads too).
+# is shipped by the job itself), without what runs on neither side of the job: the folder
+# retrylib/dev/ (the embedded broker for the demo and tests, the jar resolver, the demo).
+# The driver's modules stay: spark-submit puts the bundle first on the driver's Python
+# path too, so the driver runs from it. With a Spark installed from PyPI into a virtualenv
+# (the project's .venv: spark-submit beside the interpreter, pyvenv.cfg above it) it adds
+# Spark's Kafka connector and Delta Lake, resolved once by `python -m retrylib.dev.jars`;
+# any other spark-submit (a cluster's, on PATH) brings its own and gets none. Extra
+# spark-submit flags go in RETRYLIB_SPARK_EXTRA, e.g. RETRYLIB_SPARK_EXTRA="--master yarn"
+# (the name deploy/emr/submit.sh reads too).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -42,7 +42,7 @@ jvm_flags=()
 # A system interpreter (/usr/bin/python3.11 on EMR) may sit beside the cluster's own
 # spark-submit: only a virtualenv's is the PyPI Spark that needs the jars.
 if [[ -x "$submit" && -f "$bin/../pyvenv.cfg" ]]; then
-  jars=$("$PYSPARK_PYTHON" -m retrylib.spark.jars spark --classpath)
+  jars=$("$PYSPARK_PYTHON" -m retrylib.dev.jars spark --classpath)
   # The snapshot partitions as retrylib.spark.session sets them for a local Spark: Delta's
   # default of 50 tasks per table-state rebuild costs a local run a second per append.
   jvm_flags=(--jars "$jars"
@@ -61,11 +61,10 @@ mkdir -p "$here/build"
 (cd "$here" && "$PYSPARK_PYTHON" -c "
 import os, sys, zipfile, pathlib
 bundle = pathlib.Path(sys.argv[1])
-left_out = {'retrylib/kafka/broker.py', 'retrylib/spark/jars.py', 'retrylib/ops/demo.py'}
 fresh = bundle.with_name(f'{bundle.name}.{os.getpid()}')
 with zipfile.ZipFile(fresh, 'w') as z:
     for path in sorted(pathlib.Path('retrylib').rglob('*.py')):
-        if path.as_posix() not in left_out:
+        if path.parts[1] != 'dev':
             z.write(path)
 if bundle.exists() and bundle.read_bytes() == fresh.read_bytes():
     fresh.unlink()

@@ -8,7 +8,7 @@
 `retrylib.task.routing.run_task` (what each `mapInArrow` task runs: per-record routing, the
 handler, result rows for Spark to stage) and, for comparison, through a bare loop that only
 converts the columns and calls the handler. `read` produces records to an embedded broker and reads
-them back with `retrylib.kafka.range_reader.read_range` (what a source task emitting records
+them back with `retrylib.source.range_reader.read_range` (what a source task emitting records
 runs). `ranges` produces likewise and runs `run_task` on offset ranges, as the job's tasks
 do: read and route in one pass. All print microseconds per record; `--profile` adds the
 top functions by own time (cProfile).
@@ -149,7 +149,7 @@ def route(args: argparse.Namespace) -> None:
 
 
 def read(args: argparse.Namespace) -> None:
-    from retrylib.kafka.range_reader import KafkaInputPartition, read_range
+    from retrylib.source.range_reader import KafkaInputPartition, read_range
 
     with input_on_broker(args) as bootstrap:
         per = args.records // args.partitions
@@ -191,7 +191,7 @@ def ranges(args: argparse.Namespace) -> None:
 def input_on_broker(args: argparse.Namespace):
     """An embedded broker holding `--records` bench records on topic bench-main."""
     from bench.data import produce_input
-    from retrylib.kafka.broker import EmbeddedBroker
+    from retrylib.dev.broker import EmbeddedBroker
     from retrylib.kafka.clients import ensure_topics, make_admin
 
     with EmbeddedBroker() as broker:

@@ -5,7 +5,7 @@ Run by hand (not a test):
     .venv/bin/python -m bench.run                    # 1,000,000 records, 200 B, 6 partitions
     .venv/bin/python -m bench.run --records 200000 --max-offsets-per-trigger 50000
 
-One embedded Apache Kafka broker (`retrylib.kafka.broker.EmbeddedBroker`, a JVM process) and one
+One embedded Apache Kafka broker (`retrylib.dev.broker.EmbeddedBroker`, a JVM process) and one
 input topic serve every contender; each contender runs in a process of its own while this
 process samples its memory (PSS of the process tree) and CPU time. See bench/README.md for
 what each number means.
@@ -1671,7 +1671,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.bootstrap:
             bootstrap, broker_pid = args.bootstrap, None
         else:
-            from retrylib.kafka.broker import EmbeddedBroker
+            from retrylib.dev.broker import EmbeddedBroker
 
             broker = EmbeddedBroker(data_dir=workdir / "broker").start()
             bootstrap = broker.bootstrap_servers

@@ -400,7 +400,7 @@ def stop_job(job: subprocess.Popen, root_groups: dict[str, list[int]]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from retrylib.kafka.broker import EmbeddedBroker
+    from retrylib.dev.broker import EmbeddedBroker
     from retrylib.kafka.clients import ensure_topics, make_admin
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="retrylib-soak-"))

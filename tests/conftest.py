@@ -4,7 +4,7 @@ start.
 
 The broker is, in order: an external cluster named by RETRYLIB_TEST_BOOTSTRAP_SERVERS;
 testcontainers' Kafka where a Docker engine answers; else an embedded Apache Kafka broker
-(`retrylib.kafka.broker`).
+(`retrylib.dev.broker`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def bootstrap_servers(request: pytest.FixtureRequest, tmp_path_factory) -> Itera
         with KafkaContainer() as kafka:
             yield kafka.get_bootstrap_server()
         return
-    from retrylib.kafka.broker import EmbeddedBroker
+    from retrylib.dev.broker import EmbeddedBroker
 
     # Under pytest's base temp dir, which keeps the last runs: the log outlives the run.
     broker = EmbeddedBroker(data_dir=tmp_path_factory.mktemp("broker")).start()

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from helpers import kill_group, port_answers, stop_group
 
-from retrylib.kafka.broker import free_port
-from retrylib.spark.jars import DELTA_SQL_CONF, spark_jars
+from retrylib.dev.broker import free_port
+from retrylib.dev.jars import DELTA_SQL_CONF, spark_jars
 
 _SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 

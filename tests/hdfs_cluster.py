@@ -2,7 +2,7 @@
 its own, at the Hadoop version of the installed pyspark's client.
 
 Test machinery only, so it lives here and not in the wheel: its jars are a set of the project's
-resolver (`retrylib.spark.jars.resolve`, cached like the others), `hadoop-client-minicluster`
+resolver (`retrylib.dev.jars.resolve`, cached like the others), `hadoop-client-minicluster`
 at the version of pyspark's own `hadoop-client-api` jar with the JUnit API its test classes
 link against, minus every artifact pyspark ships; pyspark's jars complete the class path (its
 `hadoop-client-api` and `hadoop-client-runtime` are the client the minicluster is built on).
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from helpers import JVM_OPTIONS, port_answers, stop_group
 
+from retrylib.dev.broker import free_port
+from retrylib.dev.jars import artifact_id, pyspark_jars, resolve
 from retrylib.errors import JarsError
-from retrylib.kafka.broker import free_port
-from retrylib.spark.jars import artifact_id, pyspark_jars, resolve
 
 JUNIT_VERSION = "5.13.3"
 """JUnit Jupiter's API, which MiniDFSCluster's test utilities call: the version Hadoop 3.5.0

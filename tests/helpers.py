@@ -34,9 +34,9 @@ from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA
 from retrylib.kafka.clients import make_consumer, make_producer, topic_partitions
 from retrylib.kafka.offsets import EARLIEST, LATEST, Offsets
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
-from retrylib.kafka.source import KafkaStreamReader
-from retrylib.kafka.source_options import parse_source_options
 from retrylib.ops.cli import main
+from retrylib.source.kafka_source import KafkaStreamReader
+from retrylib.source.options import parse_source_options
 from retrylib.task.results import KINDS, result_schema
 from retrylib.task.routing import TaskPlan, run_task
 

@@ -73,19 +73,19 @@ from retrylib.batch.produce_units import ProducePlan, produce_units
 from retrylib.batch.progress_watch import ProgressWatch
 from retrylib.batch.result import BatchResult
 from retrylib.batch.table_checks import TableState, last_appends, manifest_tables, mismatch
-from retrylib.checkpoint import Checkpoint
 from retrylib.config.table_ref import TableRef
 from retrylib.config.topic_names import produced_topic
-from retrylib.delta.compaction import Compactor
-from retrylib.delta.tables import append_once, committed_version
 from retrylib.errors import DamagedFile, RetrylibError, TableWriteError, causes
 from retrylib.kafka import worker_clients
 from retrylib.kafka.clients import RecordLimits
-from retrylib.kafka.markers import ControlTopic
 from retrylib.kafka.runner_lease import RunnerLease
 from retrylib.retry.outcomes import Count
+from retrylib.sinks.compaction import Compactor
+from retrylib.sinks.markers import ControlTopic
+from retrylib.sinks.tables import append_once, committed_version
 from retrylib.spark.connect import is_connect, set_job_property
-from retrylib.state_files import claim_json, read_json
+from retrylib.state.checkpoint import Checkpoint
+from retrylib.state.files import claim_json, read_json
 from retrylib.steps import reached
 from retrylib.task.forwarding import ForwardPlan
 from retrylib.task.hooks import DriverHooks

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from retrylib.breaker import Breaker
+from retrylib.retry.breaker import Breaker
 from retrylib.task.bounded_call import BoundedCall
 
 

@@ -25,7 +25,7 @@ from retrylib.retry.key_order import (
     queues_to_json,
     write_queues,
 )
-from retrylib.state_files import join, list_names, read_json, replace_json
+from retrylib.state.files import join, list_names, read_json, replace_json
 
 log = logging.getLogger(__name__)
 

@@ -66,20 +66,20 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from retrylib.batch.result import BatchResult
-from retrylib.checkpoint import Checkpoint
 from retrylib.config.model import AnyConfig, RetryTier
 from retrylib.config.table_ref import TableRef
-from retrylib.delta.dead_letter_table import DeadLetterTable
-from retrylib.delta.tables import append_once, ensure_table
 from retrylib.kafka.offsets import PartitionKey, delay_frontier
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.logs import METRICS_LOGGER
 from retrylib.retry.headers import LAST_FAILURE, header_ms, split_headers
 from retrylib.retry.outcomes import RETRIED, Count, ForwardCount, retried, retried_tier
 from retrylib.retry.policy import due_timestamp_ms
+from retrylib.sinks.dead_letter_table import DeadLetterTable
+from retrylib.sinks.tables import append_once, ensure_table
+from retrylib.state.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
-    from retrylib.breaker import Breaker
+    from retrylib.retry.breaker import Breaker
 
 
 log = logging.getLogger(METRICS_LOGGER)  # the batch lines and the warnings

@@ -36,10 +36,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
-from retrylib.kafka.transactional_producer import UnitProducer, transactional_id
 from retrylib.kafka.worker_clients import MAX_PRODUCERS, Pool, opened
 from retrylib.logs import configure_worker_logging
+from retrylib.sinks.outgoing_records import OUTGOING_SCHEMA
+from retrylib.sinks.transactional_producer import UnitProducer, transactional_id
 from retrylib.task.results import OUTGOING_KIND
 
 UNIT_RESULT_SCHEMA = pa.schema(

@@ -17,10 +17,33 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from retrylib.config.model import KafkaSecurity
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """[kafka.security]: how every Kafka client of the job connects and logs in.
+
+    `mechanism` is set exactly when `protocol` is SASL_*; `username` and `password` go with
+    PLAIN and SCRAM; `token_provider` ("module:function", called as confluent-kafka calls
+    `oauth_cb`) with OAUTHBEARER; `ca_file` (PEM) with SSL and SASL_SSL.
+    """
+
+    protocol: str = "PLAINTEXT"
+    mechanism: str | None = None
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    token_provider: str | None = None
+
+    def describe(self, *, user_shown: bool = True) -> str:
+        """How the job logs in, for error messages: never the password, and the user name
+        only when `user_shown`."""
+        if self.mechanism is None:
+            return f"security.protocol {self.protocol}"
+        user = f", user {self.username!r}" if self.username and user_shown else ""
+        return f"SASL {self.mechanism} over {self.protocol}{user}"
+
 
 TOKEN_PROVIDER_OPTION = "retrylib.oauth_token_provider"
 """The librdkafka option that carries the token provider's reference ("module:function") to

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any
 
-from retrylib.config.client_security import java_security, librdkafka_security
+from retrylib.config.client_security import KafkaSecurity, java_security, librdkafka_security
 from retrylib.config.schema import OutputSchema
 from retrylib.config.secrets import MASK, OPTION_TABLES, is_hidden
 from retrylib.config.table_ref import TableRef
@@ -52,31 +52,6 @@ class _ReadOnlyMappings:
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
         values = (getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
         return type(self), tuple(dict(v) if isinstance(v, Mapping) else v for v in values)
-
-
-@dataclass(frozen=True)
-class KafkaSecurity:
-    """[kafka.security]: how every Kafka client of the job connects and logs in.
-
-    `mechanism` is set exactly when `protocol` is SASL_*; `username` and `password` go with
-    PLAIN and SCRAM; `token_provider` ("module:function", called as confluent-kafka calls
-    `oauth_cb`) with OAUTHBEARER; `ca_file` (PEM) with SSL and SASL_SSL.
-    """
-
-    protocol: str = "PLAINTEXT"
-    mechanism: str | None = None
-    username: str | None = None
-    password: str | None = None
-    ca_file: str | None = None
-    token_provider: str | None = None
-
-    def describe(self, *, user_shown: bool = True) -> str:
-        """How the job logs in, for error messages: never the password, and the user name
-        only when `user_shown`."""
-        if self.mechanism is None:
-            return f"security.protocol {self.protocol}"
-        user = f", user {self.username!r}" if self.username and user_shown else ""
-        return f"SASL {self.mechanism} over {self.protocol}{user}"
 
 
 TIER_TIMESTAMP_CONFIG = "message.timestamp.after.max.ms"

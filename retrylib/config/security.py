@@ -11,8 +11,7 @@ import json
 import os
 from collections.abc import Mapping
 
-from retrylib.config.client_security import java_security, librdkafka_security
-from retrylib.config.model import KafkaSecurity
+from retrylib.config.client_security import KafkaSecurity, java_security, librdkafka_security
 from retrylib.config.values import FUNCTION_REF, SASL_MECHANISM, SECURITY_PROTOCOL, TEXT, Table
 
 _LOGINS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")

@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ClusterMetadata
 
-from retrylib.checkpoint import Checkpoint
 from retrylib.config.durations import format_duration
 from retrylib.config.model import AnyConfig, Config, RouterConfig
 from retrylib.config.topic_names import ANY_TOPIC, produced_topic
 from retrylib.errors import RetrylibError
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.reading import KafkaOffsets
-from retrylib.kafka.stranded import stranded_retries
+from retrylib.source.stranded import stranded_retries
 from retrylib.spark.session import tool_session
-from retrylib.state_files import on_driver_disk
+from retrylib.state.checkpoint import Checkpoint
+from retrylib.state.files import on_driver_disk
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -61,7 +61,7 @@ def preflight(
 
 def _stranded_findings(config: Config, spark: SparkSession | None) -> list[Finding]:
     """An error per retry topic taken out of retry.delays with records still in it
-    (`retrylib.kafka.stranded`), read from the checkpoint's last planned offsets."""
+    (`retrylib.source.stranded`), read from the checkpoint's last planned offsets."""
     if spark is None and not on_driver_disk(None, config.job.checkpoint):
         return [
             Finding(
@@ -219,8 +219,8 @@ def _table_findings(spark: SparkSession, config: AnyConfig) -> list[Finding]:
     warning), or not what the job writes (an error naming every column difference).
     """
     from retrylib.batch.metrics import metrics_struct
-    from retrylib.delta.dead_letter import dead_letter_struct
-    from retrylib.delta.tables import column_differences, read_table, table_exists
+    from retrylib.sinks.dead_letter import dead_letter_struct
+    from retrylib.sinks.tables import column_differences, read_table, table_exists
 
     wanted = []
     if not isinstance(config, RouterConfig):

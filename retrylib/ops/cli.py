@@ -375,7 +375,7 @@ def _stops_new_spark() -> Iterator[None]:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from retrylib.ops.demo import run_demo
+    from retrylib.dev.demo import run_demo
 
     return run_demo(records=args.records, workdir=args.workdir)
 

@@ -25,7 +25,7 @@ job does on every topic it reads (on its main topics, unless `[kafka.options]` s
 otherwise: `kafka.clients.main_topic_reading`).
 
 The dead-letter table (a path or a catalog name) is read and updated through Spark's Delta
-(`retrylib.delta.dead_letter_table`); an UPDATE that loses a race with another commit (an
+(`retrylib.sinks.dead_letter_table`); an UPDATE that loses a race with another commit (an
 OPTIMIZE, a second redrive) is run again, a few times. The job's own appends of dead letters
 are blind appends, which Delta lets an UPDATE commit beside. A table the job has not created
 yet holds nothing to redrive.
@@ -56,8 +56,6 @@ from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.config.model import AnyConfig, Config, RouterConfig
 from retrylib.config.topic_names import redriven_topic
-from retrylib.delta.dead_letter_table import SHOWN_COLUMNS, DeadLetterTable, redriven_at_least
-from retrylib.delta.tables import sql_string, sql_timestamp, table_exists
 from retrylib.errors import RedriveError
 from retrylib.kafka.clients import (
     connected_admin,
@@ -68,6 +66,8 @@ from retrylib.kafka.clients import (
 from retrylib.kafka.reading import ReadToEnd, produce, reading_consumer
 from retrylib.kafka.runner_lease import redrive_group, take_lease
 from retrylib.retry.headers import redriven_headers
+from retrylib.sinks.dead_letter_table import SHOWN_COLUMNS, DeadLetterTable, redriven_at_least
+from retrylib.sinks.tables import sql_string, sql_timestamp, table_exists
 from retrylib.spark.session import tool_session
 
 if TYPE_CHECKING:

@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.batch.key_order_store import stored_queues
-from retrylib.checkpoint import Checkpoint
 from retrylib.config.durations import format_duration
 from retrylib.config.model import AnyConfig, Config, DeadLetterConfig, RetryTier, RouterConfig
 from retrylib.errors import DamagedFile
@@ -60,7 +59,8 @@ from retrylib.retry import headers
 from retrylib.retry.outcomes import RETRIED, Count, ForwardCount, retried
 from retrylib.retry.policy import due_time_ms, latest_fair_timestamp_ms
 from retrylib.spark.session import tool_session
-from retrylib.state_files import read_json
+from retrylib.state.checkpoint import Checkpoint
+from retrylib.state.files import read_json
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -346,8 +346,8 @@ def dead_letter_summary(
     """
     from pyspark.sql import functions as F
 
-    from retrylib.delta.dead_letter_table import WAITING, redriven_at_least
-    from retrylib.delta.tables import read_table, table_exists
+    from retrylib.sinks.dead_letter_table import WAITING, redriven_at_least
+    from retrylib.sinks.tables import read_table, table_exists
 
     table = dead_letter.table_ref()
     if not table_exists(spark, table):
@@ -442,7 +442,7 @@ def last_batches(
     if metrics is not None:
         from pyspark.sql import functions as F
 
-        from retrylib.delta.tables import read_table, table_exists
+        from retrylib.sinks.tables import read_table, table_exists
 
         if table_exists(spark, metrics):
             rows = (

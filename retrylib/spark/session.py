@@ -51,7 +51,7 @@ def build_spark_session(
 
     `master` is only applied when given (spark-submit, clusters and a Spark Connect server
     set their own). On a Spark installed from PyPI (a laptop, CI) the session gets Spark's
-    Kafka connector and Delta Lake from `retrylib.spark.jars` (fetched once); a cluster's
+    Kafka connector and Delta Lake from `retrylib.dev.jars` (fetched once); a cluster's
     Spark, spark-submit and a Spark Connect server bring their own. `extra` settings are
     applied last, over retrylib's own. The retrylib Kafka data source is registered on the
     session. Raises `JarsError` when the jars are needed and cannot be resolved.
@@ -66,7 +66,7 @@ def build_spark_session(
     if not runs_on_cluster_spark() and not server:
         # Imported here: spark-submit.sh leaves the jar resolver out of what it ships, and
         # under spark-submit (which runs the driver from that bundle) it is never needed.
-        from retrylib.spark.jars import DELTA_SQL_CONF, spark_jars
+        from retrylib.dev.jars import DELTA_SQL_CONF, spark_jars
 
         settings["spark.jars"] = ",".join(str(jar) for jar in spark_jars())
         settings.update(DELTA_SQL_CONF)
@@ -83,7 +83,7 @@ def build_spark_session(
                 spark.conf.set(key, value)
     if not is_connect(spark):  # a Connect server's log level is its own
         spark.sparkContext.setLogLevel("WARN")
-    from retrylib.kafka.source import KafkaDataSource
+    from retrylib.source.kafka_source import KafkaDataSource
 
     spark.dataSource.register(KafkaDataSource)
     return spark

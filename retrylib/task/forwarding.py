@@ -41,12 +41,12 @@ from retrylib.config.topic_names import CONTROL_TOPIC_PREFIX
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
 from retrylib.kafka.clients import own_topic_reading
-from retrylib.kafka.outgoing_records import OutgoingBuffer
-from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
 from retrylib.logs import configure_worker_logging
 from retrylib.retry.headers import DEAD_LETTER_REASON, ERROR_MESSAGE
 from retrylib.retry.outcomes import Count, ForwardCount, Reason
 from retrylib.retry.policy import due_time_ms, due_timestamp_ms
+from retrylib.sinks.outgoing_records import OutgoingBuffer
+from retrylib.source.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
 from retrylib.task.read_ahead import DueClock
 from retrylib.task.results import OUTGOING_KIND, ResultRows
 

@@ -50,9 +50,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from retrylib.config.importing import import_object
-from retrylib.handler import TimedCall
 from retrylib.retry.outcomes import Count
 from retrylib.task.bounded_call import BoundedCall
+from retrylib.task.handler import TimedCall
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.retry.key_order import KEY_STATE_SCHEMA
+from retrylib.sinks.dead_letter import DEAD_LETTER_SCHEMA
+from retrylib.sinks.outgoing_records import OUTGOING_SCHEMA
 
 OUTGOING_KIND = "staged"
 """The kind of the result rows that hold an outgoing record, and the name of their struct.

@@ -17,10 +17,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
 from retrylib.errors import CorruptRetryHeaders, RetrylibError, Skip, UnverifiedRetryRecord
-from retrylib.handler import BadHandlerResult
-from retrylib.kafka.outgoing_records import OutgoingBuffer
 from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
 from retrylib.record import Record
 from retrylib.retry.headers import (
@@ -44,6 +41,9 @@ from retrylib.retry.policy import (
     tier_timestamp_ms,
     tiers_of,
 )
+from retrylib.sinks.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
+from retrylib.sinks.outgoing_records import OutgoingBuffer
+from retrylib.task.handler import BadHandlerResult
 from retrylib.task.results import LATENESS_SCHEMA, OUTGOING_KIND, ResultRows
 
 if TYPE_CHECKING:

@@ -23,7 +23,17 @@ from typing import TypeVar
 
 import pyarrow as pa
 
-from retrylib.handler import (
+from retrylib.kafka import worker_clients
+from retrylib.kafka.arrow_records import RANGE_SCHEMA
+from retrylib.kafka.clients import main_topic_reading, own_topic_reading
+from retrylib.logs import configure_worker_logging
+from retrylib.record import Record
+from retrylib.retry.headers import without_reserved
+from retrylib.retry.key_order import KeyOrder
+from retrylib.retry.outcomes import Count
+from retrylib.retry.policy import RetryPolicy
+from retrylib.source.range_reader import KafkaInputPartition, read_messages, read_range
+from retrylib.task.handler import (
     BadHandlerResult,
     Handler,
     TimedCall,
@@ -32,16 +42,6 @@ from retrylib.handler import (
     load_handler,
     result_rows,
 )
-from retrylib.kafka import worker_clients
-from retrylib.kafka.arrow_records import RANGE_SCHEMA
-from retrylib.kafka.clients import main_topic_reading, own_topic_reading
-from retrylib.kafka.range_reader import KafkaInputPartition, read_messages, read_range
-from retrylib.logs import configure_worker_logging
-from retrylib.record import Record
-from retrylib.retry.headers import without_reserved
-from retrylib.retry.key_order import KeyOrder
-from retrylib.retry.outcomes import Count
-from retrylib.retry.policy import RetryPolicy
 from retrylib.task.hooks import Hooks
 from retrylib.task.lanes import Lanes
 from retrylib.task.read_ahead import DueClock, WaitingRetries

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from retrylib.kafka.broker import EmbeddedBroker
+from retrylib.dev.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.retry.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, record_id
 from retrylib.steps import BATCH_STEPS, START_STEPS, STEPS

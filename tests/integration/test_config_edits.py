@@ -35,8 +35,8 @@ from helpers import (  # noqa: E402
 from retrylib.config.topic_names import produced_topic  # noqa: E402
 from retrylib.errors import TopicError  # noqa: E402
 from retrylib.kafka.clients import make_admin, make_producer  # noqa: E402
-from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA  # noqa: E402
-from retrylib.kafka.transactional_producer import UnitProducer  # noqa: E402
+from retrylib.sinks.outgoing_records import OUTGOING_SCHEMA  # noqa: E402
+from retrylib.sinks.transactional_producer import UnitProducer  # noqa: E402
 
 
 def _run_until_settled(job: FaultsJob, log: Path) -> None:

@@ -21,15 +21,15 @@ import pyarrow as pa
 import pytest
 from helpers import read_topic, wait_for
 
-from retrylib.checkpoint import Checkpoint
 from retrylib.config.topic_names import produced_topic
 from retrylib.errors import ProduceError
-from retrylib.kafka import transactional_producer
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
-from retrylib.kafka.markers import ControlTopic, read_marker
-from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
-from retrylib.kafka.transactional_producer import UnitProducer
-from retrylib.state_files import claim_json, read_json
+from retrylib.sinks import transactional_producer
+from retrylib.sinks.markers import ControlTopic, read_marker
+from retrylib.sinks.outgoing_records import OUTGOING_SCHEMA
+from retrylib.sinks.transactional_producer import UnitProducer
+from retrylib.state.checkpoint import Checkpoint
+from retrylib.state.files import claim_json, read_json
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 REPO = FAULTS_DIR.parents[1]
@@ -247,8 +247,8 @@ def _produce_and_crash(
     of its own, which crash point `point` kills."""
     return _python(
         "import pyarrow as pa\n"
-        "from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA\n"
-        "from retrylib.kafka.transactional_producer import UnitProducer\n"
+        "from retrylib.sinks.outgoing_records import OUTGOING_SCHEMA\n"
+        "from retrylib.sinks.transactional_producer import UnitProducer\n"
         f"rows = {outgoing.rows!r}\n"
         f"p = UnitProducer({job!r}, 'app-1', 0, {bootstrap!r}, {{}}, signing_key={KEY!r})\n"
         f"p.produce_once({batch_id}, "
@@ -333,7 +333,7 @@ def test_a_kept_producer_taken_over_by_another_worker_produces_once(bootstrap_se
 @pytest.fixture
 def own_broker(tmp_path):
     """A broker of this test's own, to restart; its data under tmp_path."""
-    from retrylib.kafka.broker import EmbeddedBroker
+    from retrylib.dev.broker import EmbeddedBroker
 
     with EmbeddedBroker(data_dir=tmp_path / "broker") as broker:
         ensure_topics(

@@ -20,7 +20,7 @@ from pathlib import Path
 from chispa import assert_df_equality
 from helpers import assert_one_error_line, produce, run_available_now, run_cli
 
-from retrylib.checkpoint import Checkpoint
+from retrylib.state.checkpoint import Checkpoint
 
 
 def assert_keys(spark, output: Path, records: list[tuple[str, str]]) -> None:

@@ -1,4 +1,4 @@
-"""`retrylib.delta.tables` against real Delta tables, by path and by catalog name, in local Spark:
+"""`retrylib.sinks.tables` against real Delta tables, by path and by catalog name, in local Spark:
 each test through the tests' classic session and through a Spark Connect client of the
 run's Connect server, unless it names one.
 
@@ -22,7 +22,8 @@ from pyspark.sql.types import StructField, StructType
 
 from retrylib.batch.commit import _Started
 from retrylib.config.table_ref import TableRef
-from retrylib.delta.tables import (
+from retrylib.errors import RetrylibError
+from retrylib.sinks.tables import (
     append_once,
     committed_version,
     ensure_table,
@@ -30,7 +31,6 @@ from retrylib.delta.tables import (
     table_exists,
     update_where,
 )
-from retrylib.errors import RetrylibError
 
 ORDERS = "id BIGINT, part STRING, total DOUBLE"
 CLASSIC_ONLY = pytest.mark.parametrize("spark", ["classic"], indirect=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from retrylib.state_files import claim_json, list_names, read_json, replace_json
+from retrylib.state.files import claim_json, list_names, read_json, replace_json
 
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 sys.path.insert(0, str(FAULTS_DIR))

@@ -11,7 +11,7 @@ def test_a_second_resolution_runs_no_maven(tmp_path):
     # setup.sh resolved both sets already; with no `mvn` on PATH, only the cache can answer.
     env = {**os.environ, "PATH": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-m", "retrylib.spark.jars", "spark", "kafka", "--classpath"],
+        [sys.executable, "-m", "retrylib.dev.jars", "spark", "kafka", "--classpath"],
         capture_output=True,
         text=True,
         env=env,
@@ -29,7 +29,7 @@ def test_a_second_resolution_runs_no_maven(tmp_path):
 def test_without_maven_and_cache_the_error_says_what_to_install(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path), "RETRYLIB_JARS": str(tmp_path / "empty")}
     done = subprocess.run(
-        [sys.executable, "-m", "retrylib.spark.jars", "kafka"],
+        [sys.executable, "-m", "retrylib.dev.jars", "kafka"],
         capture_output=True,
         text=True,
         env=env,

@@ -13,10 +13,10 @@ from chispa import assert_df_equality
 from confluent_kafka.admin import ConfigResource
 from helpers import produce, read_table, run_available_now, table_frame
 
-from retrylib.checkpoint import Checkpoint
 from retrylib.config.topic_names import produced_topic
 from retrylib.job import prepare_topics, start_query
 from retrylib.kafka.clients import make_admin
+from retrylib.state.checkpoint import Checkpoint
 
 
 def expected_frame(spark, rows: list[tuple]):
@@ -97,7 +97,7 @@ def test_replayed_batch_writes_nothing_twice(spark, bootstrap_servers, make_topi
 
     batch_commit(frame, 7)
     batch_commit(frame, 7)  # replay with the manifest in place: decisions reused
-    from retrylib.state_files import delete_tree, join
+    from retrylib.state.files import delete_tree, join
 
     delete_tree(spark, join(config.job.checkpoint, "retrylib", "manifests"))
     batch_commit(frame, 7)  # replay from scratch: the Delta txn refuses a second commit

@@ -21,7 +21,7 @@ import pytest
 from chispa import assert_df_equality
 from helpers import produce, read_topic, run_cli_completed, run_retrylib, write_job_toml
 
-from retrylib.kafka.broker import EmbeddedBroker
+from retrylib.dev.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin
 from retrylib.ops.cli import main
 

@@ -26,17 +26,18 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from retrylib.config.loader import load_config
 from retrylib.config.schema import parse_schema
 from retrylib.errors import KafkaSourceError
-from retrylib.kafka import range_reader, worker_clients
+from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA, RANGE_SCHEMA
 from retrylib.kafka.clients import READ_COMMITTED, make_admin, make_consumer
-from retrylib.kafka.range_reader import KafkaInputPartition, read_range
 from retrylib.kafka.reading import watermarks
-from retrylib.kafka.source import (
+from retrylib.source import range_reader
+from retrylib.source.kafka_source import (
     KafkaStreamReader,
     ReadAllAvailable,  # None before Spark 4.2: this module's tests run on the default leg only
     ReadMaxRows,
 )
-from retrylib.kafka.source_options import parse_source_options
+from retrylib.source.options import parse_source_options
+from retrylib.source.range_reader import KafkaInputPartition, read_range
 from retrylib.task.routing import TaskPlan, run_task
 
 RecordId = tuple[str, int, int]  # topic, partition, offset

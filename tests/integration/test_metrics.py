@@ -13,8 +13,8 @@ from helpers import produce, read_table
 from retrylib.batch.metrics import METRICS_SCHEMA, metrics_struct, table_row
 from retrylib.batch.result import BatchResult
 from retrylib.config.table_ref import TableRef
-from retrylib.delta.tables import append_once
 from retrylib.job import start_query, stop_gracefully
+from retrylib.sinks.tables import append_once
 
 
 def test_metrics_lines_and_table_match_the_run(

@@ -10,7 +10,7 @@ from helpers import metrics_job_config
 from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
 from retrylib.config.table_ref import TableRef
-from retrylib.delta.tables import read_table
+from retrylib.sinks.tables import read_table
 
 
 def result(batch_id: int, **counters: int) -> BatchResult:

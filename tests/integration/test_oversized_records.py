@@ -21,10 +21,10 @@ from helpers import produce, read_table, read_topic, run_until, settled_count
 from retrylib.config.topic_names import produced_topic
 from retrylib.errors import RecordTooLargeError
 from retrylib.kafka.clients import make_admin
-from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
 from retrylib.kafka.record_size import wire_size
-from retrylib.kafka.transactional_producer import UnitProducer
 from retrylib.retry import headers as h
+from retrylib.sinks.outgoing_records import OUTGOING_SCHEMA
+from retrylib.sinks.transactional_producer import UnitProducer
 
 TIER_LIMIT, DEAD_LETTER_LIMIT = 200_000, 100_000
 BIG_VALUE = 199_700  # fits the tier alone; with retrylib's retry headers it does not

@@ -20,17 +20,17 @@ from helpers import read_topic
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-import retrylib.delta.dead_letter_table as table_module
+import retrylib.sinks.dead_letter_table as table_module
 from retrylib.config.table_ref import TableRef
 from retrylib.config.topic_names import redriven_topic
-from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA
-from retrylib.delta.tables import append_once, ensure_table, read_table
 from retrylib.errors import LeaseHeld, RedriveError
 from retrylib.kafka.clients import ensure_topics
 from retrylib.kafka.runner_lease import redrive_group, take_lease
 from retrylib.ops.check import preflight
 from retrylib.ops.redrive import PACED_SEND_S, Selection, redrive
 from retrylib.ops.status import collect_status
+from retrylib.sinks.dead_letter import DEAD_LETTER_SCHEMA
+from retrylib.sinks.tables import append_once, ensure_table, read_table
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 DEAD_LETTER = from_arrow_schema(DEAD_LETTER_SCHEMA)

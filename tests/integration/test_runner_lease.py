@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from helpers import wait_for
 
+from retrylib.dev.broker import EmbeddedBroker
 from retrylib.errors import LeaseHeld, TopicError
-from retrylib.kafka.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, partition_counts
 from retrylib.kafka.runner_lease import LEASE_SESSION_TIMEOUT_MS, take_lease
 

@@ -11,10 +11,10 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from helpers import produce, read_table
 
-from retrylib.checkpoint import Checkpoint
 from retrylib.config.loader import load_config
 from retrylib.job import start_query
-from retrylib.state_files import read_json, replace_json
+from retrylib.state.checkpoint import Checkpoint
+from retrylib.state.files import read_json, replace_json
 
 
 def test_a_short_optimize_every_compacts_the_output_table(

@@ -44,7 +44,7 @@ from retrylib.kafka.clients import client_config
 secret = sys.argv[1]
 config = client_config("127.0.0.1:1", {"client.id": secret, "linger.ms": "5"}, {"client.id"})
 config["logger"].warning("CONFWARN [%s#consumer-1] [thrd:app]: a librdkafka line", secret)
-logging.getLogger("retrylib.kafka.range_reader").warning("reading with client %s", secret)
+logging.getLogger("retrylib.source.range_reader").warning("reading with client %s", secret)
 """
 
 

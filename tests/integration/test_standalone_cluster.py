@@ -38,7 +38,7 @@ import pyspark
 import pytest
 from helpers import JVM_OPTIONS, logged_metrics
 
-from retrylib.kafka.broker import free_port
+from retrylib.dev.broker import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "faults"))

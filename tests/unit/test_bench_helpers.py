@@ -246,7 +246,7 @@ def test_soak_sums_the_jobs_metrics_lines_as_they_come(tmp_path):
     line = "2026-11-23 10:00:00,000 INFO retrylib.metrics: " + json.dumps(
         {"batch_id": 1, "duration_ms": 1500, "records_main": 10, "succeeded": 9}
     )
-    path.write_text(line + "\n" + "x INFO retrylib.delta.compaction: compacted the output table\n")
+    path.write_text(line + "\n" + "x INFO retrylib.sinks.compaction: compacted the output table\n")
     log = JobLog(path)
     assert log.read() == [1500]
     with open(path, "a") as f:

@@ -8,7 +8,10 @@ from types import SimpleNamespace
 import pytest
 from helpers import FakeKafka, problem_for, reader_for, write_literal_config
 
-from retrylib.breaker import (
+from retrylib.config.loader import load_config
+from retrylib.config.model import BreakerConfig
+from retrylib.kafka.offsets import offsets_from_json
+from retrylib.retry.breaker import (
     CLOSED,
     OPEN,
     Breaker,
@@ -17,9 +20,6 @@ from retrylib.breaker import (
     read_state,
     write_state,
 )
-from retrylib.config.loader import load_config
-from retrylib.config.model import BreakerConfig
-from retrylib.kafka.offsets import offsets_from_json
 
 CONFIG = BreakerConfig(failure_share=0.5, window=100, probe_every_ms=30_000, probe_records=5)
 P0 = ("orders", 0)
@@ -144,7 +144,7 @@ def test_each_batch_s_paused_ms_is_the_pause_since_the_last_batch(
     breaker, monkeypatch, caplog
 ) -> None:
     clock = iter([10.0, 12.5, 20.0, 21.0, 30.0]).__next__
-    monkeypatch.setattr("retrylib.breaker.time", SimpleNamespace(monotonic=clock))
+    monkeypatch.setattr("retrylib.retry.breaker.time", SimpleNamespace(monotonic=clock))
 
     breaker.health(False, "payments down")  # at 10
     assert breaker.take_paused_ms() == 2_500  # at 12.5: still paused

@@ -73,14 +73,14 @@ def test_a_spark_error_from_python_code_is_one_line_with_what_python_raised() ->
         '  File "/x/source.py", line 9, in reportLatestOffset\n'
         "    _, end = self._available(self._last_end or {})\n"
         "             ^^^^^^^^^^^^^^^\n"
-        "retrylib.kafka.source.TopicVanished: listing offsets of ['t'] failed\n"
+        "retrylib.source.kafka_source.TopicVanished: listing offsets of ['t'] failed\n"
         "\tat org.apache.spark.sql.execution.python.streaming.Runner.x(Runner.scala:1)\n"
     )
 
     assert spark_error_line(text) == (
         "[STREAM_FAILED] Query [id = 1] terminated with exception: "
         "[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source "
-        "perform reportLatestOffset: retrylib.kafka.source.TopicVanished: listing offsets of "
-        "['t'] failed"
+        "perform reportLatestOffset: retrylib.source.kafka_source.TopicVanished: "
+        "listing offsets of ['t'] failed"
     )
     assert spark_error_line("[DELTA_X] no table\nmore") == "[DELTA_X] no table"

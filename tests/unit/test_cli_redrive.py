@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from delta.exceptions import ConcurrentAppendException, ConcurrentDeleteReadException
 
-import retrylib.delta.dead_letter_table as table_module
 import retrylib.ops.redrive as redrive_module
+import retrylib.sinks.dead_letter_table as table_module
 from retrylib.config.table_ref import TableRef
-from retrylib.delta.dead_letter_table import DeadLetterTable
 from retrylib.ops.redrive import Selection
+from retrylib.sinks.dead_letter_table import DeadLetterTable
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 UNCLAIMED = "redrive_id IS NULL AND redriven_at IS NULL"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from retrylib.config.table_ref import TableRef
-from retrylib.delta import compaction
-from retrylib.delta.compaction import Compactor, compaction_due
+from retrylib.sinks import compaction
+from retrylib.sinks.compaction import Compactor, compaction_due
 
 STATE_FILE = "compaction.json"
 MINUTE = 60_000
@@ -86,7 +86,7 @@ def test_a_failing_table_is_logged_and_the_others_still_compact(
     compactor = Compactor(str(tmp_path / STATE_FILE), 30 * MINUTE, TABLES)
     compactor.after_batch(None, now_ms=0)
 
-    with caplog.at_level(logging.WARNING, logger="retrylib.delta.compaction"):
+    with caplog.at_level(logging.WARNING, logger="retrylib.sinks.compaction"):
         assert compactor.after_batch(None, now_ms=30 * MINUTE) is True
 
     assert calls == ["/t/out", "/t/dlq"]
@@ -103,7 +103,7 @@ def test_an_unwritable_clock_never_fails_the_batch(
     blocker.write_text("")
     compactor = Compactor(str(blocker / STATE_FILE), 30 * MINUTE, TABLES)
 
-    with caplog.at_level(logging.WARNING, logger="retrylib.delta.compaction"):
+    with caplog.at_level(logging.WARNING, logger="retrylib.sinks.compaction"):
         assert compactor.after_batch(None, now_ms=0) is False
 
     assert "scheduled compaction not done" in caplog.text
@@ -115,7 +115,7 @@ def test_an_unreadable_clock_starts_again(
     (tmp_path / STATE_FILE).write_text('{"last_')  # a write cut short
     compactor = Compactor(str(tmp_path / STATE_FILE), 30 * MINUTE, TABLES)
 
-    with caplog.at_level(logging.WARNING, logger="retrylib.delta.compaction"):
+    with caplog.at_level(logging.WARNING, logger="retrylib.sinks.compaction"):
         assert compactor.after_batch(None, now_ms=100 * MINUTE) is False
 
     assert "the compaction clock starts now" in caplog.text

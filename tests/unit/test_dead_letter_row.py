@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from retrylib.delta.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
+from retrylib.sinks.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
 
 DEAD = DeadLetter(
     id="job:orders:0:7",

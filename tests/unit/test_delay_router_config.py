@@ -10,7 +10,7 @@ import pytest
 from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.config.model import RouterConfig
 from retrylib.job import _every_topic, forward_plan
-from retrylib.kafka.source_options import parse_source_options
+from retrylib.source.options import parse_source_options
 
 FALLBACK = "delay_router.fallback_topic"
 ROUTER = """

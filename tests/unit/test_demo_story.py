@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retrylib.ops.demo import batch_story
+from retrylib.dev.demo import batch_story
 
 
 def test_a_batch_is_told_by_what_it_read_and_where_each_record_went() -> None:

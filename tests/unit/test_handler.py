@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-import retrylib.handler as handler_module
-from retrylib.handler import (
+import retrylib.task.handler as handler_module
+from retrylib.record import Record
+from retrylib.task.handler import (
     BadHandlerResult,
     HandlerRaisedBaseException,
     HandlerTimeout,
@@ -22,7 +23,6 @@ from retrylib.handler import (
     load_handler,
     result_rows,
 )
-from retrylib.record import Record
 
 COLUMNS = frozenset({"key", "total"})
 
@@ -92,7 +92,7 @@ def test_errors_of_the_handler_pass_through_and_disarm():
 def test_a_long_call_is_named_with_its_record_once_it_has_run_half_its_limit(caplog):
     with pytest.raises(HandlerTimeout):
         TimedCall(400)(lambda r: time.sleep(30), record())
-    warnings = [r.getMessage() for r in caplog.records if r.name == "retrylib.handler"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "retrylib.task.handler"]
     assert len(warnings) == 1, warnings
     assert re.fullmatch(
         r"handler has run 0\.\ds on orders\[0\]@7 and goes on \(handler.timeout 0.4s\)",

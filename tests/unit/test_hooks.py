@@ -13,7 +13,7 @@ import unit_handlers
 from helpers import REPO, problem_for, route, write_literal_config
 
 from retrylib.config.loader import load_config
-from retrylib.handler import TimedCall
+from retrylib.task.handler import TimedCall
 from retrylib.task.hooks import DriverHooks, Hooks
 
 ROWS = [

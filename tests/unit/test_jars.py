@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from hdfs_cluster import hadoop_version, hdfs_coordinates
 
-from retrylib.errors import JarsError
-from retrylib.spark.jars import (
+from retrylib.dev.jars import (
     artifact_id,
     delta_artifact,
     kafka_coordinates,
     pom,
     spark_coordinates,
 )
+from retrylib.errors import JarsError
 
 
 @pytest.mark.parametrize(

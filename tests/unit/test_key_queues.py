@@ -10,8 +10,6 @@ import pytest
 from helpers import TIER, problem_for, route
 
 from retrylib.batch.key_order_store import stored_queues
-from retrylib.checkpoint import expired_state
-from retrylib.kafka.key_groups import key_groups
 from retrylib.kafka.offsets import OffsetRange, deal
 from retrylib.record import Record
 from retrylib.retry.headers import decode_retry_state, split_headers
@@ -22,6 +20,8 @@ from retrylib.retry.key_order import (
     queues_from_json,
     queues_to_json,
 )
+from retrylib.source.key_groups import key_groups
+from retrylib.state.checkpoint import expired_state
 from retrylib.task.results import OUTGOING_KIND
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from retrylib.errors import RetrylibError
-from retrylib.kafka.main_reader import main_reader
+from retrylib.source.main_reader import main_reader
 
 RECORD = "cp/retrylib/main_reader.json"
 

@@ -17,8 +17,8 @@ from retrylib.batch.metrics import (
     table_row,
 )
 from retrylib.batch.result import BatchResult
-from retrylib.checkpoint import Checkpoint
 from retrylib.kafka.reading import KafkaOffsets
+from retrylib.state.checkpoint import Checkpoint
 
 
 def result(batch_id: int = 4, **counters: int) -> BatchResult:

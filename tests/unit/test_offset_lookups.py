@@ -12,8 +12,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.errors import KafkaSourceError
-from retrylib.kafka import source
-from retrylib.kafka.source import _Metadata
+from retrylib.source import kafka_source as source
+from retrylib.source.kafka_source import _Metadata
 
 
 class ScriptedConsumer:

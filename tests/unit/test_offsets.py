@@ -37,7 +37,7 @@ from retrylib.kafka.offsets import (
     split_ranges,
     with_new_partitions,
 )
-from retrylib.kafka.source_options import parse_source_options
+from retrylib.source.options import parse_source_options
 
 A0, A1, A2, B0 = ("a", 0), ("a", 1), ("a", 2), ("b", 0)
 

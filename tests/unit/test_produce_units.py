@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from retrylib.batch.produce_units import _spool_units, spark_hash_int, spread_keys
-from retrylib.kafka.markers import marker_value, read_marker
-from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
+from retrylib.sinks.markers import marker_value, read_marker
+from retrylib.sinks.outgoing_records import OUTGOING_SCHEMA
 
 # What Spark 4.2's `hash()` gives for these ints (read off `spark.range(-3, 6)`).
 SPARK_HASHES = {

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from retrylib.checkpoint import MANIFESTS_KEPT, STAGING_FOLDER, Checkpoint, expired_state
 from retrylib.errors import DamagedFile, RetrylibError
-from retrylib.state_files import read_json
+from retrylib.state.checkpoint import MANIFESTS_KEPT, STAGING_FOLDER, Checkpoint, expired_state
+from retrylib.state.files import read_json
 
 OFFSETS = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1700000000000}\n{"orders":{"0":42}}\n'
 

@@ -11,11 +11,11 @@ from helpers import problem_for, write_literal_config
 from retrylib.config.client_security import (
     TOKEN_PROVIDER_OPTION,
     TOKEN_PROVIDER_PATHS_OPTION,
+    KafkaSecurity,
     java_security,
     librdkafka_security,
 )
 from retrylib.config.loader import load_config
-from retrylib.config.model import KafkaSecurity
 from retrylib.kafka.clients import client_config, token_callback
 
 pytestmark = pytest.mark.usefixtures("run_from_repo")

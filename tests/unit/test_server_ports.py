@@ -1,7 +1,7 @@
 """Where the embedded broker and the tests' servers take their ports from: below the
 kernel's ephemeral ports, so no bind(0) or outgoing connection can be handed one of them."""
 
-from retrylib.kafka.broker import server_ports
+from retrylib.dev.broker import server_ports
 
 
 def test_linux_default_range_leaves_ten_thousand_up_to_it():

@@ -11,7 +11,7 @@ import pytest
 from retrylib.config.loader import load_config
 from retrylib.job import _every_topic, source_options
 from retrylib.kafka.offsets import AT_TIMESTAMP, StartingOffsets
-from retrylib.kafka.source_options import parse_source_options
+from retrylib.source.options import parse_source_options
 from tests.helpers import problem_for, write_literal_config
 
 NOV_1_8AM_MS = 1_761_984_000_000  # 2025-11-01T08:00:00Z

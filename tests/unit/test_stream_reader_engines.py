@@ -18,8 +18,8 @@ from retrylib.errors import TopicError
 from retrylib.kafka import arrow_records
 from retrylib.kafka.arrow_records import KAFKA_SCHEMA
 from retrylib.kafka.offsets import EARLIEST, LATEST, Offsets, offsets_from_json, offsets_to_json
-from retrylib.kafka.source import KafkaStreamReader, TopicVanished, _Metadata
-from retrylib.kafka.source_options import parse_source_options
+from retrylib.source.kafka_source import KafkaStreamReader, TopicVanished, _Metadata
+from retrylib.source.options import parse_source_options
 
 P0, P1 = ("orders", 0), ("orders", 1)
 
@@ -280,7 +280,7 @@ def test_only_spark_s_source_runner_ends_quietly_when_the_jvm_hangs_up(runner, m
     import sys
     import types
 
-    from retrylib.kafka.source import quiet_hang_up
+    from retrylib.source.kafka_source import quiet_hang_up
 
     main = types.ModuleType("__main__")
     name = "pyspark.sql.streaming.python_streaming_source_runner" if runner else "retrylib"

@@ -1,4 +1,4 @@
-"""Table references and schema checks of `retrylib.delta.tables`: pure, no Spark session."""
+"""Table references and schema checks of `retrylib.sinks.tables`: pure, no Spark session."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pyspark.sql.types import (
 )
 
 from retrylib.config.table_ref import TableRef
-from retrylib.delta.tables import column_differences
 from retrylib.errors import ConfigError
+from retrylib.sinks.tables import column_differences
 
 KEY = "output.table"
 

@@ -11,7 +11,7 @@ from helpers import problem_for, write_literal_config
 from retrylib.config.loader import load_config
 from retrylib.config.topic_names import subscribed
 from retrylib.job import _every_topic, _held_to, source_options, task_plan
-from retrylib.kafka.source_options import parse_source_options
+from retrylib.source.options import parse_source_options
 
 PATTERN = {"kafka.topics": None, "kafka.topic_pattern": "'orders-[a-z]+'"}
 

@@ -15,10 +15,10 @@ from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.config.topic_names import produced_topic
 from retrylib.errors import ProduceError, RetrylibError
-from retrylib.kafka import transactional_producer
-from retrylib.kafka.markers import read_marker
-from retrylib.kafka.outgoing_records import OUTGOING_SCHEMA
-from retrylib.kafka.transactional_producer import UnitProducer
+from retrylib.sinks import transactional_producer
+from retrylib.sinks.markers import read_marker
+from retrylib.sinks.outgoing_records import OUTGOING_SCHEMA
+from retrylib.sinks.transactional_producer import UnitProducer
 
 JOB, APP, UNIT, KEY = "orders", "orders-0123456789ab", 2, b"k" * 32
 

@@ -13,10 +13,11 @@ from confluent_kafka import KafkaError
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from retrylib.errors import KafkaSourceError
-from retrylib.kafka import range_reader, worker_clients
+from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
-from retrylib.kafka.range_reader import KafkaInputPartition, read_messages
 from retrylib.kafka.worker_clients import Pool, kept_consumer
+from retrylib.source import range_reader
+from retrylib.source.range_reader import KafkaInputPartition, read_messages
 from retrylib.task.forwarding import run_forwarding_task
 from retrylib.task.routing import run_task
 

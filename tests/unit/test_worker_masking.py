@@ -14,8 +14,8 @@ from helpers import write_noop_job
 from retrylib.config.loader import load_config
 from retrylib.errors import TableWriteError
 from retrylib.kafka.clients import make_consumer
-from retrylib.kafka.source_options import parse_source_options
 from retrylib.logs import configure_logging
+from retrylib.source.options import parse_source_options
 
 
 def test_a_refused_client_configuration_does_not_show_a_secret_value():

@@ -23,8 +23,6 @@ from retrylib.batch.health_watch import HealthWatch
 from retrylib.batch.key_order_store import KeyOrderStore
 from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
-from retrylib.breaker import OPEN, Breaker, BreakerState
-from retrylib.checkpoint import Checkpoint
 from retrylib.config.importing import import_object
 from retrylib.config.model import (
     BATCH_HOOKS,
@@ -37,9 +35,6 @@ from retrylib.config.model import (
 )
 from retrylib.config.table_ref import TableRef
 from retrylib.config.topic_names import produced_topic, subscribed
-from retrylib.delta.compaction import Compactor
-from retrylib.delta.dead_letter import dead_letter_struct
-from retrylib.delta.tables import ensure_table
 from retrylib.errors import LeaseHeld, RetrylibError, TopicError
 from retrylib.kafka.clients import (
     RecordLimits,
@@ -50,7 +45,6 @@ from retrylib.kafka.clients import (
     own_topic_reading,
     partition_counts,
 )
-from retrylib.kafka.main_reader import CONNECTOR
 from retrylib.kafka.offsets import (
     Offsets,
     offsets_to_json,
@@ -59,24 +53,30 @@ from retrylib.kafka.offsets import (
 )
 from retrylib.kafka.record_size import producer_batch_bytes
 from retrylib.kafka.runner_lease import RunnerLease, runner_group, take_lease
-from retrylib.kafka.source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
-from retrylib.kafka.source_options import (
-    OPTION_AVAILABLE_NOW_OFFSETS,
-    OPTION_KEY_ORDER,
-    parse_source_options,
-)
-from retrylib.kafka.stranded import refuse_stranded_retries
 from retrylib.logs import (
     configure_worker_logging,
     redact_secrets,
     spark_log_conf,
 )
+from retrylib.retry.breaker import OPEN, Breaker, BreakerState
 from retrylib.retry.outcomes import Count
+from retrylib.sinks.compaction import Compactor
+from retrylib.sinks.dead_letter import dead_letter_struct
+from retrylib.sinks.tables import ensure_table
+from retrylib.source.kafka_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
+from retrylib.source.main_reader import CONNECTOR
+from retrylib.source.options import (
+    OPTION_AVAILABLE_NOW_OFFSETS,
+    OPTION_KEY_ORDER,
+    parse_source_options,
+)
+from retrylib.source.stranded import refuse_stranded_retries
 from retrylib.spark.connect import default_parallelism, is_connect
 from retrylib.spark.session import build_spark_session
 from retrylib.spark.shipping import ship_code
 from retrylib.spark.signals import stop_requests
-from retrylib.state_files import replace_json
+from retrylib.state.checkpoint import Checkpoint
+from retrylib.state.files import replace_json
 from retrylib.task.forwarding import ForwardPlan, run_forwarding_task
 from retrylib.task.routing import TaskPlan, run_task
 
@@ -318,7 +318,7 @@ def source_frame(
 ) -> DataFrame:
     """Every topic the job reads: the main topics, and the retry tiers up to what is due.
 
-    `reader` (`retrylib.kafka.main_reader`) "python": one `retrylib_kafka` source for all
+    `reader` (`retrylib.source.main_reader`) "python": one `retrylib_kafka` source for all
     of them, emitting offset ranges (`retrylib.emit = ranges`) that the routing tasks read
     themselves: records skip the JVM, and `maxOffsetsPerTrigger` bounds a batch, retries
     included. "builtin": the main topics come from Spark's Kafka connector as records, in a

@@ -16,7 +16,7 @@
                                        (`retry.key_ordered`; the last two changes kept)
 
 Files go to the file system Spark keeps its own checkpoint on, each whole or absent after a
-crash (`retrylib.state_files`). Only the driver calls these (they need the session's JVM).
+crash (`retrylib.state.files`). Only the driver calls these (they need the session's JVM).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from retrylib.errors import DamagedFile, RetrylibError
-from retrylib.kafka.main_reader import READERS, main_reader
 from retrylib.kafka.offsets import PartitionKey
-from retrylib.state_files import (
+from retrylib.source.main_reader import READERS, main_reader
+from retrylib.state.files import (
     TEMPORARY_MARK,
     claim_json,
     delete_tree,
@@ -85,7 +85,7 @@ class Checkpoint:
 
     @property
     def breaker(self) -> str:
-        """The breaker's last change of state (`retrylib.breaker`), for `status`."""
+        """The breaker's last change of state (`retrylib.retry.breaker`), for `status`."""
         return join(self.state, "breaker.json")
 
     @property
@@ -125,7 +125,7 @@ class Checkpoint:
         self, spark: SparkSession, configured: str, connector_on_classpath: Callable[[], bool]
     ) -> str:
         """The reader of the main topics for `kafka.source = configured`
-        (`retrylib.kafka.main_reader`), recorded here for the next start."""
+        (`retrylib.source.main_reader`), recorded here for the next start."""
         uri = join(self.state, "main_reader.json")
         try:
             stored = read_json(spark, uri)

@@ -3,7 +3,7 @@
 The names are those of Spark's built-in `kafka` source (`kafka.bootstrap.servers`,
 `subscribe`, `startingOffsets`, `startingTimestamp`, `maxOffsetsPerTrigger`,
 `failOnDataLoss`, `kafka.*` pass-through) and the
-source's own `retrylib.*` ones, described in `retrylib.kafka.source`.
+source's own `retrylib.*` ones, described in `retrylib.source.kafka_source`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ masked in this source's log lines and errors, in every process that reads (see
 
 OPTION_AVAILABLE_NOW_OFFSETS = "retrylib.availableNowOffsets"
 OPTION_BREAKER_FILE = "retrylib.breakerFile"
-"""A local file with the job's breaker state (`retrylib.breaker`): main topics held while open."""
+"""A local file with the job's breaker state (`retrylib.retry.breaker`): main topics held while
+open."""
 OPTION_KEY_ORDER = "retrylib.keyOrder"
 """JSON `{"tiers": {main topic: [its tier topics]}, "stateFile": path}`: ranges come in key
 groups (`key_groups`), each group's first row carrying its keys' queues from the local
@@ -106,7 +107,7 @@ class SourceOptions:
     available_now_offsets: Offsets | None = None  # the end of an availableNow run on 4.0/4.1
     fail_on_data_loss: bool = True  # false: deleted records and topics are skipped, warned of
     topic_pattern: str | None = None  # topics read besides `topics`, by whole-name match
-    breaker_file: str | None = None  # the breaker's state (`retrylib.breaker`), if any
+    breaker_file: str | None = None  # the breaker's state (`retrylib.retry.breaker`), if any
     key_order: KeyOrderOption | None = None
 
     @property

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from retrylib.batch.result import BatchResult
 from retrylib.config.loader import load_config
-from retrylib.kafka.broker import EmbeddedBroker
+from retrylib.dev.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.retry.outcomes import RETRIED_TIER_PREFIX, Count
 

@@ -1,6 +1,6 @@
 """The dead-letter table read and updated through Spark, for `retrylib redrive`: rows that a
 SQL predicate picks, the redrives' claims, and UPDATEs run again when they lose a race with
-another commit. The rows' format is `retrylib.delta.dead_letter`'s.
+another commit. The rows' format is `retrylib.sinks.dead_letter`'s.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from delta.exceptions import (
 from pyspark.sql import functions as F
 
 from retrylib.config.table_ref import TableRef
-from retrylib.delta.tables import read_table, sql_string, sql_timestamp, update_where
 from retrylib.retry.headers import REDRIVES
+from retrylib.sinks.tables import read_table, sql_string, sql_timestamp, update_where
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,6 +1,6 @@
 """An embedded Apache Kafka broker for the demo and the tests: one KRaft node from its jars.
 
-The jars come from `retrylib.spark.jars.kafka_jars` (Maven, fetched once). The node is broker and
+The jars come from `retrylib.dev.jars.kafka_jars` (Maven, fetched once). The node is broker and
 controller at once, with replication factors of 1, listening on free loopback ports. Its
 data survives `stop()`, so a test can restart it on the same ports; its log is
 `<data_dir>/broker.log`.
@@ -23,8 +23,8 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from retrylib.dev.jars import KAFKA_VERSION, kafka_jars
 from retrylib.errors import RetrylibError
-from retrylib.spark.jars import KAFKA_VERSION, kafka_jars
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 from retrylib.config.durations import format_duration
 from retrylib.config.table_ref import TableRef
-from retrylib.delta.tables import compact
-from retrylib.state_files import read_json, replace_json
+from retrylib.sinks.tables import compact
+from retrylib.state.files import read_json, replace_json
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from retrylib.config.table_ref import TableRef, is_uri
 from retrylib.errors import RetrylibError
 from retrylib.spark.connect import is_connect
-from retrylib.state_files import delete_tree, join, list_names
+from retrylib.state.files import delete_tree, join, list_names
 from retrylib.steps import STARTING, reached
 
 if TYPE_CHECKING:

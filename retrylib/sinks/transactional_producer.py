@@ -49,15 +49,15 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from retrylib.config.topic_names import produced_topic
 from retrylib.errors import MarkerReadError, ProduceError, RetrylibError, TopicError, causes
 from retrylib.kafka.clients import make_producer
-from retrylib.kafka.markers import marker_value, unit_produced
-from retrylib.kafka.outgoing_records import (
+from retrylib.kafka.reading import produce, serve
+from retrylib.kafka.worker_clients import note_opened
+from retrylib.sinks.markers import marker_value, unit_produced
+from retrylib.sinks.outgoing_records import (
     Deliveries,
     OutgoingRecords,
     PartitionMissing,
     produce_outgoing,
 )
-from retrylib.kafka.reading import produce, serve
-from retrylib.kafka.worker_clients import note_opened
 from retrylib.steps import reached
 
 log = logging.getLogger(__name__)

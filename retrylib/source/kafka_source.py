@@ -36,7 +36,7 @@ Options of its own:
 - `retrylib.maxRecordsPerTask`: the longest offset range one Spark task reads (250000).
 - `retrylib.availableNowOffsets`: offsets JSON (`{"topic": {"0": 12}}`) the source reads up
   to and no further, for an availableNow run on Spark 4.0/4.1 (see below).
-- `retrylib.breakerFile`: a local file with the job's breaker state (`retrylib.breaker`):
+- `retrylib.breakerFile`: a local file with the job's breaker state (`retrylib.retry.breaker`):
   while it is open, the main topics are held at the batch's start, but for its probes.
 - `retrylib.keyOrder`: ranges are grouped so that a key's records are read by one task
   (`key_groups`); a group's first row carries its keys' queues, read from a local file the
@@ -67,11 +67,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from retrylib.breaker import main_topic_allowance, read_state
 from retrylib.config.durations import format_duration
 from retrylib.errors import KafkaSourceError, TopicError
 from retrylib.kafka.clients import make_consumer, topic_partitions
-from retrylib.kafka.key_groups import key_groups
 from retrylib.kafka.offsets import (
     EARLIEST,
     LATEST,
@@ -97,12 +95,14 @@ from retrylib.kafka.offsets import (
     split_ranges,
     with_new_partitions,
 )
-from retrylib.kafka.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_range
 from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
-from retrylib.kafka.source_options import SourceOptions, parse_source_options
 from retrylib.logs import OnceAMinute, configure_worker_logging, redact
+from retrylib.retry.breaker import main_topic_allowance, read_state
 from retrylib.retry.key_order import queues_to_json, read_queues
 from retrylib.retry.policy import due_timestamp_ms, latest_fair_timestamp_ms
+from retrylib.source.key_groups import key_groups
+from retrylib.source.options import SourceOptions, parse_source_options
+from retrylib.source.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_range
 
 try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python stream readers
     from pyspark.sql.streaming.datasource import (
@@ -298,7 +298,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _held_by_breaker(self, begin: Offsets, end: Offsets) -> Offsets:
         """`end` with the main topics held at `begin` while the breaker is open, or cut to
         its probe's records when one is due, and every partition held at `begin` while the
-        job is paused (`retrylib.breaker`)."""
+        job is paused (`retrylib.retry.breaker`)."""
         assert self._options.breaker_file is not None
         state = read_state(self._options.breaker_file)
         if state.paused:  # everything waits where it is: the downstream is down

@@ -219,8 +219,8 @@ def kafka_jars() -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m retrylib.spark.jars [spark|kafka ...] [--classpath]`: resolve, print the jars."""
-    parser = argparse.ArgumentParser(prog="python -m retrylib.spark.jars", description=main.__doc__)
+    """`python -m retrylib.dev.jars [spark|kafka ...] [--classpath]`: resolve, print the jars."""
+    parser = argparse.ArgumentParser(prog="python -m retrylib.dev.jars", description=main.__doc__)
     parser.add_argument("sets", nargs="*", metavar="spark|kafka", help="default: both")
     parser.add_argument(
         "--classpath", action="store_true", help="print the jars comma-separated (for --jars)"
