@@ -1,7 +1,8 @@
 """Timers around retrylib's own code, for the time-split table. Nothing in retrylib changes.
 
-Executor side: `timed_run_task` replaces `retrylib.job.run_task` (the `mapInArrow` body the job
-gives a handler job's batch commit) with a wrapper that calls the original and times, per task:
+Executor side: `timed_run_task` replaces `retrylib.job.handler_job.run_task` (the `mapInArrow`
+body the job gives a handler job's batch commit) with a wrapper that calls the original and
+times, per task:
 
 - `bench_source_wait_ms`: waiting for the next input batch. With Spark's Kafka source that
   is the JVM reading Kafka and handing the records over as Arrow; with the Python source
@@ -137,12 +138,13 @@ class DriverTimers:
 
 def install_driver_timers() -> DriverTimers:
     """Route tasks through `timed_run_task` and time the batch commit's steps."""
-    from retrylib import checkpoint, job
     from retrylib.batch import commit, metrics
+    from retrylib.job import handler_job
+    from retrylib.state import checkpoint
 
-    if not hasattr(job, "run_task"):
-        raise RuntimeError("retrylib.job.run_task is gone: update bench/instrument.py")
-    job.run_task = timed_run_task
+    if not hasattr(handler_job, "run_task"):
+        raise RuntimeError("retrylib.job.handler_job.run_task is gone: update bench/instrument.py")
+    handler_job.run_task = timed_run_task
     timers = DriverTimers()
     targets = [
         (commit.BatchCommit, "_route", "route"),

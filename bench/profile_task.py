@@ -65,7 +65,7 @@ def synthetic_batches(records: int, rate: float, size: int, rows: int = 10_000):
 
 def make_plan(workdir: Path, handler: str):
     from retrylib.config.loader import load_config
-    from retrylib.job import task_plan
+    from retrylib.job.handler_job import task_plan
     from tests.helpers import write_job_toml
 
     config_path = write_job_toml(

@@ -14,7 +14,8 @@ from confluent_kafka.admin import ConfigResource
 from helpers import produce, read_table, run_available_now, table_frame
 
 from retrylib.config.topic_names import produced_topic
-from retrylib.job import prepare_topics, start_query
+from retrylib.job import start_query
+from retrylib.job.start import prepare_topics
 from retrylib.kafka.clients import make_admin
 from retrylib.state.checkpoint import Checkpoint
 

@@ -8,7 +8,7 @@ import pytest
 from helpers import produce, read_table, run_until, settled_count
 
 from retrylib.errors import RedriveError
-from retrylib.job import prepare_topics
+from retrylib.job.start import prepare_topics
 from retrylib.kafka.clients import make_producer
 from retrylib.ops.redrive import Selection, redrive
 from retrylib.retry.headers import RetryState, encode_retry_headers, record_id

@@ -9,7 +9,8 @@ import pytest
 
 from retrylib.config.loader import collect_config_errors, load_config
 from retrylib.config.model import RouterConfig
-from retrylib.job import _every_topic, forward_plan
+from retrylib.job.router_job import forward_plan
+from retrylib.job.source_frame import _every_topic
 from retrylib.source.options import parse_source_options
 
 FALLBACK = "delay_router.fallback_topic"

@@ -8,7 +8,7 @@ from pathlib import Path
 from helpers import write_literal_config
 
 from retrylib.config.loader import load_config
-from retrylib.job import source_options
+from retrylib.job.source_frame import source_options
 
 
 def test_both_sources_read_committed_records_by_default(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from retrylib.config.loader import load_config
-from retrylib.job import _every_topic, source_options
+from retrylib.job.source_frame import _every_topic, source_options
 from retrylib.kafka.offsets import AT_TIMESTAMP, StartingOffsets
 from retrylib.source.options import parse_source_options
 from tests.helpers import problem_for, write_literal_config

@@ -10,7 +10,8 @@ from helpers import problem_for, write_literal_config
 
 from retrylib.config.loader import load_config
 from retrylib.config.topic_names import subscribed
-from retrylib.job import _every_topic, _held_to, source_options, task_plan
+from retrylib.job.handler_job import task_plan
+from retrylib.job.source_frame import _every_topic, _held_to, source_options
 from retrylib.source.options import parse_source_options
 
 PATTERN = {"kafka.topics": None, "kafka.topic_pattern": "'orders-[a-z]+'"}
