@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ClusterMetadata
 
-from retrylib.config.durations import format_duration
-from retrylib.config.model import AnyConfig, Config, RouterConfig
-from retrylib.config.topic_names import ANY_TOPIC, produced_topic
+from retrylib.config.model import AnyConfig, Config
+from retrylib.config.topic_names import produced_topic
 from retrylib.errors import RetrylibError
+from retrylib.job.kinds import JobKind, kind_of
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.reading import KafkaOffsets
 from retrylib.source.stranded import stranded_retries
@@ -49,13 +49,14 @@ def preflight(
     through `spark`, or `tool_session()` when it is None: only then is Spark started).
     Returns (broker reachable, findings); changes nothing.
     """
-    reachable, findings = _topic_findings(config, timeout)
+    kind = kind_of(config)
+    reachable, findings = _topic_findings(kind, timeout)
     if tables:
         if spark is None:
             spark = tool_session(f"retrylib-check-{config.job.name}")
-        findings += _table_findings(spark, config)
-    if reachable and not isinstance(config, RouterConfig):
-        findings += _stranded_findings(config, spark)
+        findings += _table_findings(spark, kind)
+    if reachable and kind.retries:
+        findings += _stranded_findings(kind.config, spark)
     return reachable, findings
 
 
@@ -78,14 +79,15 @@ def _stranded_findings(config: Config, spark: SparkSession | None) -> list[Findi
     return [Finding("error", s.refusal()) for s in stranded]
 
 
-def _topic_findings(config: AnyConfig, timeout: float) -> tuple[bool, list[Finding]]:
+def _topic_findings(kind: JobKind, timeout: float) -> tuple[bool, list[Finding]]:
+    config = kind.config
     kafka = config.kafka
     shown_servers = config.redacted()["kafka"]["bootstrap_servers"]
     errors: list[KafkaError] = []
     lookups = KafkaOffsets(
         kafka.bootstrap_servers, kafka.client_options(), timeout=timeout, errors=errors
     )
-    required, others = _required_topics(config), _created_topics(config)
+    required, others = kind.required_topics(), _created_topics(kind)
     named = [*(topic for topic, _, _ in required), *(topic for topic, _ in others)]
     try:
         found = lookups.partitions(named, kafka.topic_pattern)
@@ -173,62 +175,23 @@ def single_copy_findings(metadata: ClusterMetadata, topics: list[tuple[str, str]
     return findings
 
 
-def _required_topics(config: AnyConfig) -> list[tuple[str, str, str]]:
-    """(topic, label, config key) of each topic that must exist before the job starts: the
-    main topics, or a delay router's delay topics."""
-    if isinstance(config, RouterConfig):
-        return [
-            (
-                topic,
-                f"delay topic {topic!r} ({format_duration(delay)})",
-                f"delay_router.topics.{topic}",
-            )
-            for topic, delay in config.delay_router.topics.items()
-        ]
-    return [
-        (topic, f"main topic {topic!r}", f"kafka.topics[{i}]")
-        for i, topic in enumerate(config.kafka.topics)
-    ]
+def _created_topics(kind: JobKind) -> list[tuple[str, str]]:
+    """(topic, label) of each topic the job creates when missing (if allowed): the kind's
+    (retry tiers and dead-letter topics, or a delay router's fallback topic), then the
+    control topic."""
+    control = produced_topic(kind.config.job.name)
+    return [*kind.created_topics(), (control, f"control topic {control!r}")]
 
 
-def _created_topics(config: AnyConfig) -> list[tuple[str, str]]:
-    """(topic, label) of each topic the job creates when missing (if allowed): retry tiers
-    and dead-letter topics, or a delay router's fallback topic; and the control topic."""
-    internal = produced_topic(config.job.name)
-    topics = [(internal, f"control topic {internal!r}")]
-    if isinstance(config, RouterConfig):
-        router = config.delay_router
-        if router.fallback_topic is not None:
-            topics.insert(0, (router.fallback_topic, f"fallback topic {router.fallback_topic!r}"))
-        return topics
-    tiers = [
-        (
-            topic,
-            f"retry topic {topic!r} (tier {tier.index + 1}, "
-            f"{format_duration(tier.delay_ms)}, for {_main_label(main)})",
-        )
-        for tier in config.retry.tiers
-        for main, topic in tier.topics.items()
-    ]
-    dead = [(topic, f"dead-letter topic {topic!r}") for topic in config.dead_letter.topics()]
-    return [*tiers, *dead, *topics]
-
-
-def _table_findings(spark: SparkSession, config: AnyConfig) -> list[Finding]:
+def _table_findings(spark: SparkSession, kind: JobKind) -> list[Finding]:
     """One finding per table: missing (a note: the job creates it), matching, unreadable (a
     warning), or not what the job writes (an error naming every column difference).
     """
     from retrylib.batch.metrics import metrics_struct
-    from retrylib.sinks.dead_letter import dead_letter_struct
     from retrylib.sinks.tables import column_differences, read_table, table_exists
 
-    wanted = []
-    if not isinstance(config, RouterConfig):
-        wanted += [
-            ("output.table", config.output.table_ref(), config.handler.output_schema.to_spark()),
-            ("dead_letter.table", config.dead_letter.table_ref(), dead_letter_struct()),
-        ]
-    metrics = config.metrics.table_ref()
+    wanted = kind.tables()
+    metrics = kind.config.metrics.table_ref()
     if metrics is not None:
         wanted.append(("metrics.table", metrics, metrics_struct()))
     findings = []
@@ -256,7 +219,3 @@ def _table_findings(spark: SparkSession, config: AnyConfig) -> list[Finding]:
                 )
             )
     return findings
-
-
-def _main_label(main: str) -> str:
-    return "every topic of kafka.topic_pattern" if main == ANY_TOPIC else repr(main)

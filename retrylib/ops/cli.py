@@ -241,14 +241,10 @@ def _check(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     config = _load(args.config)
     _out(f"config {args.config}: valid")
-    from retrylib.config.model import RouterConfig
-    from retrylib.ops.render import describe_handler_job, describe_router
+    from retrylib.job.kinds import kind_of
 
-    if isinstance(config, RouterConfig):
-        _out(describe_router(config.delay_router))
-    else:
-        for line in describe_handler_job(config):
-            _out(line)
+    for line in kind_of(config).describe():
+        _out(line)
     if args.show:
         _out(json.dumps(config.redacted(), indent=2))
     from retrylib.ops.check import Finding, preflight

@@ -54,9 +54,10 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from retrylib.config.model import AnyConfig, Config, RouterConfig
+from retrylib.config.model import AnyConfig, Config
 from retrylib.config.topic_names import redriven_topic
 from retrylib.errors import RedriveError
+from retrylib.job.kinds import kind_of
 from retrylib.kafka.clients import (
     connected_admin,
     ensure_topics,
@@ -209,7 +210,7 @@ def redrive(
             raise RedriveError(f"--rate: records a second, more than 0, got {rate}")
         paced = max(1, int(rate * PACED_SEND_S))
         selection = replace(selection, limit=min(selection.limit or paced, paced))
-    if isinstance(config, RouterConfig):
+    if kind_of(config).dead_letter is None:
         raise RedriveError(
             f"{config.source_path} is a delay router: it has no dead-letter table to redrive "
             "from (its records with no destination are on its fallback topic)"

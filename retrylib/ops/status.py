@@ -50,13 +50,14 @@ from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.batch.key_order_store import stored_queues
 from retrylib.config.durations import format_duration
-from retrylib.config.model import AnyConfig, Config, DeadLetterConfig, RetryTier, RouterConfig
+from retrylib.config.model import AnyConfig, DeadLetterConfig, RetryTier
 from retrylib.errors import DamagedFile
+from retrylib.job.kinds import JobKind, kind_of
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.retry import headers
-from retrylib.retry.outcomes import RETRIED, Count, ForwardCount, retried
+from retrylib.retry.outcomes import RETRIED, retried
 from retrylib.retry.policy import due_time_ms, latest_fair_timestamp_ms
 from retrylib.spark.session import tool_session
 from retrylib.state.checkpoint import Checkpoint
@@ -88,11 +89,7 @@ def collect_status(
     or through `tool_session()` when it is None. A missing table or checkpoint is reported
     in place (`exists: false`), not raised.
     """
-    # A delay router's topics are shown as tiers of their own, under "delay_topics".
-    if isinstance(config, RouterConfig):
-        shown_tiers, tiers_key = _router_tiers(config), "delay_topics"
-    else:
-        shown_tiers, tiers_key = config.retry.tiers, "retry_tiers"
+    kind = kind_of(config)
     metrics = config.metrics.table_ref()
     if spark is None:
         spark = tool_session(f"retrylib-status-{config.job.name}")
@@ -125,7 +122,7 @@ def collect_status(
         main_topics = _main_topics(config, kafka, position, known=committed is not None)
         tiers = [
             _tier(config, tier, kafka, position, now_ms, timeout, scan_limit)
-            for tier in shown_tiers
+            for tier in kind.shown_tiers()
         ]
     except KafkaException as e:
         broker["reachable"] = False
@@ -146,20 +143,20 @@ def collect_status(
         "key_order": None,
         "last_batches": last_batches(spark, config, metrics, batches),
     }
-    status[tiers_key] = tiers
-    if isinstance(config, Config):
-        status.update(_handler_job_state(spark, config, checkpoint, now_ms))
+    status[kind.tiers_shown_as] = tiers
+    status.update(_held(spark, kind, checkpoint, now_ms))
     return status
 
 
-def _handler_job_state(
-    spark: SparkSession, config: Config, checkpoint: Checkpoint, now_ms: int
+def _held(
+    spark: SparkSession, kind: JobKind, checkpoint: Checkpoint, now_ms: int
 ) -> dict[str, Any]:
-    """A handler job's dead letters, and its breaker's state and key queues when it has them."""
+    """The job's dead letters, and its breaker's state and key queues, each when it has them."""
+    dead = kind.dead_letter
     return {
-        "dead_letters": dead_letter_summary(spark, config.dead_letter, now_ms),
-        "breaker": None if config.breaker is None else _breaker(spark, checkpoint),
-        "key_order": _key_order(spark, checkpoint) if config.retry.key_ordered else None,
+        "dead_letters": None if dead is None else dead_letter_summary(spark, dead, now_ms),
+        "breaker": None if kind.breaker is None else _breaker(spark, checkpoint),
+        "key_order": _key_order(spark, checkpoint) if kind.key_ordered else None,
     }
 
 
@@ -223,15 +220,6 @@ def _main_topics(
             )
         result.append({"topic": topic, "exists": True, "partitions": len(found[topic]), "lag": lag})
     return result
-
-
-def _router_tiers(config: RouterConfig) -> list[RetryTier]:
-    """A delay router's topics, each shown as a tier of its own."""
-    router = config.delay_router
-    return [
-        RetryTier(index, delay_ms, {topic: topic})
-        for index, (topic, delay_ms) in enumerate(router.topics.items())
-    ]
 
 
 def _tier(
@@ -408,37 +396,14 @@ def dead_letter_summary(
     }
 
 
-BATCH_COUNTS = (
-    Count.RECORDS_MAIN,
-    Count.RECORDS_RETRY,
-    Count.SUCCEEDED,
-    RETRIED,
-    Count.DEAD_LETTERED,
-    Count.DUPLICATES_SKIPPED,
-)
-"""The record counts `last_batches` gives for each batch, in the order `status` shows them."""
-ROUTER_BATCH_COUNTS = (
-    ForwardCount.RECORDS_DELAYED,
-    ForwardCount.FORWARDED,
-    Count.REQUEUED_NOT_DUE,
-    ForwardCount.FORWARDED_TO_FALLBACK,
-    ForwardCount.UNROUTABLE,
-)
-"""`BATCH_COUNTS` of a delay router."""
-
-
-def batch_counts(config: AnyConfig) -> tuple[str, ...]:
-    """The record counts `last_batches` gives for each batch of the job of `config`."""
-    return ROUTER_BATCH_COUNTS if isinstance(config, RouterConfig) else BATCH_COUNTS
-
-
 def last_batches(
     spark: SparkSession, config: AnyConfig, metrics: TableRef | None, count: int
 ) -> dict[str, Any]:
-    """The last `count` batches' figures (`batch_counts`), newest first, and where they came
-    from: the `metrics` table when given and holding rows, else the checkpoint's manifests.
+    """The last `count` batches' figures (the job kind's `batch_counts`), newest first, and
+    where they came from: the `metrics` table when given and holding rows, else the
+    checkpoint's manifests.
     """
-    counted = batch_counts(config)
+    counted = kind_of(config).batch_counts
     if metrics is not None:
         from pyspark.sql import functions as F
 
