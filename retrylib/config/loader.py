@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from retrylib.config.locations import check_locations
-from retrylib.config.model import AnyConfig, Config, RouterConfig
+from retrylib.config.model import AnyConfig, Config, DelayRouterJobConfig
 from retrylib.config.secrets import OPTION_TABLES
 from retrylib.config.sections import (
     check_callable,
@@ -239,7 +239,9 @@ _ROUTER_SECTIONS = ("job", "kafka", "delay_router", "metrics")
 _HANDLER_SECTIONS = ("handler", "output", "retry", "dead_letter", "hooks", "breaker")
 
 
-def _build_router(root: Table, local_folders: bool, source_path: str) -> RouterConfig | None:
+def _build_router(
+    root: Table, local_folders: bool, source_path: str
+) -> DelayRouterJobConfig | None:
     """A delay router's config ([delay_router] set): no handler, output, retry or dead letter."""
     tables = {
         name: root.table(name, f"a [{name}] table", required=name != "metrics")
@@ -260,7 +262,7 @@ def _build_router(root: Table, local_folders: bool, source_path: str) -> RouterC
     check_locations(root.problems, tables, local_folders)
     if not (job and kafka and router and metrics):
         return None
-    return RouterConfig(
+    return DelayRouterJobConfig(
         job,
         kafka,
         router,

@@ -211,7 +211,8 @@ class DeadLetterConfig:
 
 @dataclass(frozen=True)
 class DelayRouterConfig(_ReadOnlyMappings):
-    """[delay_router]: a job that forwards records after a delay and calls no handler.
+    """The [delay_router] section of a delay router's config (`DelayRouterJobConfig`): a job
+    that forwards records after a delay and calls no handler.
 
     A record on one of `topics` (delay topic -> delay) names its destination topic in the
     header `target_header` and when it was sent, in epoch seconds, in `timestamp_header`
@@ -283,8 +284,8 @@ class HooksConfig:
 
 
 class _ConfigCommon:
-    """The rules over what every job's config holds (`Config`, `RouterConfig`): how it is
-    printed, what it hides, how its Kafka clients log in."""
+    """The rules over what every job's config holds (`Config`, `DelayRouterJobConfig`): how
+    it is printed, what it hides, how its Kafka clients log in."""
 
     job: JobConfig
     kafka: KafkaConfig
@@ -389,10 +390,10 @@ class Config(_ConfigCommon):
 
 
 @dataclass(frozen=True)
-class RouterConfig(_ConfigCommon):
-    """A delay router's whole, validated config ([delay_router] set): it forwards records
-    and calls no handler, so it has no handler, output, retry, dead letter, hooks or
-    breaker."""
+class DelayRouterJobConfig(_ConfigCommon):
+    """A delay router's whole, validated config, its [delay_router] section in `delay_router`
+    (`DelayRouterConfig`): it forwards records and calls no handler, so it has no handler,
+    output, retry, dead letter, hooks or breaker."""
 
     job: JobConfig
     kafka: KafkaConfig
@@ -416,7 +417,7 @@ class RouterConfig(_ConfigCommon):
         return False
 
 
-AnyConfig = Config | RouterConfig
+AnyConfig = Config | DelayRouterJobConfig
 """What `loader.load_config` gives: a handler job's config or a delay router's."""
 
 

@@ -3,7 +3,7 @@ the start, the run and the `retrylib` commands ask what differs."""
 
 from __future__ import annotations
 
-from retrylib.config.model import AnyConfig, RouterConfig
+from retrylib.config.model import AnyConfig, DelayRouterJobConfig
 from retrylib.job.handler_job import HandlerJob
 from retrylib.job.router_job import DelayRouterJob
 
@@ -12,6 +12,6 @@ JobKind = HandlerJob | DelayRouterJob
 
 def kind_of(config: AnyConfig) -> JobKind:
     """The kind of job `config` describes: the one place that tells the two apart."""
-    if isinstance(config, RouterConfig):
+    if isinstance(config, DelayRouterJobConfig):
         return DelayRouterJob(config)
     return HandlerJob(config)

@@ -17,7 +17,7 @@ from retrylib.batch.commit import BatchCommit
 from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
 from retrylib.config.durations import format_duration
-from retrylib.config.model import BreakerConfig, DeadLetterConfig, RetryTier, RouterConfig
+from retrylib.config.model import BreakerConfig, DeadLetterConfig, DelayRouterJobConfig, RetryTier
 from retrylib.config.table_ref import TableRef
 from retrylib.errors import TopicError
 from retrylib.job.topics import create_missing
@@ -33,7 +33,7 @@ _JAVA_PARTITIONER = "murmur2_random"  # librdkafka's name for the Java clients' 
 class DelayRouterJob:
     """A delay router's config: what its job does differently from a handler job's."""
 
-    config: RouterConfig
+    config: DelayRouterJobConfig
 
     retries: ClassVar[bool] = False  # a record not yet due waits in its delay topic
     tiers_shown_as: ClassVar[str] = "delay_topics"  # `status`'s key for `shown_tiers`
@@ -147,7 +147,7 @@ class DelayRouterJob:
         return [describe_router(self.config.delay_router)]
 
 
-def forward_plan(config: RouterConfig) -> ForwardPlan:
+def forward_plan(config: DelayRouterJobConfig) -> ForwardPlan:
     """A delay router's per-batch plan, its clock still unset (the batch commit sets it)."""
     kafka, router = config.kafka, config.delay_router
     return ForwardPlan(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from retrylib.config.loader import collect_config_errors, load_config
-from retrylib.config.model import RouterConfig
+from retrylib.config.model import DelayRouterJobConfig
 from retrylib.job.router_job import forward_plan
 from retrylib.job.source_frame import _every_topic
 from retrylib.source.options import parse_source_options
@@ -37,7 +37,7 @@ def write_router(tmp_path: Path, *, kafka: str = "", router: str = "", extra: st
 
 def test_a_router_has_delay_topics_and_krr_header_names_by_default(tmp_path: Path) -> None:
     config = load_config(write_router(tmp_path))
-    assert isinstance(config, RouterConfig)  # no handler, output, retry or dead letter
+    assert isinstance(config, DelayRouterJobConfig)  # no handler, output, retry or dead letter
     router = config.delay_router
     assert dict(router.topics) == {"retry_topic_5sec": 5_000, "retry_topic_15min": 900_000}
     assert (router.target_header, router.timestamp_header) == ("final_topic", "msg_ts")
@@ -51,7 +51,7 @@ def test_a_router_reads_its_delay_topics_from_earliest_up_to_what_is_due(tmp_pat
     assert sorted(options.topics) == ["retry_topic_15min", "retry_topic_5sec"]
     assert options.delays_ms == {"retry_topic_5sec": 5_000, "retry_topic_15min": 900_000}
     assert options.read_ahead_ms == 2_000  # its tasks wait for what they read ahead
-    assert isinstance(config, RouterConfig)
+    assert isinstance(config, DelayRouterJobConfig)
     plan = forward_plan(config)
     assert (plan.fallback_topic, plan.output_schema, plan.isolated()) == (
         "retry_fallback",
@@ -68,7 +68,7 @@ def test_header_names_and_fallback_are_configurable(tmp_path: Path) -> None:
         'max_timestamp_ahead = "1d"'
     )
     config = load_config(write_router(tmp_path, router=router))
-    assert isinstance(config, RouterConfig)
+    assert isinstance(config, DelayRouterJobConfig)
     assert config.delay_router.target_header == "x-target"
     assert config.delay_router.timestamp_header == "x-sent"
     assert config.delay_router.fallback_topic == "fb"
@@ -132,5 +132,5 @@ def test_delay_topics_must_be_topic_names_with_durations(tmp_path: Path) -> None
 
 def test_the_shipped_router_config_is_valid() -> None:
     config = load_config(Path(__file__).parents[2] / "conf" / "retry_router.toml")
-    assert isinstance(config, RouterConfig)
+    assert isinstance(config, DelayRouterJobConfig)
     assert config.delay_router.fallback_topic == "retry_fallback"
