@@ -84,7 +84,7 @@ class HandlerJob:
         return self.config.dead_letter.table_ref()
 
     @property
-    def dead_letter(self) -> DeadLetterConfig | None:
+    def dead_letter(self) -> DeadLetterConfig:
         return self.config.dead_letter
 
     @property
