@@ -59,6 +59,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib import errors
+from retrylib.batch.driver_hooks import DriverHooks
 from retrylib.batch.key_order_store import KeyOrderStore
 from retrylib.batch.metrics import OBSERVED_COUNTERS
 from retrylib.batch.observed import (
@@ -88,7 +89,6 @@ from retrylib.state.checkpoint import Checkpoint
 from retrylib.state.files import claim_json, read_json
 from retrylib.steps import reached
 from retrylib.task.forwarding import ForwardPlan
-from retrylib.task.hooks import DriverHooks
 from retrylib.task.results import OUTGOING_KIND, placed, result_struct
 from retrylib.task.routing import TaskPlan
 
