@@ -41,10 +41,8 @@ skipped as "already committed", so the batch commit fails the batch with an erro
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import re
 import threading
 import time
 from collections import Counter
@@ -54,11 +52,11 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
-from pyspark import InheritableThread, TaskContext
+from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from retrylib import errors
+from retrylib.batch.at_once import Started, all_at_once
 from retrylib.batch.driver_hooks import DriverHooks
 from retrylib.batch.key_order_store import KeyOrderStore
 from retrylib.batch.metrics import OBSERVED_COUNTERS
@@ -73,10 +71,16 @@ from retrylib.batch.observed import (
 from retrylib.batch.produce_units import ProducePlan, produce_units
 from retrylib.batch.progress_watch import ProgressWatch
 from retrylib.batch.result import BatchResult
+from retrylib.batch.spark_errors import (
+    no_space_error,
+    spark_error_reason,
+    table_write_error,
+    task_error,
+)
 from retrylib.batch.table_checks import TableState, last_appends, manifest_tables, mismatch
 from retrylib.config.table_ref import TableRef
 from retrylib.config.topic_names import produced_topic
-from retrylib.errors import DamagedFile, RetrylibError, TableWriteError, causes
+from retrylib.errors import DamagedFile, RetrylibError
 from retrylib.kafka import worker_clients
 from retrylib.kafka.clients import RecordLimits
 from retrylib.kafka.runner_lease import RunnerLease
@@ -84,7 +88,7 @@ from retrylib.retry.outcomes import Count
 from retrylib.sinks.compaction import Compactor
 from retrylib.sinks.markers import ControlTopic
 from retrylib.sinks.tables import append_once, committed_version
-from retrylib.spark.connect import is_connect, set_job_property
+from retrylib.spark.connect import set_job_property
 from retrylib.state.checkpoint import Checkpoint
 from retrylib.state.files import claim_json, read_json
 from retrylib.steps import reached
@@ -189,8 +193,8 @@ class BatchCommit:
         self._hook_errors: Counter[str] = Counter()
         self._hooks = DriverHooks(hooks or {}, hook_paths, self._hook_errors, hook_timeout_s)
         self._checked_tables = False
-        self._tables_made: _Started | None = None
-        self._tables_read: _Started | None = None
+        self._tables_made: Started | None = None
+        self._tables_read: Started | None = None
         self.batch_finished = threading.Event()
         """Set whenever a batch has done all its work (a graceful stop waits for it)."""
         self.last_finished: int | None = None
@@ -238,7 +242,7 @@ class BatchCommit:
         replayed = manifest is not None
         if manifest is None:
             # The tables are read while the handler runs; the decisions are claimed after.
-            routed, _ = _all_at_once(
+            routed, _ = all_at_once(
                 spark,
                 partial(self._route, df, batch_id),
                 partial(self._read_tables, spark, batch_id),
@@ -278,7 +282,7 @@ class BatchCommit:
         the first batch would wait for them: started before the query, the query's own start
         overlaps them. The first batch routes no record before the tables are made
         (`tables_made`), so an error there stops the job before any effect."""
-        made = None if make_tables is None else _Started(spark, make_tables)
+        made = None if make_tables is None else Started(spark, make_tables)
         self._tables_made = made
 
         def read() -> list[TableState]:
@@ -286,7 +290,7 @@ class BatchCommit:
                 made.result()
             return self._committed_batches(spark)
 
-        self._tables_read = _Started(spark, read)
+        self._tables_read = Started(spark, read)
 
     def tables_made(self) -> None:
         """Wait until the tables given to `read_tables_ahead` are made; raise what stopped
@@ -402,7 +406,7 @@ class BatchCommit:
         # The three effects are each idempotent and need nothing of each other, so they run
         # at once: a batch then waits for the slowest (a Delta append, whose idempotent-write
         # check rebuilds the table's state) instead of for their sum.
-        (produced, opened), output_committed, dead_committed = _all_at_once(
+        (produced, opened), output_committed, dead_committed = all_at_once(
             spark, produce, append_output, append_dead_letters
         )
         counters = Counter(manifest["counters"])
@@ -610,59 +614,6 @@ def _manifest_in_flight(spark: SparkSession, uri: str, batch_id: int) -> dict[st
         ) from error
 
 
-def _all_at_once(spark: SparkSession | None, *calls: Callable[[], Any]) -> list[Any]:
-    """Run `calls` at once, the first in this thread and each other in a thread of its own
-    (`_Started`); returns their results in order once all have ended. When calls fail, the
-    first one's error (in the order given) is raised, after every call has ended."""
-    started = [_Started(spark, call) for call in calls[1:]]
-    try:
-        first = calls[0]()
-    finally:
-        for call in started:
-            call.wait()
-    return [first, *(call.result() for call in started)]
-
-
-class _Started:
-    """A call running in a thread of its own, started at once.
-
-    The thread carries the starting thread's Spark local properties (inside a batch, the
-    streaming query's job group), so stopping the query cancels its jobs too; in a Spark
-    Connect session, `spark`'s tags. In a classic session `spark` is the active session of
-    the thread's side in the JVM: Delta computes some reads there with it (a table state it
-    started computing in its own pool and lost, as to a concurrent OPTIMIZE), and fails
-    without one.
-    """
-
-    def __init__(self, spark: SparkSession | None, call: Callable[[], Any]) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-        connect = spark is not None and is_connect(spark)
-        self._classic = None if connect else spark
-        self._thread = InheritableThread(
-            self._run, args=(call,), session=spark if connect else None
-        )
-        self._thread.start()
-
-    def _run(self, call: Callable[[], Any]) -> None:
-        try:
-            if self._classic is not None:
-                self._classic._jvm.SparkSession.setActiveSession(self._classic._jsparkSession)
-            self._value = call()
-        except BaseException as error:  # raised in the thread that asks for the result
-            self._error = error
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def result(self) -> Any:
-        """The call's result once it has ended; raises its error if it failed."""
-        self.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
 def _batch_property(plan: Plan, isolate: bool) -> str:
     return json.dumps(
         {
@@ -697,95 +648,6 @@ def _batch_task(
     for rows in task(isolated or plan, batches):
         yield placed(rows, unit, seq)
         seq += rows.num_rows
-
-
-_TASK_ERROR = re.compile(r"retrylib\.errors\.(\w+): ([^\n]*)")
-
-
-def task_error(error: BaseException) -> RetrylibError | None:
-    """The retrylib error that failed a Spark task, as Spark reports it to the driver (the
-    last one its Python traceback names), or None when no such error is named."""
-    found = _TASK_ERROR.findall(str(error))
-    for name, message in reversed(found):
-        kind = getattr(errors, name, None)
-        if isinstance(kind, type) and issubclass(kind, RetrylibError):
-            return kind(message)
-    return None
-
-
-_NO_SPACE = "No space left on device"
-_WRITING_TO = re.compile(r"Task failed while writing rows to (\S+?)\.?(?:\s|$)")
-
-
-def no_space_error(error: BaseException) -> RetrylibError | None:
-    """The error for a batch that failed because a file system it writes to is full, naming
-    the folder being written when Spark's error (a task's write) or Python's (`OSError`)
-    says, or None when something else failed it."""
-    text = f"{error}\n{spark_error_reason(error)}"
-    oserror = _enospc(error)
-    if _NO_SPACE not in text and oserror is None:
-        return None
-    found = _WRITING_TO.search(text)
-    where = found.group(1) if found else oserror.filename if oserror is not None else None
-    place = (
-        f"the file system of {where}"
-        if where
-        else "a file system the job writes to (its checkpoint, its tables, Spark's local folders)"
-    )
-    return RetrylibError(
-        f"no space left on {place}: free space there, or give the job's checkpoint and tables "
-        "a larger one. Nothing is lost: restart the job and the batch that failed runs again"
-    )
-
-
-def _enospc(error: BaseException) -> OSError | None:
-    """The first `OSError` of "no space left on device" in `error`'s chain, else None."""
-    return next(
-        (e for e in causes(error) if isinstance(e, OSError) and e.errno == errno.ENOSPC), None
-    )
-
-
-def table_write_error(batch_id: int, key: str, table: TableRef, reason: str) -> TableWriteError:
-    """The error for batch `batch_id` failing to append to the table of config key `key`
-    because of `reason` (`spark_error_reason`): where the table is, what to check, and that
-    a restart after the fix writes the batch once.
-    """
-    where = f"at {table.resolved()}" if table.is_path else f"catalog table {table}"
-    if any(marker in reason for marker in _STORAGE_ERROR_MARKERS):
-        check = (
-            "Check that the job may write there: the table's files and its _delta_log "
-            "(permissions, a read-only or full file system, storage credentials, catalog grants)"
-        )
-    else:
-        check = (
-            "Check the table: `retrylib check --tables` compares its columns with what the job "
-            "writes"
-        )
-    return TableWriteError(
-        f"cannot append batch {batch_id} to the table of {key} ({where}): {reason}. {check}. "
-        "Nothing is lost: once it is fixed, restart the job and the batch is written, once"
-    )
-
-
-_STORAGE_ERROR_MARKERS = ("java.io.", "java.nio.", "AccessDenied", "Permission", "not permitted")
-"""Parts of a root cause that say the storage refused (rather than Delta or the schema)."""
-
-
-def spark_error_reason(error: BaseException) -> str:
-    """One line saying why Spark failed: the root cause of a Java exception (the storage's
-    own words, such as "java.io.FileNotFoundException: ... (Permission denied)"), else the
-    first line of the error's message.
-    """
-    throwable = getattr(error, "java_exception", None)  # py4j's Py4JJavaError
-    try:
-        while throwable is not None and throwable.getCause() is not None:
-            throwable = throwable.getCause()
-        if throwable is not None:
-            return str(throwable.toString())
-    except Exception:  # a gateway that is going away: fall back to the Python text
-        pass
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
 
 
 def _summary(result: BatchResult) -> dict[str, Any]:

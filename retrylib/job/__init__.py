@@ -18,11 +18,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib import steps
-from retrylib.batch.commit import BatchCommit, BatchFunction, no_space_error, task_error
+from retrylib.batch.commit import BatchCommit, BatchFunction
 from retrylib.batch.health_watch import HealthWatch
 from retrylib.batch.key_order_store import KeyOrderStore
 from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
+from retrylib.batch.spark_errors import no_space_error, task_error
 from retrylib.config.importing import import_object
 from retrylib.config.model import (
     BATCH_HOOKS,
