@@ -68,7 +68,7 @@ from retrylib.batch.observed import (
     observed_columns,
     rows_metric,
 )
-from retrylib.batch.produce_units import ProducePlan, produce_units
+from retrylib.batch.produce_units import produce_units
 from retrylib.batch.progress_watch import ProgressWatch
 from retrylib.batch.result import BatchResult
 from retrylib.batch.spark_errors import (
@@ -87,6 +87,7 @@ from retrylib.kafka.runner_lease import RunnerLease
 from retrylib.retry.outcomes import Count
 from retrylib.sinks.compaction import Compactor
 from retrylib.sinks.markers import ControlTopic
+from retrylib.sinks.produce_units import ProducePlan, ProducerSettings
 from retrylib.sinks.tables import append_once, committed_version
 from retrylib.spark.connect import set_job_property
 from retrylib.state.checkpoint import Checkpoint
@@ -166,7 +167,7 @@ class BatchCommit:
         self._dead_letter_table = dead_letter_table
         self._record_limits = record_limits
         self.app_id = app_id
-        self._produce_plan = ProducePlan(
+        self._producer_settings = ProducerSettings(
             job=plan_template.job,
             app_id=app_id,
             bootstrap_servers=bootstrap_servers,
@@ -434,8 +435,8 @@ class BatchCommit:
                 "produced it from the driver: run that version until the batch is done, stop "
                 "it gracefully (SIGTERM), then start this one"
             )
-        plan = replace(
-            self._produce_plan,
+        plan = ProducePlan(
+            self._producer_settings,
             batch_id=batch_id,
             units=manifest["units"],
             control_from=manifest["control_from"],
