@@ -1,4 +1,5 @@
-"""Producing a batch's outgoing records from the executors, in units, each exactly once.
+"""The Kafka-produce effect: a batch's outgoing records produced from the executors, in
+units, each exactly once.
 
 The routing tasks stamp every result row with the task's partition (`unit`) and its place
 in the task's output (`seq`, see `results.placed`), and Spark writes them to the batch's
@@ -6,8 +7,7 @@ staging folder. Once the batch's manifest is claimed, the driver runs one Spark 
 outgoing records (`produce_units`):
 
     staging folder (Parquet) -> the outgoing records -> a partition per unit -> in unit
-    order -> one Kafka transaction per unit (`sinks.produce_units`) -> one row per
-    unit back
+    order -> one Kafka transaction per unit (`sinks.produce_units`) -> one row per unit back
 
 A unit is the outgoing records of one routing task, so what a unit holds is fixed by the
 staging folder: every attempt of a unit's task, and every replay of the batch, produces the same
@@ -19,14 +19,88 @@ never a record.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from retrylib.sinks.produce_units import UNIT_RESULT_SCHEMA, ProducePlan, produce_task
+from retrylib.batch.effects import Made
+from retrylib.batch.spark_errors import task_error
+from retrylib.config.topic_names import produced_topic
+from retrylib.errors import RetrylibError
+from retrylib.sinks.markers import ControlTopic
+from retrylib.sinks.produce_units import (
+    UNIT_RESULT_SCHEMA,
+    ProducePlan,
+    ProducerSettings,
+    produce_task,
+)
+from retrylib.steps import reached
 from retrylib.task.results import OUTGOING_KIND
+
+
+@dataclass(frozen=True)
+class KafkaProduce:
+    """The effect that produces a batch's outgoing records (retry tiers, the dead-letter
+    topic, a delay router's destinations) from the executors, each unit once, with the job's
+    producer `settings`."""
+
+    settings: ProducerSettings
+
+    @property
+    def kind(self) -> str:
+        return OUTGOING_KIND
+
+    def control_topic(self) -> ControlTopic:
+        """The driver's view of the control topic the produce tasks write their markers to."""
+        settings = self.settings
+        return ControlTopic(
+            settings.bootstrap_servers,
+            settings.reader_options,
+            produced_topic(settings.job),
+            signing_key=settings.signing_key,
+            app_id=settings.app_id,
+            secret_options=settings.secret_options,
+        )
+
+    def make(self, decisions: DataFrame | None, manifest: Mapping[str, Any], batch_id: int) -> Made:
+        """Produce the batch's outgoing records among `decisions` from the executors.
+
+        Raises the retrylib error a produce task failed with, as Spark reports it
+        (`task_error`), or Spark's own error when none is named.
+        """
+        produced = opened = 0
+        if decisions is not None:
+            produced, opened = self._produce(decisions, manifest, batch_id)
+        reached("after_produce", batch_id)
+        return Made(produced=produced, clients_opened=opened)
+
+    def _produce(
+        self, decisions: DataFrame, manifest: Mapping[str, Any], batch_id: int
+    ) -> tuple[int, int]:
+        if "units" not in manifest:
+            raise RetrylibError(
+                f"batch {batch_id} was routed by an earlier version of retrylib, which "
+                "produced it from the driver: run that version until the batch is done, stop "
+                "it gracefully (SIGTERM), then start this one"
+            )
+        plan = ProducePlan(
+            self.settings,
+            batch_id=batch_id,
+            units=manifest["units"],
+            control_from=manifest["control_from"],
+        )
+        try:
+            return produce_units(decisions, plan)
+        except Exception as e:  # a task's error, as Spark wraps it
+            raised = task_error(e)
+            if raised is None:
+                raise
+            raise raised from e
 
 
 def produce_units(decisions: DataFrame, plan: ProducePlan) -> tuple[int, int]:

@@ -18,12 +18,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib import steps
-from retrylib.batch.commit import BatchCommit, BatchFunction
+from retrylib.batch.commit import BatchCommit, BatchFunction, BatchHooks, BatchUpkeep
 from retrylib.batch.health_watch import HealthWatch
 from retrylib.batch.key_order_store import KeyOrderStore
 from retrylib.batch.metrics import MetricsRecorder
+from retrylib.batch.produce_units import KafkaProduce
 from retrylib.batch.result import BatchResult
+from retrylib.batch.routing_stage import Routing, Staging
 from retrylib.batch.spark_errors import no_space_error, task_error
+from retrylib.batch.table_appends import TableAppend
 from retrylib.config.importing import import_object
 from retrylib.config.model import (
     BATCH_HOOKS,
@@ -63,6 +66,7 @@ from retrylib.retry.breaker import OPEN, Breaker, BreakerState
 from retrylib.retry.outcomes import Count
 from retrylib.sinks.compaction import Compactor
 from retrylib.sinks.dead_letter import dead_letter_struct
+from retrylib.sinks.produce_units import ProducerSettings
 from retrylib.sinks.tables import ensure_table
 from retrylib.source.kafka_source import ENGINE_LIMITS_PYTHON_SOURCES, KafkaStreamReader
 from retrylib.source.main_reader import CONNECTOR
@@ -701,15 +705,19 @@ def make_batch_commit(
     checkpoint = Checkpoint(config.job.checkpoint)
     commit = partial(
         BatchCommit,
-        checkpoint=checkpoint,
-        app_id=parts.app_id,
-        kafka_options=producer_options,
-        bootstrap_servers=config.kafka.bootstrap_servers,
-        signing_key=parts.signing_key,
-        reader_options=config.kafka.client_options(),
-        secret_options=tuple(config.secret_options()),
-        record_limits=limits,
-        units=parts.units,
+        staging=Staging(checkpoint, limits, parts.units),
+        produce=KafkaProduce(
+            ProducerSettings(
+                job=config.job.name,
+                app_id=parts.app_id,
+                bootstrap_servers=config.kafka.bootstrap_servers,
+                options=producer_options,
+                reader_options=config.kafka.client_options(),
+                signing_key=parts.signing_key,
+                secret_options=tuple(config.secret_options()),
+                topic_max_bytes=dict(limits.topic_max),
+            )
+        ),
         later_tables=tuple(filter(None, [config.metrics.table_ref()])),
         lease=lease,
     )
@@ -717,7 +725,8 @@ def make_batch_commit(
         metrics = MetricsRecorder(parts.job, parts.app_id, (), forward=on_result)
         metrics.prepare(spark)
         return commit(
-            forward_plan(parts.job), task=run_forwarding_task, on_result=metrics.on_result
+            Routing(run_forwarding_task, forward_plan(parts.job)),
+            upkeep=BatchUpkeep(on_result=metrics.on_result),
         )
     plan = task_plan(parts.job.config, parts.partitions, parts.signing_key)
     return _handler_batch_commit(
@@ -765,22 +774,25 @@ def _handler_batch_commit(
             tables.append(("metrics", config.metrics.table_ref()))
         compactor = Compactor(checkpoint.compaction, config.output.optimize_every_ms, tables)
     batch_commit = commit(
-        plan,
-        output_table=job.output,
-        evolve_output=config.output.schema_evolution,
-        dead_letter_table=job.dead_letter,
-        retry_tiers=len(config.retry.tiers),
-        on_result=(
-            metrics.on_result
-            if breaker is None
-            else partial(_feed_breaker, breaker, metrics.on_result)
+        Routing(run_task, plan, retry_tiers=len(config.retry.tiers)),
+        appends=(
+            TableAppend.output(job.output, app_id, evolve=config.output.schema_evolution),
+            TableAppend.dead_letter(job.dead_letter, app_id),
         ),
-        compactor=compactor,
-        hooks=config.hooks.references(BATCH_HOOKS),
-        hook_timeout_s=config.hooks.timeout_ms / 1000,
-        hook_paths=config.handler.paths,
-        task=run_task,
-        key_order=key_order,
+        upkeep=BatchUpkeep(
+            hooks=BatchHooks(
+                config.hooks.references(BATCH_HOOKS),
+                config.handler.paths,
+                config.hooks.timeout_ms / 1000,
+            ),
+            on_result=(
+                metrics.on_result
+                if breaker is None
+                else partial(_feed_breaker, breaker, metrics.on_result)
+            ),
+            key_order=key_order,
+            compactor=compactor,
+        ),
     )
     if breaker is not None:
         _watch_health(batch_commit, breaker, config.handler.paths)
