@@ -34,12 +34,12 @@ import pyarrow as pa
 log = logging.getLogger("bench.instrument")
 
 DRIVER_STEPS = {
-    "route": "routing the batch and counting its decisions (BatchCommit._route)",
-    "staging_write": "Spark job: handler tasks + staging Parquet write (commit._run_tasks)",
-    "manifest": "claiming the manifest (commit.claim_json)",
-    "apply": "the batch's effects (BatchCommit._apply)",
-    "produce": "Spark job: executors produce the retry/dead-letter records (BatchCommit._produce)",
-    "delta_appends": "Delta appends with txnAppId/txnVersion (commit.append_once)",
+    "route": "routing the batch and counting its decisions (RoutingStage._route)",
+    "staging_write": "Spark job: handler tasks + staging Parquet write (routing_stage._run_tasks)",
+    "manifest": "claiming the manifest (routing_stage.claim_json)",
+    "apply": "the batch's effects (effects.make_effects)",
+    "produce": "Spark job: executors produce the retry/dead-letter records (KafkaProduce._produce)",
+    "delta_appends": "Delta appends with txnAppId/txnVersion (table_appends.append_once)",
     "clean_up": "dropping old staging folders and manifests (Checkpoint.clean_up)",
     "check_tables": "first batch: are the tables or control topic ahead of the checkpoint",
     "metrics": "per-batch metrics line and input lag (MetricsRecorder.record)",
@@ -138,7 +138,14 @@ class DriverTimers:
 
 def install_driver_timers() -> DriverTimers:
     """Route tasks through `timed_run_task` and time the batch commit's steps."""
-    from retrylib.batch import commit, metrics
+    from retrylib.batch import (
+        commit,
+        effect_targets,
+        metrics,
+        produce_units,
+        routing_stage,
+        table_appends,
+    )
     from retrylib.job import handler_job
     from retrylib.state import checkpoint
 
@@ -147,14 +154,14 @@ def install_driver_timers() -> DriverTimers:
     handler_job.run_task = timed_run_task
     timers = DriverTimers()
     targets = [
-        (commit.BatchCommit, "_route", "route"),
-        (commit, "_run_tasks", "staging_write"),
-        (commit, "claim_json", "manifest"),
-        (commit.BatchCommit, "_apply", "apply"),
-        (commit.BatchCommit, "_produce", "produce"),
-        (commit, "append_once", "delta_appends"),
+        (routing_stage.RoutingStage, "_route", "route"),
+        (routing_stage, "_run_tasks", "staging_write"),
+        (routing_stage, "claim_json", "manifest"),
+        (commit, "make_effects", "apply"),
+        (produce_units.KafkaProduce, "_produce", "produce"),
+        (table_appends, "append_once", "delta_appends"),
         (checkpoint.Checkpoint, "clean_up", "clean_up"),
-        (commit.BatchCommit, "_check_tables_agree", "check_tables"),
+        (effect_targets.EffectTargets, "_check_agree", "check_tables"),
         (metrics.MetricsRecorder, "record", "metrics"),
     ]
     missing = [

@@ -1147,8 +1147,8 @@ class Bench:
                 rows,
                 "Where the steady-state wall time goes (batches after the first; wall = sum of "
                 "triggerExecution; staging write = the Spark job running the handler tasks and "
-                "writing their result rows as Parquet (commit._run_tasks), counting them as "
-                "it writes; rest of routing = the rest of BatchCommit._route (the control "
+                "writing their result rows as Parquet (routing_stage._run_tasks), counting them "
+                "as it writes; rest of routing = the rest of RoutingStage._route (the control "
                 "topic's end offset); Kafka produce = the executors producing the outgoing "
                 "retry/dead-letter records; Delta appends = append_once of output and "
                 "dead-letter rows (produce and appends run at once, so they overlap); rest of "

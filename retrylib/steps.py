@@ -1,12 +1,14 @@
 """The named steps of a job's start and of a batch, and the one listener told when a process
 reaches one.
 
-`job`, `delta.tables`, `batch.commit` and `kafka.transactional_producer` call
-`reached(step, batch_id)` at each step (a start-up step with `STARTING` for the batch id);
-with no listener set that costs one comparison. A listener is set from outside the job
-(the fault tests' crash listener kills the process at a step: tests/faults/crash/), in
-every process it should hear from: the driver reaches the driver's steps, a Python worker
-the executor's. A listener runs inline and may raise; what it raises fails the step.
+`job`, `sinks.tables`, the batch's stage and effects (`batch.routing_stage`,
+`batch.produce_units`, `batch.table_appends`, `batch.commit`) and
+`sinks.transactional_producer` call `reached(step, batch_id)` at each step (a start-up step
+with `STARTING` for the batch id); with no listener set that costs one comparison. A
+listener is set from outside the job (the fault tests' crash listener kills the process at
+a step: tests/faults/crash/), in every process it should hear from: the driver reaches the
+driver's steps, a Python worker the executor's. A listener runs inline and may raise; what
+it raises fails the step.
 
 The start-up steps, in the order a job's first start reaches them (a later start reaches
 those whose work it does again: the topics, the lease and the query's start, and the others

@@ -1,6 +1,6 @@
 """The batch's counters in Spark's own progress reports (`StreamingQueryProgress`).
 
-The routing tasks run inside the query's plan (`BatchCommit.routed`), and `observe` over
+The routing tasks run inside the query's plan (`RoutingStage.routed`), and `observe` over
 their result rows sums the counters every task reports and takes the percentiles of the
 retry records' lateness. Spark puts these figures into each batch's progress, under
 `observedMetrics["retrylib"]`, where `StreamingQueryListener`s, the Spark UI and

@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from pyspark.sql import SparkSession
 
 from retrylib.batch.commit import BatchCommit
+from retrylib.batch.produce_units import KafkaProduce
 from retrylib.batch.result import BatchResult
+from retrylib.batch.routing_stage import Staging
 from retrylib.config.model import AnyConfig
 from retrylib.config.topic_names import produced_topic
 from retrylib.job.kinds import JobKind
@@ -18,6 +21,7 @@ from retrylib.kafka.clients import RecordLimits
 from retrylib.kafka.record_size import producer_batch_bytes
 from retrylib.kafka.runner_lease import RunnerLease
 from retrylib.logs import configure_worker_logging, redact_secrets
+from retrylib.sinks.produce_units import ProducerSettings
 from retrylib.state.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
@@ -62,21 +66,26 @@ def make_batch_commit(
     `[breaker] health`."""
     config = parts.config
     limits, producer_options = record_limits(parts.job, parts.partitions)
-    shared = {
-        "checkpoint": Checkpoint(config.job.checkpoint),
-        "app_id": parts.app_id,
-        "kafka_options": producer_options,
-        "bootstrap_servers": config.kafka.bootstrap_servers,
-        "signing_key": parts.signing_key,
-        "reader_options": config.kafka.client_options(),
-        "secret_options": tuple(config.secret_options()),
-        "record_limits": limits,
-        "units": parts.units,
-        "later_tables": tuple(filter(None, [config.metrics.table_ref()])),
-        "lease": lease,
-    }
+    commit = partial(
+        BatchCommit,
+        staging=Staging(Checkpoint(config.job.checkpoint), limits, parts.units),
+        produce=KafkaProduce(
+            ProducerSettings(
+                job=config.job.name,
+                app_id=parts.app_id,
+                bootstrap_servers=config.kafka.bootstrap_servers,
+                options=producer_options,
+                reader_options=config.kafka.client_options(),
+                signing_key=parts.signing_key,
+                secret_options=tuple(config.secret_options()),
+                topic_max_bytes=dict(limits.topic_max),
+            )
+        ),
+        later_tables=tuple(filter(None, [config.metrics.table_ref()])),
+        lease=lease,
+    )
     return parts.job.batch_commit(
-        shared, parts.partitions, parts.signing_key, spark, on_result, runs_batches
+        commit, parts.app_id, parts.partitions, parts.signing_key, spark, on_result, runs_batches
     )
 
 

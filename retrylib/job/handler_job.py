@@ -12,17 +12,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from retrylib.batch.commit import BatchCommit
+from retrylib.batch.commit import BatchCommit, BatchHooks, BatchUpkeep
 from retrylib.batch.health_watch import HealthWatch
 from retrylib.batch.key_order_store import KeyOrderStore
 from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
+from retrylib.batch.routing_stage import Routing
+from retrylib.batch.table_appends import TableAppend
 from retrylib.config.durations import format_duration
 from retrylib.config.importing import import_object
 from retrylib.config.model import (
@@ -172,16 +174,18 @@ class HandlerJob:
 
     def batch_commit(
         self,
-        shared: Mapping[str, Any],
+        commit: Callable[..., BatchCommit],
+        app_id: str,
         partitions: dict[str, int],
         signing_key: bytes,
         spark: SparkSession,
         on_result: Callable[[BatchResult], None] | None,
         runs_batches: bool,
     ) -> BatchCommit:
-        """`batch_commit.make_batch_commit` of a handler job: `shared` (what every job's
-        commit is given) with the task plan, the tables, and the breaker, key queues, hooks
-        and compaction, which keep their state in the checkpoint."""
+        """`batch_commit.make_batch_commit` of a handler job: `commit` (a `BatchCommit` given
+        what every job's is) with the routing task and its plan, the appends to the output and
+        dead-letter tables, and the breaker, key queues, hooks and compaction, which keep their
+        state in the checkpoint."""
         config = self.config
         checkpoint = Checkpoint(config.job.checkpoint)
         breaker = None  # a Spark Connect client's commit runs no batch: the server's has it
@@ -197,7 +201,7 @@ class HandlerJob:
             key_order.load(spark)
         metrics = MetricsRecorder(
             config,
-            shared["app_id"],
+            app_id,
             config.retry.tiers,
             forward=on_result,
             breaker=breaker,
@@ -210,24 +214,28 @@ class HandlerJob:
             if config.metrics.table_ref() is not None:
                 tables.append(("metrics", config.metrics.table_ref()))
             compactor = Compactor(checkpoint.compaction, config.output.optimize_every_ms, tables)
-        batch_commit = BatchCommit(
-            task_plan(config, partitions, signing_key),
-            **shared,
-            output_table=self.output_table,
-            evolve_output=config.output.schema_evolution,
-            dead_letter_table=self.dead_letter_table,
-            retry_tiers=len(config.retry.tiers),
-            on_result=(
-                metrics.on_result
-                if breaker is None
-                else partial(_feed_breaker, breaker, metrics.on_result)
+        batch_commit = commit(
+            Routing(run_task, task_plan(config, partitions, signing_key), len(config.retry.tiers)),
+            appends=(
+                TableAppend.output(
+                    self.output_table, app_id, evolve=config.output.schema_evolution
+                ),
+                TableAppend.dead_letter(self.dead_letter_table, app_id),
             ),
-            compactor=compactor,
-            hooks=config.hooks.references(BATCH_HOOKS),
-            hook_timeout_s=config.hooks.timeout_ms / 1000,
-            hook_paths=config.handler.paths,
-            task=run_task,
-            key_order=key_order,
+            upkeep=BatchUpkeep(
+                hooks=BatchHooks(
+                    config.hooks.references(BATCH_HOOKS),
+                    config.handler.paths,
+                    config.hooks.timeout_ms / 1000,
+                ),
+                on_result=(
+                    metrics.on_result
+                    if breaker is None
+                    else partial(_feed_breaker, breaker, metrics.on_result)
+                ),
+                key_order=key_order,
+                compactor=compactor,
+            ),
         )
         if breaker is not None:
             _watch_health(batch_commit, breaker, config.handler.paths)

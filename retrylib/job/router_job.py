@@ -7,15 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from retrylib.batch.commit import BatchCommit
+from retrylib.batch.commit import BatchCommit, BatchUpkeep
 from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
+from retrylib.batch.routing_stage import Routing
 from retrylib.config.durations import format_duration
 from retrylib.config.model import BreakerConfig, DeadLetterConfig, DelayRouterJobConfig, RetryTier
 from retrylib.config.table_ref import TableRef
@@ -93,22 +94,22 @@ class DelayRouterJob:
 
     def batch_commit(
         self,
-        shared: Mapping[str, Any],
+        commit: Callable[..., BatchCommit],
+        app_id: str,
         partitions: dict[str, int],
         signing_key: bytes,
         spark: SparkSession,
         on_result: Callable[[BatchResult], None] | None,
         runs_batches: bool,
     ) -> BatchCommit:
-        """`batch_commit.make_batch_commit` of a delay router: `shared` (what every job's
-        commit is given) with the forwarding plan and the metrics."""
-        metrics = MetricsRecorder(self.config, shared["app_id"], (), forward=on_result)
+        """`batch_commit.make_batch_commit` of a delay router: `commit` (a `BatchCommit` given
+        what every job's is) with the forwarding task and its plan, and the metrics; its one
+        effect is the Kafka produce every job's commit has."""
+        metrics = MetricsRecorder(self.config, app_id, (), forward=on_result)
         metrics.prepare(spark)
-        return BatchCommit(
-            forward_plan(self.config),
-            **shared,
-            task=run_forwarding_task,
-            on_result=metrics.on_result,
+        return commit(
+            Routing(run_forwarding_task, forward_plan(self.config)),
+            upkeep=BatchUpkeep(on_result=metrics.on_result),
         )
 
     def shown_tiers(self) -> list[RetryTier]:

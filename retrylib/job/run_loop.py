@@ -7,7 +7,7 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
-from retrylib.batch.commit import no_space_error, task_error
+from retrylib.batch.spark_errors import no_space_error, task_error
 from retrylib.config.model import AnyConfig
 from retrylib.errors import LeaseHeld
 from retrylib.job.start import Prepared, prepare_to_run, start_query

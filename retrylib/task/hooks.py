@@ -16,7 +16,7 @@ stopped, as a handler call is, and counted as failed.
 
 Batch hooks run on the driver: `on_batch_start(batch_id)` and `on_batch_end(batch_id,
 counters)`, with the batch's counters (`retry.outcomes.Count`). Each call is bounded
-(`hooks.timeout`, `DriverHooks`): one that has not returned by then is left running in its
+(`hooks.timeout`, `batch.driver_hooks`): one that has not returned by then is left running in its
 thread and counted, and the batch goes on.
 
 A hook that raises, whatever it raises, is counted (`hook_errors`) and logged, its first
@@ -51,7 +51,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 from retrylib.config.importing import import_object
 from retrylib.retry.outcomes import Count
-from retrylib.task.bounded_call import BoundedCall
 from retrylib.task.handler import TimedCall
 
 log = logging.getLogger(__name__)
@@ -111,32 +110,3 @@ class Hooks:
                 self._references[name],
                 what,
             )
-
-
-class DriverHooks(Hooks):
-    """`Hooks` called on the driver, each call bounded by `timeout_s` (`BoundedCall`): a call
-    still running then is counted as failed and left to run, and the hook is not called
-    again until it has returned, so a hook that hangs holds one thread, never the batch or
-    the job's stop.
-    """
-
-    def __init__(
-        self,
-        references: Mapping[str, str],
-        paths: Sequence[str],
-        counters: Counter[str],
-        timeout_s: float,
-    ) -> None:
-        super().__init__(references, paths, counters)
-        self._bounded = {
-            name: BoundedCall(function, timeout_s, "hooks.timeout", f"retrylib-{name}")
-            for name, function in self._functions.items()
-        }
-
-    def call(self, name: str, *args: object) -> None:
-        bounded = self._bounded.get(name)
-        if bounded is None:
-            return
-        _, failure = bounded(*args)
-        if failure is not None:
-            self._failed(name, failure)

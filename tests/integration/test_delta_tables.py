@@ -20,7 +20,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructField, StructType
 
-from retrylib.batch.commit import _Started
+from retrylib.batch.at_once import Started
 from retrylib.config.table_ref import TableRef
 from retrylib.errors import RetrylibError
 from retrylib.sinks.tables import (
@@ -264,12 +264,12 @@ def test_committed_version_sees_a_commit_made_outside_this_session(
 def test_a_thread_the_batch_starts_has_the_session_active(spark: SparkSession) -> None:
     """Delta computes some reads with the JVM thread's active session (a table state it lost
     to a concurrent OPTIMIZE is computed again there, else DELTA_SPARK_SESSION_NOT_SET): the
-    batch reads its tables in threads of its own (`_Started`)."""
+    batch reads its tables in threads of its own (`Started`)."""
 
     def active() -> bool:
         return spark._jvm.SparkSession.getActiveSession().isDefined()
 
-    assert _Started(spark, active).result()
+    assert Started(spark, active).result()
 
 
 def test_a_catalog_table_works_like_a_path_table(spark: SparkSession, catalog_name: str) -> None:

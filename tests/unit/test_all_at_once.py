@@ -1,4 +1,4 @@
-"""The driver's steps that run at once (`batch.commit`'s `_all_at_once`, `_Started`); no Spark."""
+"""The driver's steps that run at once (`batch.at_once`); no Spark."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from retrylib.batch.commit import _all_at_once, _Started
+from retrylib.batch.at_once import Started, all_at_once
 
 
 def test_calls_run_at_once_and_their_results_come_in_order() -> None:
@@ -17,7 +17,7 @@ def test_calls_run_at_once_and_their_results_come_in_order() -> None:
         both.wait()
         return value
 
-    assert _all_at_once(None, lambda: call("first"), lambda: call("second")) == ["first", "second"]
+    assert all_at_once(None, lambda: call("first"), lambda: call("second")) == ["first", "second"]
 
 
 def test_the_first_failure_in_order_is_raised_once_every_call_has_ended() -> None:
@@ -32,12 +32,12 @@ def test_the_first_failure_in_order_is_raised_once_every_call_has_ended() -> Non
         raise ValueError("fast")
 
     with pytest.raises(KeyError):
-        _all_at_once(None, lambda: ended.append("first"), slow_failure, fast_failure)
+        all_at_once(None, lambda: ended.append("first"), slow_failure, fast_failure)
     assert ended == ["first", "slow"]
 
 
 def test_a_started_call_gives_its_result_or_raises_its_error_when_asked() -> None:
-    assert _Started(None, lambda: 42).result() == 42
-    failed = _Started(None, lambda: 1 / 0)
+    assert Started(None, lambda: 42).result() == 42
+    failed = Started(None, lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         failed.result()

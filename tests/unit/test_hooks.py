@@ -12,9 +12,10 @@ import pytest
 import unit_handlers
 from helpers import REPO, problem_for, route, write_literal_config
 
+from retrylib.batch.driver_hooks import DriverHooks
 from retrylib.config.loader import load_config
 from retrylib.task.handler import TimedCall
-from retrylib.task.hooks import DriverHooks, Hooks
+from retrylib.task.hooks import Hooks
 
 ROWS = [
     {"key": b"ok-1", "offset": 1},

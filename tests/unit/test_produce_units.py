@@ -6,9 +6,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from retrylib.batch.produce_units import _spool_units, spark_hash_int, spread_keys
+from retrylib.batch.produce_units import spark_hash_int, spread_keys
 from retrylib.sinks.markers import marker_value, read_marker
 from retrylib.sinks.outgoing_records import OUTGOING_SCHEMA
+from retrylib.sinks.produce_units import _spool_units
 
 # What Spark 4.2's `hash()` gives for these ints (read off `spark.range(-3, 6)`).
 SPARK_HASHES = {

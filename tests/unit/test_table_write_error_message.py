@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 
-from retrylib.batch.commit import no_space_error, spark_error_reason, table_write_error
+from retrylib.batch.spark_errors import no_space_error, spark_error_reason, table_write_error
 from retrylib.config.table_ref import TableRef
 
 
