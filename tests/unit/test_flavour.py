@@ -29,3 +29,13 @@ def test_each_flavour_has_every_member_of_the_protocol() -> None:
     assert members
     assert [name for name in sorted(members) if not hasattr(Classic, name)] == []
     assert [name for name in sorted(members) if not hasattr(Connect, name)] == []
+
+
+def test_a_classic_flavours_thread_runs_its_target_with_the_args() -> None:
+    called: list[tuple[int, str]] = []
+    thread = Classic().thread(SimpleNamespace(), lambda *args: called.append(args), (1, "a"))
+
+    thread.start()
+    thread.join()
+
+    assert called == [(1, "a")]

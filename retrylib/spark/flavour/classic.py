@@ -68,7 +68,7 @@ class Classic:
     ) -> threading.Thread:
         from pyspark import InheritableThread
 
-        return InheritableThread(target, *args)
+        return InheritableThread(target, args=args)
 
     def make_active(self, spark: SparkSession) -> None:
         # Delta computes some reads in the thread's JVM side with its active session (a table

@@ -94,7 +94,7 @@ class Connect:
         """The thread carries `spark`'s tags."""
         from pyspark import InheritableThread
 
-        return InheritableThread(target, *args, session=spark)
+        return InheritableThread(target, args=args, session=spark)
 
     def make_active(self, spark: SparkSession) -> None:
         """No JVM side to make it active in."""
