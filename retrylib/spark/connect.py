@@ -7,14 +7,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from retrylib.spark.flavour import flavour_of
+from retrylib.spark.flavour.connect import Connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
 def is_connect(spark: SparkSession) -> bool:
-    """Whether `spark` is a Spark Connect session (its batches run in its server)."""
-    return not flavour_of(spark).runs_batches_here
+    """Whether `spark` is a Spark Connect session."""
+    return isinstance(flavour_of(spark), Connect)
 
 
 def default_parallelism(spark: SparkSession) -> int:
