@@ -20,14 +20,14 @@ a commit pays for the new version once.
 
 Works on a classic session and on a Spark Connect client alike (Delta's SQL extension and
 catalog configured on the Spark side; no Delta Connect plugin needed): tables are changed
-through SQL. Only their creation (`_create_table`) and the committed transactions differ: no
-public API or SQL command exposes the latter, so a classic session reads them through py4j,
-and a Connect client, which has no JVM, from the commits' `userMetadata` (`commit_mark`).
+through SQL. Only a path's table's existence, their creation and the committed transactions
+differ, which the session's flavour (`retrylib.spark.flavour`) answers: no public API or SQL
+command exposes the transactions, so a classic session reads them through py4j, and a
+Connect client, which has no JVM, from the commits' `userMetadata` (`commit_mark`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -37,26 +37,20 @@ from typing import TYPE_CHECKING, Any
 
 from retrylib.config.table_ref import TableRef, is_uri
 from retrylib.errors import RetrylibError
-from retrylib.spark.connect import is_connect
+from retrylib.spark.delta_sql import commit_mark
+from retrylib.spark.flavour import flavour_of
 from retrylib.state.files import delete_tree, join, list_names
 from retrylib.steps import STARTING, reached
 
 if TYPE_CHECKING:
-    from delta.tables import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
 log = logging.getLogger(__name__)
 
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
-# How many of a table's last commits are looked at first for the job's own (Spark Connect).
-_RECENT_COMMITS = 100
-# What Spark and Delta say when a table was created by someone else meanwhile.
-_ALREADY_CREATED = ("TABLE_OR_VIEW_ALREADY_EXISTS", "DELTA_PATH_EXISTS", "already exists")
 # A commit or checkpoint in a Delta log: "<20 digits>.json", "<20 digits>.checkpoint...".
 _DELTA_LOG_VERSION = re.compile(r"\d{20}\.(json|checkpoint)")
-# What Delta and Spark say of a path that holds no Delta table.
-_NOT_A_DELTA_PATH = ("DELTA_MISSING_DELTA_TABLE", "DELTA_TABLE_ONLY_OPERATION", "PATH_NOT_FOUND")
 
 
 def table_exists(spark: SparkSession, ref: TableRef) -> bool:
@@ -67,14 +61,8 @@ def table_exists(spark: SparkSession, ref: TableRef) -> bool:
     appending there would fail later with a less clear error.
     """
     target = ref.resolved()
-    if target.is_path and not is_connect(spark):
-        from delta.tables import DeltaTable
-
-        # Delta's cached log lookup: about 3 ms a call here, where DESCRIBE HISTORY takes
-        # 150 ms, and the batch commit asks each batch for each table.
-        return DeltaTable.isDeltaTable(spark, target.text)
-    if target.is_path:  # no DeltaTable API without Delta's Connect plugin on the server
-        return latest_version(spark, target) is not None
+    if target.is_path:
+        return flavour_of(spark).delta_path_exists(spark, target)
     if not spark.catalog.tableExists(target.text):
         return False
     provider = _catalog_provider(spark, target.text)
@@ -84,28 +72,6 @@ def table_exists(spark: SparkSession, ref: TableRef) -> bool:
             "name a new table or a Delta table in the config"
         )
     return True
-
-
-def latest_version(spark: SparkSession, ref: TableRef) -> int | None:
-    """The latest version of the Delta table at `ref` (its log's last commit), or None when
-    a path holds no Delta table (missing, empty, or other files).
-
-    Raises Spark's `AnalysisException` when a catalog name is no table.
-    """
-    from pyspark.errors import AnalysisException
-
-    try:
-        return _newest_version(spark, ref.resolved())
-    except AnalysisException as error:
-        if ref.is_path and any(sign in str(error) for sign in _NOT_A_DELTA_PATH):
-            return None
-        raise
-
-
-def _newest_version(spark: SparkSession, ref: TableRef) -> int:
-    """The latest version of the Delta table at `ref`; raises Spark's `AnalysisException`
-    when there is none (DELTA_MISSING_DELTA_TABLE)."""
-    return int(_history(spark, ref, 1).select("version").first()[0])
 
 
 def _catalog_provider(spark: SparkSession, name: str) -> str | None:
@@ -164,7 +130,9 @@ def ensure_table(
     if not table_exists(spark, target):
         _remove_log_without_commit(spark, target, what)
         reached("in_table_create", STARTING)
-        _create_table(spark, target, schema, partition_by, properties)
+        # Keeping the schema's NOT NULL columns; a table created meanwhile by someone else
+        # is left as it is (its columns are checked next).
+        flavour_of(spark).create_delta_table(spark, target, schema, partition_by, properties)
         log.info("created %s table %s", what, target)
     existing = read_table(spark, target).schema
     differences = column_differences(existing, schema, evolve=evolve)
@@ -183,7 +151,7 @@ def _remove_log_without_commit(spark: SparkSession, target: TableRef, what: str)
     would stop every later start. With no commit there is no data to lose. A catalog name, and
     a URI through Spark Connect (no file system API on the client), are left to Delta.
     """
-    if not target.is_path or (is_connect(spark) and is_uri(target.text)):
+    if not target.is_path or (is_uri(target.text) and not flavour_of(spark).reaches_uris):
         return
     log_folder = join(target.text, "_delta_log")
     names = list_names(spark, log_folder)  # none for a missing folder as for an empty one
@@ -197,48 +165,6 @@ def _remove_log_without_commit(spark: SparkSession, target: TableRef, what: str)
             target,
         )
     delete_tree(spark, log_folder)
-
-
-def _create_table(
-    spark: SparkSession,
-    target: TableRef,
-    schema: StructType,
-    partition_by: Sequence[str],
-    properties: Mapping[str, str],
-) -> None:
-    """Create the Delta table `target` (a path or a catalog name) with `schema`, keeping its
-    NOT NULL columns. A table created meanwhile by someone else is left as it is (the caller
-    checks its columns).
-
-    A path, from a classic session, is created through Delta's table builder, which writes
-    version 0 and nothing else: through DataFrameWriterV2 an empty DataFrame's write job came
-    first, and a new job's first table took 6.1 s instead of 2.5 s (the next ones 0.8 s
-    instead of 0.4 s; local[2], idle machine). The rest go through DataFrameWriterV2: the
-    builder takes no catalog name of three parts (`catalog.db.t`), and a Spark Connect
-    client has none without Delta's Connect plugin on the server.
-    """
-    if target.is_path and not is_connect(spark):
-        from delta.tables import DeltaTable
-
-        builder = DeltaTable.createIfNotExists(spark).location(target.text).addColumns(schema)
-        builder = builder.partitionedBy(*partition_by)
-        for key, value in properties.items():
-            builder = builder.property(key, value)
-        builder.execute()
-        return
-    from pyspark.errors import AnalysisException
-    from pyspark.sql.functions import col
-
-    writer = spark.createDataFrame([], schema).writeTo(target.sql_name).using("delta")
-    if partition_by:
-        writer = writer.partitionedBy(*(col(column) for column in partition_by))
-    for key, value in properties.items():
-        writer = writer.tableProperty(key, value)
-    try:
-        writer.create()
-    except AnalysisException as error:
-        if not any(sign in str(error) for sign in _ALREADY_CREATED):
-            raise
 
 
 def column_differences(table: StructType, config: StructType, *, evolve: bool = False) -> str:
@@ -342,39 +268,9 @@ def append_once(
     )
     if evolve:
         writer = writer.option("mergeSchema", "true")
-    if is_connect(spark):
-        # No JVM to read the txn map through: the commit is told by its mark.
-        before_version = _newest_version(spark, target)
-        _save(writer, target)
-        committed = _marked_since(spark, target, before_version, commit_mark(app_id, batch_id))
-        if not committed:
-            log.info(
-                "batch %d of %s not appended to %s: the table holds it", batch_id, app_id, target
-            )
-        return committed
-    # The outcome is read from the table rather than from the write, which returns nothing.
-    # A table version moving on alone is no proof (another app id may commit meanwhile), and
-    # the app id's txn version alone cannot tell this commit from an earlier one; together they
-    # can. Reading the txn map first is free: the write reuses the same snapshot and its state.
-    before = _latest_snapshot(spark, target)
-    done = _txn_version(before, app_id)
-    _save(writer, target)
-    if done is not None and done >= batch_id:
-        log.info(
-            "batch %d of %s not appended to %s: the table holds its batch %d already",
-            batch_id,
-            app_id,
-            target,
-            done,
-        )
-        return False
-    # Listing the log only; no state reconstruction for this newer version.
-    return _latest_snapshot(spark, target).version() > before.version()
-
-
-def commit_mark(app_id: str, batch_id: int) -> str:
-    """The `userMetadata` of the commit that appends batch `batch_id` of `app_id`."""
-    return json.dumps({"retrylib_app": app_id, "batch": batch_id}, sort_keys=True)
+    return flavour_of(spark).append_committed(
+        spark, target, app_id, batch_id, lambda: _save(writer, target)
+    )
 
 
 def _save(writer: Any, target: TableRef) -> None:
@@ -397,85 +293,7 @@ def committed_version(spark: SparkSession, ref: TableRef, app_id: str) -> int | 
     """
     if not table_exists(spark, ref):
         return None
-    target = ref.resolved()
-    if is_connect(spark):
-        return _last_marked_batch(spark, target, app_id)
-    return _txn_version(_latest_snapshot(spark, target), app_id)
-
-
-def _history(spark: SparkSession, target: TableRef, limit: int | None = None) -> DataFrame:
-    """The table's DESCRIBE HISTORY, newest first, its last `limit` commits when given."""
-    return spark.sql(f"DESCRIBE HISTORY {target.sql_name}" + (f" LIMIT {limit}" if limit else ""))
-
-
-def _marked_since(spark: SparkSession, target: TableRef, version: int, mark: str) -> bool:
-    """Whether a commit after `version` carries `mark`."""
-    from pyspark.sql import functions as F
-
-    history = _history(spark, target, _RECENT_COMMITS).where(F.col("version") > version)
-    return history.where(F.col("userMetadata") == mark).limit(1).count() > 0
-
-
-def _last_marked_batch(spark: SparkSession, target: TableRef, app_id: str) -> int | None:
-    """The batch of the newest commit marked with `app_id`, looking at the last commits
-    first and at the whole history only when they hold none."""
-    from pyspark.sql import functions as F
-
-    recent = _history(spark, target, _RECENT_COMMITS).select("version", "userMetadata").collect()
-    recent.sort(key=lambda row: row.version, reverse=True)
-    batches = [_marked_batch(row.userMetadata, app_id) for row in recent]
-    found = next((batch for batch in batches if batch is not None), None)
-    if found is not None or len(recent) < _RECENT_COMMITS:
-        return found
-    marked = (
-        _history(spark, target)
-        .where(F.get_json_object("userMetadata", "$.retrylib_app") == app_id)
-        .orderBy(F.col("version").desc())
-        .select(F.get_json_object("userMetadata", "$.batch").cast("long"))
-        .first()
-    )
-    return None if marked is None else int(marked[0])
-
-
-def _marked_batch(user_metadata: str | None, app_id: str) -> int | None:
-    """The batch a commit's `userMetadata` marks as written by `app_id` (`commit_mark`)."""
-    try:
-        mark = json.loads(user_metadata or "")
-    except ValueError:
-        return None
-    if not isinstance(mark, dict) or mark.get("retrylib_app") != app_id:
-        return None
-    batch = mark.get("batch")
-    return batch if isinstance(batch, int) else None
-
-
-def _latest_snapshot(spark: SparkSession, target: TableRef) -> Any:
-    """The JVM `Snapshot` of the table's latest version, listed afresh from its log.
-
-    No public API or SQL command exposes the transactions a table holds, so a classic
-    session goes through py4j to the same `DeltaLog` the writer uses (stable from Delta 4.0
-    to 4.4): `DeltaTable.deltaLog` (protected in Scala, public in bytecode) resolves path and
-    catalog tables alike, and `DeltaLog.update(stalenessAcceptable=false, ...)` lists the log
-    synchronously instead of handing back the snapshot it cached.
-    """
-    none = spark._jvm.scala.Option.empty()  # type: ignore[union-attr]
-    return _delta_table(spark, target)._jdt.deltaLog().update(False, none, none)
-
-
-def _txn_version(snapshot: Any, app_id: str) -> int | None:
-    """The version `snapshot` holds for `app_id`, from its `transactions` map, else None."""
-    # `transactions` drops transactions older than the table's
-    # delta.setTransactionRetentionDuration, as the writer's own check does.
-    found = snapshot.transactions().get(app_id)
-    return int(found.get()) if found.isDefined() else None
-
-
-def _delta_table(spark: SparkSession, target: TableRef) -> DeltaTable:
-    from delta.tables import DeltaTable
-
-    if target.is_path:
-        return DeltaTable.forPath(spark, target.text)
-    return DeltaTable.forName(spark, target.text)
+    return flavour_of(spark).committed_batch(spark, ref.resolved(), app_id)
 
 
 def compact(spark: SparkSession, ref: TableRef) -> tuple[int, int]:

@@ -16,7 +16,7 @@ import pyspark
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from retrylib.spark.connect import is_connect
+from retrylib.spark.flavour import flavour_of
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ def build_spark_session(
         for key, value in settings.items():
             if spark.conf.isModifiable(key):
                 spark.conf.set(key, value)
-    if not is_connect(spark):  # a Connect server's log level is its own
-        spark.sparkContext.setLogLevel("WARN")
+    flavour_of(spark).quiet_logs(spark)
     from retrylib.source.kafka_source import KafkaDataSource
 
     spark.dataSource.register(KafkaDataSource)

@@ -3,7 +3,8 @@ of a cluster.
 
 Locally the executors share the driver's disk, so `handler.paths` is enough. On a cluster
 they do not: each top-level package (or module) is zipped and added with
-`SparkContext.addPyFile`, which puts it on every executor's `sys.path`.
+`SparkContext.addPyFile`, which puts it on every executor's `sys.path` (a Spark Connect
+client uploads it to its server as an artifact of the session).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from retrylib.config.model import RECORD_HOOKS, AnyConfig, Config
 from retrylib.errors import ConfigError
-from retrylib.spark.connect import is_connect
+from retrylib.spark.flavour import flavour_of
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +69,13 @@ def ship_code(spark: SparkSession, config: AnyConfig) -> None:
 def _ship(spark: SparkSession, source: Path) -> None:
     if "site-packages" in source.parts:
         return
+    add_py_file = flavour_of(spark).add_py_file
     if source.is_file():
-        _add_py_file(spark, source)
+        add_py_file(spark, source)
     else:
         bundle = Path(tempfile.mkdtemp(prefix="retrylib-code-")) / f"{source.name}.zip"
         with zipfile.ZipFile(bundle, "w") as archive:
             for path in sorted(source.rglob("*.py")):
                 archive.write(path, path.relative_to(source.parent))
-        _add_py_file(spark, bundle)
+        add_py_file(spark, bundle)
     log.info("shipped %s to the executors", source)
-
-
-def _add_py_file(spark: SparkSession, path: Path) -> None:
-    """Put `path` on the Python path of every executor: a Spark Connect client uploads it to
-    its server as an artifact of the session."""
-    if is_connect(spark):
-        spark.addArtifacts(str(path), pyfile=True)
-    else:
-        spark.sparkContext.addPyFile(str(path))

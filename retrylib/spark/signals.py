@@ -30,7 +30,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from retrylib.spark.connect import is_connect
+from retrylib.spark.flavour import flavour_of
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,9 @@ def stop_requests(spark: SparkSession) -> Iterator[threading.Event]:
 def _install_jvm_handlers(
     spark: SparkSession, request: Callable[[str], None]
 ) -> list[_JvmSignalHandler]:
-    if is_connect(spark):  # the server's JVM is no child of this process: nothing to catch
+    context = flavour_of(spark).spark_context(spark)
+    if context is None:  # a Connect server's JVM is no child of this process: nothing to catch
         return []
-    context = spark.sparkContext
     jvm = context._jvm
     command = str(jvm.java.lang.System.getProperty("sun.java.command") or "")
     if not command.startswith(_LAUNCHER_MAIN_CLASSES):

@@ -34,7 +34,6 @@ Only the driver calls these (they need the session's JVM).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -43,10 +42,9 @@ from typing import TYPE_CHECKING, Any
 
 from retrylib.config.table_ref import is_uri
 from retrylib.errors import DamagedFile, RetrylibError
-from retrylib.spark.connect import is_connect
+from retrylib.spark.flavour import flavour_of
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 TEMPORARY_MARK = ".tmp-"
@@ -71,19 +69,7 @@ def on_driver_disk(spark: SparkSession | None, uri: str) -> bool:
     (`spark` None: code that reads local files without Spark, as the unit tests do)."""
     if is_uri(uri):
         return False
-    if spark is None or is_connect(spark):
-        return True
-    return _local_default(spark.sparkContext)
-
-
-@functools.lru_cache(maxsize=1)
-def _local_default(context: SparkContext) -> bool:
-    """Whether `context`'s default file system is the local disk: asked once per context (a
-    few ms through py4j, where a batch reads and writes several files)."""
-    default = context._jvm.org.apache.hadoop.fs.FileSystem.getDefaultUri(
-        context._jsc.hadoopConfiguration()
-    )
-    return default.getScheme() in (None, "file")
+    return spark is None or flavour_of(spark).paths_are_local(spark)
 
 
 def _hadoop(spark: SparkSession | None, uri: str) -> tuple[Any, Any]:
@@ -92,15 +78,7 @@ def _hadoop(spark: SparkSession | None, uri: str) -> tuple[Any, Any]:
     Raises `RetrylibError` for a Spark Connect session, which has no JVM on this side."""
     if spark is None:
         raise RetrylibError(f"{uri}: a URI needs a Spark session to be read or written")
-    if is_connect(spark):
-        raise RetrylibError(
-            f"{uri}: through Spark Connect the checkpoint (job.checkpoint) must be a path of a "
-            "file system the client and the server share, such as /Volumes/... on Databricks: "
-            "a URI needs Hadoop's FileSystem, which a Spark Connect client cannot reach"
-        )
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+    return flavour_of(spark).hadoop_file(spark, uri)
 
 
 def _java_error(error: Exception, class_name: str) -> bool:
