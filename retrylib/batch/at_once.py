@@ -9,7 +9,7 @@ from typing import Any
 from pyspark import InheritableThread
 from pyspark.sql import SparkSession
 
-from retrylib.spark.connect import is_connect
+from retrylib.spark.flavour import flavour_of
 
 
 def all_at_once(spark: SparkSession | None, *calls: Callable[[], Any]) -> list[Any]:
@@ -39,17 +39,18 @@ class Started:
     def __init__(self, spark: SparkSession | None, call: Callable[[], Any]) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
-        connect = spark is not None and is_connect(spark)
-        self._classic = None if connect else spark
-        self._thread = InheritableThread(
-            self._run, args=(call,), session=spark if connect else None
+        self._spark = spark
+        self._thread = (
+            InheritableThread(self._run, args=(call,))
+            if spark is None
+            else flavour_of(spark).thread(spark, self._run, (call,))
         )
         self._thread.start()
 
     def _run(self, call: Callable[[], Any]) -> None:
         try:
-            if self._classic is not None:
-                self._classic._jvm.SparkSession.setActiveSession(self._classic._jsparkSession)
+            if self._spark is not None:
+                flavour_of(self._spark).make_active(self._spark)
             self._value = call()
         except BaseException as error:  # raised in the thread that asks for the result
             self._error = error

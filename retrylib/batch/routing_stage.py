@@ -44,7 +44,7 @@ from retrylib.batch.observed import (
 )
 from retrylib.errors import DamagedFile, RetrylibError
 from retrylib.kafka.clients import RecordLimits
-from retrylib.spark.connect import set_job_property
+from retrylib.spark.flavour import flavour_of
 from retrylib.state.checkpoint import Checkpoint
 from retrylib.state.files import claim_json, read_json
 from retrylib.steps import reached
@@ -63,7 +63,7 @@ _COUNTED_KINDS = ("output", "dead_letter", OUTGOING_KIND, "key_state")
 """The kinds of result rows (`results`) a manifest counts: what the batch's effects write."""
 _BATCH_PROPERTY = "spark.retrylib.batch"
 """The Spark local property that carries a batch's id, clock and record limits to its tasks
-(`set_job_property`: its name starts with "spark." for Spark Connect)."""
+(`Flavour.set_job_property`: its name starts with "spark." for Spark Connect)."""
 _DECISIONS = "retrylib_decisions"
 """The name of the `Observation` of a batch's decisions (`_run_tasks`)."""
 
@@ -195,7 +195,7 @@ def _run_tasks(
     replay of the batch.
     """
     spark = df.sparkSession
-    set_job_property(spark, _BATCH_PROPERTY, _batch_property(plan, isolate))
+    flavour_of(spark).set_job_property(spark, _BATCH_PROPERTY, _batch_property(plan, isolate))
     observed = Observation(_DECISIONS)  # one per write: an Observation is filled once
     try:
         df.observe(observed, *decisions).write.mode("overwrite").parquet(staging)
@@ -212,7 +212,7 @@ def _run_tasks(
         if isolate or plan.isolated() is None or _WORKER_DIED not in str(error):
             raise
     finally:
-        set_job_property(spark, _BATCH_PROPERTY, None)
+        flavour_of(spark).set_job_property(spark, _BATCH_PROPERTY, None)
     log.warning(
         "batch %d: a Python worker died while handling records; running the batch again "
         "with each handler call in its own process",

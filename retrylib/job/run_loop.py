@@ -11,9 +11,9 @@ from retrylib.batch.spark_errors import no_space_error, task_error
 from retrylib.config.model import AnyConfig
 from retrylib.errors import LeaseHeld
 from retrylib.job.start import Prepared, prepare_to_run, start_query
-from retrylib.job.stopping import cancel_jobs, stop_gracefully
+from retrylib.job.stopping import stop_gracefully
 from retrylib.logs import redact_secrets, spark_log_conf
-from retrylib.spark.connect import is_connect
+from retrylib.spark.flavour import flavour_of
 from retrylib.spark.session import build_spark_session
 from retrylib.spark.shipping import ship_code
 from retrylib.spark.signals import stop_requests
@@ -78,7 +78,7 @@ def run(config: AnyConfig, *, available_now: bool = False, master: str | None = 
                 query,
                 batch_commit,
                 config.job.stop_timeout_ms / 1000,
-                None if is_connect(spark) else partial(cancel_jobs, spark),
+                flavour_of(spark).job_canceller(spark),
             )
             if lease.taken_over.is_set():
                 stop()

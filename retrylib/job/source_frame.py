@@ -21,11 +21,9 @@ from retrylib.source.options import (
     OPTION_KEY_ORDER,
     parse_source_options,
 )
-from retrylib.spark.connect import is_connect
+from retrylib.spark.flavour import flavour_of
 
 log = logging.getLogger(__name__)
-
-_BUILTIN_KAFKA = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 
 def builtin_kafka_available(spark: SparkSession) -> bool:
@@ -36,32 +34,7 @@ def builtin_kafka_available(spark: SparkSession) -> bool:
     Spark Connect client asks the server for the schema of a Kafka stream (no broker is
     asked: the schema is fixed).
     """
-    if is_connect(spark):
-        return _kafka_format_resolves(spark)
-    jvm = spark.sparkContext._jvm
-    try:
-        found = jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
-            "kafka", spark._jsparkSession.sessionState().conf()
-        )
-    except Exception:
-        return False
-    return found.getName() == _BUILTIN_KAFKA
-
-
-def _kafka_format_resolves(spark: SparkSession) -> bool:
-    from pyspark.errors import PySparkException
-
-    kafka = (
-        spark.readStream.format("kafka")
-        .option("subscribe", "retrylib-probe")
-        .option("kafka.bootstrap.servers", "localhost:9")
-    )
-    try:
-        return bool(kafka.load().schema)
-    except PySparkException as error:
-        if error.getCondition() == "DATA_SOURCE_NOT_FOUND":
-            return False
-        raise
+    return flavour_of(spark).kafka_connector_available(spark)
 
 
 def _read_kafka(spark: SparkSession, format_name: str, options: dict[str, str]) -> DataFrame:

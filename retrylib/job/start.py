@@ -26,7 +26,7 @@ from retrylib.kafka.clients import connected_admin, make_admin
 from retrylib.kafka.offsets import offsets_to_json
 from retrylib.kafka.runner_lease import RunnerLease, runner_group, take_lease
 from retrylib.source.kafka_source import ENGINE_LIMITS_PYTHON_SOURCES
-from retrylib.spark.connect import default_parallelism, is_connect
+from retrylib.spark.flavour import flavour_of
 from retrylib.state.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,8 @@ def _start_prepared(
     on_result: Callable[[BatchResult], None] | None,
 ) -> tuple[StreamingQuery, BatchCommit]:
     """`start_query` once the topics are ready and the lease is held."""
-    connect = is_connect(spark)
-    if connect and on_result is not None:
+    runs_batches = flavour_of(spark).runs_batches_here
+    if not runs_batches and on_result is not None:
         raise RetrylibError(
             "on_result is called in the process that runs the batches, which a Spark Connect "
             "server runs: read the query's progress or the metrics table instead"
@@ -127,7 +127,7 @@ def _start_prepared(
     signing_key = checkpoint.signing_key(spark)
     steps.reached("after_signing_key", steps.STARTING)
     make_tables = job.table_maker(spark)
-    if connect and make_tables is not None:
+    if not runs_batches and make_tables is not None:
         # The server's batches run in a process of their own, which cannot wait for this
         # one's thread (`read_tables_ahead`): the tables are made before the query.
         make_tables()
@@ -136,13 +136,13 @@ def _start_prepared(
         partitions=prepared.partitions,
         app_id=app_id,
         signing_key=signing_key,
-        units=default_parallelism(spark),
+        units=flavour_of(spark).default_parallelism(spark),
     )
     batch_commit = make_batch_commit(
-        parts, spark, on_result=on_result, lease=prepared.lease, runs_batches=not connect
+        parts, spark, on_result=on_result, lease=prepared.lease, runs_batches=runs_batches
     )
     try:
-        if not connect:
+        if runs_batches:
             batch_commit.read_tables_ahead(spark, make_tables)
         query = _start_stream(spark, config, reader, parts, batch_commit, available_now)
     except BaseException:
@@ -161,7 +161,7 @@ def _start_stream(
 ) -> StreamingQuery:
     """Start the streaming query of `batch_commit`, made from `parts`, reading the main
     topics with `reader`."""
-    connect = is_connect(spark)
+    runs_batches = flavour_of(spark).runs_batches_here
     checkpoint = Checkpoint(config.job.checkpoint)
     # Spark 4.0/4.1 would run availableNow as one unbounded batch: there the job runs
     # back-to-back triggers instead, the tier source held to the target, until it is reached.
@@ -181,7 +181,7 @@ def _start_stream(
         # own, which builds its own `BatchCommit` (its Kafka clients, threads, hooks) from the
         # parts.
         .foreachBatch(
-            BatchFunction(partial(batch_commit_on_server, parts)) if connect else batch_commit
+            batch_commit if runs_batches else BatchFunction(partial(batch_commit_on_server, parts))
         )
     )
     if target is not None:
@@ -192,7 +192,7 @@ def _start_stream(
         writer = writer.trigger(processingTime=f"{config.job.trigger_ms} milliseconds")
     query = writer.start()
     steps.reached("after_query_start", steps.STARTING)
-    if connect:
+    if not runs_batches:
         batch_commit.follow(query)
     if target is not None:
         threading.Thread(

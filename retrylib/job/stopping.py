@@ -7,7 +7,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from retrylib.batch.commit import BatchCommit
@@ -84,19 +83,6 @@ def stop_gracefully(
     else:
         log.info("stopped after %s; the next start goes on from there", done)
     return cut_short
-
-
-def cancel_jobs(spark: SparkSession) -> None:
-    """Cancel every Spark job this session runs (a batch's, at a stop past its bound).
-
-    What the cancelled tasks and Spark's call into the batch function then log, each a stack
-    trace of the cancellation (some 270 lines), is left out: the stop's warning says it.
-    """
-    log4j = spark.sparkContext._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
-    # Every logger, not only the root that setLogLevel sets: some have levels of their own.
-    log4j.core.config.Configurator.setAllLevels("", log4j.Level.FATAL)
-    logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
-    spark.sparkContext.cancelAllJobs()
 
 
 def _recorded_done(query: StreamingQuery, batch_id: int) -> bool:
