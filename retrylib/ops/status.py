@@ -56,7 +56,7 @@ from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.retry import headers
-from retrylib.retry.outcomes import RETRIED, Count, ForwardCount, retried
+from retrylib.retry.outcomes import Count, ForwardCount, retried
 from retrylib.retry.policy import due_time_ms, latest_fair_timestamp_ms
 from retrylib.spark.session import tool_session
 from retrylib.state.checkpoint import Checkpoint
@@ -412,7 +412,7 @@ BATCH_COUNTS = (
     Count.RECORDS_MAIN,
     Count.RECORDS_RETRY,
     Count.SUCCEEDED,
-    RETRIED,
+    Count.RETRIED,
     Count.DEAD_LETTERED,
     Count.DUPLICATES_SKIPPED,
 )
@@ -469,8 +469,8 @@ def last_batches(
             continue
         counters = manifest.get("counters", {})
         counts = {name: counters.get(name, 0) for name in counted}
-        if RETRIED in counted:  # a manifest counts retries per tier
-            counts[RETRIED] = retried(counters)
+        if Count.RETRIED in counted:  # a manifest counts retries per tier
+            counts[Count.RETRIED] = retried(counters)
         batches.append(
             {
                 "batch_id": number,
