@@ -40,9 +40,7 @@ from retrylib.kafka.clients import (
     RecordLimits,
     connected_admin,
     ensure_topics,
-    main_topic_reading,
     make_admin,
-    own_topic_reading,
     partition_counts,
 )
 from retrylib.kafka.offsets import (
@@ -51,6 +49,7 @@ from retrylib.kafka.offsets import (
     progress_end_offsets,
     reached,
 )
+from retrylib.kafka.reading import Reading, reading_options
 from retrylib.kafka.record_size import producer_batch_bytes
 from retrylib.kafka.runner_lease import RunnerLease, runner_group, take_lease
 from retrylib.logs import (
@@ -233,7 +232,7 @@ def source_options(config: AnyConfig) -> tuple[dict[str, str], dict[str, str]]:
     if kafka.max_offsets_per_trigger:
         common["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
     main = {
-        **_client_options(main_topic_reading(kafka.spark_options())),
+        **_client_options(reading_options(kafka.spark_options(), Reading.MAIN_TOPICS)),
         **common,
         **_subscription(kafka),
         **_starting_options(kafka),
@@ -242,7 +241,7 @@ def source_options(config: AnyConfig) -> tuple[dict[str, str], dict[str, str]]:
         # A partition with no record from then on starts at its end, not fails the query.
         main["startingOffsetsByTimestampStrategy"] = "latest"
     tiers = {
-        **_client_options(own_topic_reading(kafka.client_options())),
+        **_client_options(reading_options(kafka.client_options(), Reading.DELAYED_TOPICS)),
         **common,
         "subscribe": ",".join(sorted(delays)),
         "retrylib.topicDelaysMs": json.dumps(delays),

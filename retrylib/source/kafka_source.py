@@ -95,7 +95,7 @@ from retrylib.kafka.offsets import (
     split_ranges,
     with_new_partitions,
 )
-from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
+from retrylib.kafka.reading import Reading, ReadToEnd, reading_options
 from retrylib.logs import OnceAMinute, configure_worker_logging, redact
 from retrylib.retry.breaker import main_topic_allowance, read_state
 from retrylib.retry.key_order import queues_to_json, read_queues
@@ -765,7 +765,7 @@ class _Metadata:
         if self._tail_reader is None:
             self._tail_reader = make_consumer(
                 self._options.bootstrap_servers,
-                {**self._options.client_options, **READ_TO_END_OPTIONS},
+                reading_options(self._options.client_options, Reading.TO_END),
                 secret_options=self._options.secret_options,
             )
         return self._tail_reader

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
-from retrylib.kafka.clients import main_topic_reading, own_topic_reading
+from retrylib.kafka.reading import Reading, reading_options
 from retrylib.logs import configure_worker_logging
 from retrylib.record import Record
 from retrylib.retry.headers import without_reserved
@@ -215,8 +215,8 @@ class RoutingTask:
         Records go from the Kafka client to the handler without passing through Arrow when
         the handler takes one record at a time. Raises `KafkaSourceError` as `read_messages`.
         """
-        reading = own_topic_reading if topic in self.tier_of else main_topic_reading
-        options = reading(self.plan.client_options)
+        reading = Reading.DELAYED_TOPICS if topic in self.tier_of else Reading.MAIN_TOPICS
+        options = reading_options(self.plan.client_options, reading)
         part = KafkaInputPartition(
             topic,
             partition,
