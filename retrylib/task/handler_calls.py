@@ -4,8 +4,9 @@ call's outcome.
 A successful call's rows wait in `pending` and are written together (`flush`); a record
 whose rows do not fit the output schema fails alone. A failed call, or a result the output
 schema cannot hold, goes to `RetryRecords` (a retry copy or a dead letter); a record whose
-key's order holds it (`retry.key_ordered`) is held. Calls run one by one, or on the task's
-lanes (`handler.parallelism`); a retry read before it is due waits (`read_ahead`).
+key's order holds it (`retry.key_ordered`) is held. A record handler is called record by
+record, or on the task's lanes (`handler.parallelism`); an arrow or pandas handler once per
+batch (`handle_batch`). A retry read before it is due waits (`read_ahead`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ from retrylib.task.read_ahead import DueClock, WaitingRetries
 from retrylib.task.results import ResultRows, output_batch
 from retrylib.task.retry_records import Delivery, RetryPlan, RetryRecords
 from retrylib.task.tracing import handler_spans
+from retrylib.task.vectorized import (
+    as_output_table,
+    input_from_kafka,
+    input_from_records,
+    per_row_results,
+)
 
 if TYPE_CHECKING:
     from retrylib.task.routing import TaskPlan
@@ -138,7 +145,7 @@ class HandlerCalls:
         """Handle the retries read ahead as they fall due, write what is pending, and add the
         key queues' changes to the results."""
         for run in self.waiting.runs(self.clock):
-            self.handle_due(run)
+            self._handle_due(run)
         self.flush()
         if self.key_order is not None:
             self.results.add("key_state", self.key_order.changes())
@@ -152,11 +159,11 @@ class HandlerCalls:
         """Call the handler on the due ones among `retries`; one read ahead of its due time
         (`TaskPlan.read_ahead_ms`) waits, with its key's later ones, until the task has read
         everything else (`retrylib.task.read_ahead`)."""
-        self.handle_due(
+        self._handle_due(
             [delivery for delivery in retries if not self.waiting.must_wait(delivery, self.clock)]
         )
 
-    def handle_due(self, retries: list[Delivery]) -> None:
+    def _handle_due(self, retries: list[Delivery]) -> None:
         if retries:
             self.retries.released(retries)
             self.handle_each([delivery.record for delivery in retries], retries)
@@ -252,6 +259,66 @@ class HandlerCalls:
         if hooks is not None:
             hooks.call("after_record", record, None)
         return result
+
+    def handle_batch(
+        self,
+        batch: pa.RecordBatch,
+        deliveries: list[Delivery] | None,
+        decode: Callable[[], list[Delivery]],
+    ) -> None:
+        """One vectorised handler call for `batch` (see `retrylib.task.vectorized`): its
+        records' `deliveries`, or None when it holds main-topic records only, which go to the
+        handler column by column and are decoded (`decode`) only when some rows failed.
+        """
+        if deliveries is not None:
+            self._wait_until_due(deliveries)
+        if deliveries is None:
+            handler_input = input_from_kafka(batch)
+        else:
+            handler_input = input_from_records([d.record for d in deliveries])
+        argument = handler_input if self.plan.handler_kind == "arrow" else handler_input.to_pandas()
+        started = time.perf_counter_ns()
+        try:
+            result = self.invoke(argument)
+            self.handler_ns += time.perf_counter_ns() - started
+            table = as_output_table(result, handler_input.num_rows, self.plan.output_schema)
+            results = None if table is not None else per_row_results(result, handler_input.num_rows)
+        except BaseException as raised:
+            error = as_failure(raised)
+            for delivery in self._decoded(deliveries, decode):
+                self.retries.fail(delivery, error)
+            return
+        if table is not None:
+            if deliveries is None:
+                self.counters[Count.RECORDS_MAIN] += batch.num_rows
+            for output in table.to_batches():
+                self.write_output(output)
+            self.counters[Count.SUCCEEDED] += handler_input.num_rows
+            return
+        for delivery, outcome in zip(self._decoded(deliveries, decode), results, strict=True):
+            if isinstance(outcome, BaseException):
+                self.retries.fail(delivery, outcome)
+                continue
+            try:
+                rows = result_rows(outcome, self.columns)
+            except BadHandlerResult as error:
+                self.retries.fail(delivery, error)
+                continue
+            self.pending.append((delivery.record, delivery, rows))
+
+    def _wait_until_due(self, deliveries: list[Delivery]) -> None:
+        """Wait until the last retry among `deliveries` is due: one call takes them all."""
+        retries = [delivery for delivery in deliveries if delivery.due_ms is not None]
+        if retries:
+            self.clock.sleep_until(max(delivery.due_ms or 0 for delivery in retries))
+            self.retries.released(retries)
+
+    @staticmethod
+    def _decoded(
+        deliveries: list[Delivery] | None, decode: Callable[[], list[Delivery]]
+    ) -> list[Delivery]:
+        """`deliveries`, decoded now if the fast path skipped that."""
+        return deliveries if deliveries is not None else decode()
 
     def _delivery(self, record: Record, deliveries: list[Delivery] | None, index: int) -> Delivery:
         if deliveries is not None:

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TypeVar
 
 import pyarrow as pa
@@ -31,20 +32,11 @@ from retrylib.record import Record
 from retrylib.retry.headers import without_reserved
 from retrylib.retry.outcomes import Count
 from retrylib.source.range_reader import KafkaInputPartition, read_messages, read_range
-from retrylib.task.handler import (
-    BadHandlerResult,
-    as_failure,
-    result_rows,
-)
 from retrylib.task.handler_calls import HandlerCalls
 from retrylib.task.results import ResultRows
 from retrylib.task.retry_records import Delivery
 from retrylib.task.vectorized import (
-    as_output_table,
     carries_reserved_headers,
-    input_from_kafka,
-    input_from_records,
-    per_row_results,
 )
 
 log = logging.getLogger(__name__)
@@ -251,7 +243,7 @@ class RoutingTask:
         return [delivery for delivery in deliveries if delivery is not None]
 
     def _handle_batch(self, batch: pa.RecordBatch) -> None:
-        """One vectorised handler call for `batch` (see `retrylib.task.vectorized`).
+        """One vectorised handler call for `batch` (`HandlerCalls.handle_batch`).
 
         A batch of main-topic records goes to the handler column by column; records are
         decoded one by one only when the batch holds retries or some rows failed.
@@ -261,57 +253,12 @@ class RoutingTask:
         deliveries = None if fast else self._deliveries(batch)
         if deliveries == []:  # every retry row was a duplicate, not yet due or corrupt
             return
-        if deliveries is not None:
-            self._wait_until_due(deliveries)
-        if deliveries is None:
-            handler_input = input_from_kafka(batch)
-        else:
-            handler_input = input_from_records([d.record for d in deliveries])
-        argument = handler_input if self.plan.handler_kind == "arrow" else handler_input.to_pandas()
-        started = time.perf_counter_ns()
-        try:
-            result = self.calls.invoke(argument)
-            self.calls.handler_ns += time.perf_counter_ns() - started
-            table = as_output_table(result, handler_input.num_rows, self.plan.output_schema)
-            results = None if table is not None else per_row_results(result, handler_input.num_rows)
-        except BaseException as raised:
-            error = as_failure(raised)
-            for delivery in self._decoded(batch, deliveries):
-                self.calls.retries.fail(delivery, error)
-            return
-        if table is not None:
-            if deliveries is None:
-                self.counters[Count.RECORDS_MAIN] += batch.num_rows
-            for output in table.to_batches():
-                self.calls.write_output(output)
-            self.counters[Count.SUCCEEDED] += handler_input.num_rows
-            return
-        for delivery, outcome in zip(self._decoded(batch, deliveries), results, strict=True):
-            if isinstance(outcome, BaseException):
-                self.calls.retries.fail(delivery, outcome)
-                continue
-            try:
-                rows = result_rows(outcome, self.calls.columns)
-            except BadHandlerResult as error:
-                self.calls.retries.fail(delivery, error)
-                continue
-            self.calls.pending.append((delivery.record, delivery, rows))
-
-    def _wait_until_due(self, deliveries: list[Delivery]) -> None:
-        """Wait until the last retry among `deliveries` is due: one call takes them all."""
-        retries = [delivery for delivery in deliveries if delivery.due_ms is not None]
-        if retries:
-            self.calls.clock.sleep_until(max(delivery.due_ms or 0 for delivery in retries))
-            self.calls.retries.released(retries)
+        self.calls.handle_batch(batch, deliveries, partial(self._deliveries, batch))
 
     def _deliveries(self, batch: pa.RecordBatch) -> list[Delivery]:
         """A Delivery for every record of `batch` that is handled now."""
         main, retries = self._decode(batch)
         return [self.calls.first_delivery(record) for record in main] + retries
-
-    def _decoded(self, batch: pa.RecordBatch, deliveries: list[Delivery] | None) -> list[Delivery]:
-        """`deliveries`, decoded from `batch` now if the fast path skipped that."""
-        return deliveries if deliveries is not None else self._deliveries(batch)
 
 
 def run_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
