@@ -72,7 +72,7 @@ from retrylib.kafka.offsets import PartitionKey, delay_frontier
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.logs import METRICS_LOGGER
 from retrylib.retry.headers import LAST_FAILURE, header_ms, split_headers
-from retrylib.retry.outcomes import RETRIED, Count, ForwardCount, retried, retried_tier
+from retrylib.retry.outcomes import Count, ForwardCount, retried, retried_tier
 from retrylib.retry.policy import due_timestamp_ms
 from retrylib.sinks.dead_letter_table import DeadLetterTable
 from retrylib.sinks.tables import append_once, ensure_table
@@ -86,13 +86,14 @@ log = logging.getLogger(METRICS_LOGGER)  # the batch lines and the warnings
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _REPORTED_COUNTS = (
-    *(count for count in Count if count is not Count.KAFKA_READ_MS),
+    *(count for count in Count if count not in (Count.KAFKA_READ_MS, Count.RETRIED)),
     *ForwardCount,
 )
 """The tasks' counters the metrics carry: every one but `kafka_read_ms`, which only the
-batch's own log line shows (docs/operating.md). A handler job's and a delay router's rows
-have the same columns, so one table or dashboard can hold both."""
-OBSERVED_COUNTERS = (*_REPORTED_COUNTS, RETRIED)
+batch's own log line shows (docs/operating.md), and `retried`, which no task keeps. A handler
+job's and a delay router's rows have the same columns, so one table or dashboard can hold
+both."""
+OBSERVED_COUNTERS = (*_REPORTED_COUNTS, Count.RETRIED)
 """The counters the routing tasks count (`observed`): theirs, and `retried`, the tiers'
 `retried_tier_N` summed."""
 _COUNTERS = (*OBSERVED_COUNTERS, "produced")
@@ -241,7 +242,7 @@ def metrics_row(
     }
     for name in _REPORTED_COUNTS:
         row[name] = int(counters.get(name, 0))
-    row[RETRIED] = retried(counters)
+    row[Count.RETRIED] = retried(counters)
     row["retried_by_tier"] = by_tier
     row["produced"] = result.produced
     for index, name in enumerate(("p50", "p99")):

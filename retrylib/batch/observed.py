@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from retrylib.retry.outcomes import RETRIED, retried_tier
+from retrylib.retry.outcomes import Count, retried, retried_tier
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -63,14 +63,19 @@ def observed_columns(counters: tuple[str, ...], tiers: int) -> list[Column]:
     def total(name: str) -> str:
         return f"coalesce(sum(cast(get_json_object(counters, '$.{name}') AS BIGINT)), 0)"
 
-    texts = {name: total(name) for name in counters if name != RETRIED}
+    texts = {name: total(name) for name in counters if name != Count.RETRIED}
     by_tier = {retried_tier(tier): total(retried_tier(tier)) for tier in range(tiers)}
-    if RETRIED in counters:
-        texts[RETRIED] = " + ".join(["0", *by_tier.values()])
+    if Count.RETRIED in counters:
+        texts[Count.RETRIED] = retried(by_tier, _sql_sum)
     texts.update(by_tier)
     columns: dict[str, Column] = {name: F.expr(text) for name, text in texts.items()}
     columns.update(_lateness_columns(tiers))
     return [columns[name].alias(name) for name in metric_names(counters, tiers)]
+
+
+def _sql_sum(terms: list[str]) -> str:
+    """SQL adding up the expressions `terms` (0 when there is none)."""
+    return " + ".join(["0", *terms])
 
 
 def decision_columns(kinds: tuple[str, ...], tiers: int) -> list[Column]:

@@ -18,23 +18,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from retrylib.config.delay_sections import check_key_order, read_delay_router, read_retry
+from retrylib.config.import_checks import check_callable, check_exception_classes
 from retrylib.config.locations import check_locations
 from retrylib.config.model import AnyConfig, Config, DelayRouterJobConfig
 from retrylib.config.secrets import OPTION_TABLES
 from retrylib.config.sections import (
-    check_callable,
-    check_exception_classes,
-    check_key_order,
     read_breaker,
     read_dead_letter,
-    read_delay_router,
     read_handler,
     read_hooks,
     read_job,
     read_kafka,
     read_metrics,
     read_output,
-    read_retry,
 )
 from retrylib.config.topic_names import produced_topic, redriven_topic
 from retrylib.config.topics import check_control_topics, check_pattern_topics

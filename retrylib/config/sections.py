@@ -1,5 +1,6 @@
-"""Reading each table of the config file ([job], [kafka], [handler], [output], [retry],
-[dead_letter], [metrics]) into its `model` dataclass, checking what lies within it.
+"""Reading each table of the config file ([job], [kafka], [handler], [output],
+[dead_letter], [hooks], [metrics], [breaker]) into its `model` dataclass, checking what lies
+within it; [retry] and [delay_router] are read in `delay_sections`.
 
 Each reader returns None when anything it checked was a problem (recorded in `t.problems`).
 """
@@ -8,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
-from typing import Any
 
-from retrylib.config.importing import import_object
+from retrylib.config.import_checks import check_import
 from retrylib.config.kafka_options import JOB_OWNED_OPTIONS, option_problem
 from retrylib.config.locations import check_table_name
 from retrylib.config.model import (
@@ -20,7 +19,6 @@ from retrylib.config.model import (
     TIER_TIMESTAMP_CONFIG,
     BreakerConfig,
     DeadLetterConfig,
-    DelayRouterConfig,
     HandlerConfig,
     HooksConfig,
     JobConfig,
@@ -28,14 +26,12 @@ from retrylib.config.model import (
     MetricsConfig,
     NewTopics,
     OutputConfig,
-    RetryConfig,
     RetryTier,
 )
 from retrylib.config.schema import OutputSchema, parse_schema
 from retrylib.config.secrets import MASK, is_hidden
 from retrylib.config.security import check_security, read_security
-from retrylib.config.topic_names import produced_topic, redriven_topic
-from retrylib.config.topics import check_dead_letter_topics, explicit_tiers, template_tiers
+from retrylib.config.topics import check_dead_letter_topics
 from retrylib.config.values import (
     BOOL,
     EXCEPTION_REF,
@@ -51,29 +47,17 @@ from retrylib.config.values import (
     TEXT,
     TOPIC,
     TOPIC_PATTERN,
-    TOPIC_TEMPLATE,
     Problems,
     Table,
     instant_ms,
-    is_topic,
 )
 
-_DEFAULT_DELAYS = ("10s", "1m", "10m")
-# A retry due within this of a batch's start is read in that batch and waits in its task, so
-# it is handled on time rather than a batch later; about a batch's length on a small cluster.
-DEFAULT_READ_AHEAD = "2s"
-# As Kafka's brokers accept a CreateTime ahead of their clock (log.message.timestamp.after.max.ms).
-DEFAULT_MAX_TIMESTAMP_AHEAD = "1h"
 # A batch hook that takes longer holds up its batch; past it the batch goes on without it.
 DEFAULT_HOOK_TIMEOUT = "30s"
 DEFAULT_HANDLER_TIMEOUT = "5m"  # as Kafka's max.poll.interval.ms: a slow call, not a hung one
 _MAX_PARALLELISM = 256  # lanes (threads) per Spark task
-_MAX_READ_AHEAD_MS = 60_000  # a record read ahead holds its task's slot until it is due
-_DEFAULT_TOPIC_TEMPLATE = "{topic}.{job}.retry.{delay}"
 _DEFAULT_DEAD_LETTER_TOPIC = "{topic}.{job}.dlt"
-_PATTERN_TOPIC_TEMPLATE = "{job}.retry.{delay}"  # kafka.topic_pattern: the job's own tiers
 _PATTERN_DEAD_LETTER_TOPIC = "{job}.dlt"
-_MIN_DEFAULT_MAX_RETRY_AFTER_MS = 3_600_000
 
 
 def read_job(t: Table) -> JobConfig | None:
@@ -276,7 +260,7 @@ def read_handler(t: Table, check_imports: bool, config_folder: str) -> HandlerCo
             os.path.abspath(os.path.join(config_folder, p)) for p in paths
         )
         if check_imports and function:
-            _check_import(t.problems, t.path("function"), function, paths, callable, "callable")
+            check_import(t.problems, t.path("function"), function, paths, callable, "callable")
     if not t.ok:
         return None
     return HandlerConfig(function, schema, paths, timeout, kind, parallelism)
@@ -292,30 +276,6 @@ def _schema(problems: Problems, key: str, ddl: str) -> OutputSchema | None:
             '"order_id STRING, total DOUBLE"',
         )
         return None
-
-
-def _check_import(
-    problems: Problems,
-    key: str,
-    reference: str,
-    paths: tuple[str, ...],
-    test: Callable[[Any], bool],
-    noun: str,
-) -> None:
-    """Record a problem unless `reference` imports (with `paths` on sys.path) and passes `test`."""
-    try:
-        target = import_object(reference, paths)
-    except Exception as e:  # importing user code may raise anything; report it, don't crash
-        problems.add(
-            key,
-            f"cannot import {json.dumps(reference)}: {type(e).__name__}: {e}; check the name and "
-            f"that its module is under handler.paths {json.dumps(list(paths))}",
-        )
-        return
-    if not test(target):
-        problems.add(
-            key, f"{json.dumps(reference)} is not {noun}, got {type(target).__name__}; name one"
-        )
 
 
 def read_output(t: Table, schema: OutputSchema | None) -> OutputConfig | None:
@@ -348,88 +308,6 @@ def read_output(t: Table, schema: OutputSchema | None) -> OutputConfig | None:
         bool(evolve),
         optimize_every,
     )
-
-
-def read_ahead_ms(t: Table) -> int | None:
-    """`read_ahead` of [retry] or [delay_router]: how long before they are due the job reads
-    its delayed topics' records, which then wait in their task (`retrylib.task.read_ahead`)."""
-    read_ahead = t.duration("read_ahead", 'read_ahead = "2s"', DEFAULT_READ_AHEAD, positive=False)
-    if read_ahead is not None and read_ahead > _MAX_READ_AHEAD_MS:
-        t.problems.add(
-            t.path("read_ahead"),
-            "at most 1m: a record read ahead holds its task until it is due; "
-            'write it like "2s", or "0s" to read only what is due',
-        )
-        return None
-    return read_ahead
-
-
-def read_retry(
-    t: Table, main_topics: tuple[str, ...] | None, job_name: str | None
-) -> RetryConfig | None:
-    texts = t.get("delays", NON_EMPTY_LIST, 'delays = ["5s", "1m", "10m"]', [*_DEFAULT_DELAYS])
-    delays = [
-        t.problems.duration(f"{t.path('delays')}[{i}]", text, positive=True)
-        for i, text in enumerate(texts or ())
-    ]
-    max_attempts = t.get("max_attempts", POSITIVE_INT, "max_attempts = 4", 4)
-    jitter = t.get("jitter", PERCENT, 'jitter = "10%"', "0%")
-    non_retryable = t.strings(
-        "non_retryable", EXCEPTION_REF, 'non_retryable = ["ValueError"]', [], empty_ok=True
-    )
-    explicit = t.strings("topics", TOPIC, 'topics = ["orders.retry.5s", "orders.retry.1m"]', None)
-    default_template = (
-        _PATTERN_TOPIC_TEMPLATE if main_topics == (ANY_TOPIC,) else _DEFAULT_TOPIC_TEMPLATE
-    )
-    template_example = f"topic_template = {json.dumps(default_template)}"
-    template = t.get("topic_template", TOPIC_TEMPLATE, template_example, default_template)
-    max_retry_after = t.duration("max_retry_after", 'max_retry_after = "6h"', None, positive=True)
-    timeout = t.duration("timeout", 'timeout = "1h"', None, positive=True)
-    key_ordered = t.get("key_ordered", BOOL, "key_ordered = true", False)
-    read_ahead = read_ahead_ms(t)
-    t.finish()
-    tiers = None
-    if main_topics is not None and job_name and texts is not None and None not in delays:
-        if explicit is not None:
-            tiers = explicit_tiers(t, delays, main_topics, explicit)
-        elif template is not None and "topics" not in t.data:
-            tiers = template_tiers(t, delays, main_topics, job_name, template)
-    t.values["tiers"] = tiers
-    if not t.ok or tiers is None:
-        return None
-    if max_retry_after is None:
-        max_retry_after = max(_MIN_DEFAULT_MAX_RETRY_AFTER_MS, *delays)
-    return RetryConfig(
-        tuple(delays),
-        max_attempts,
-        float(jitter[:-1]) / 100,
-        non_retryable,
-        tiers,
-        max_retry_after,
-        timeout,
-        bool(key_ordered),
-        read_ahead,
-    )
-
-
-def check_key_order(t: Table, source: str | None, handler_kind: str | None) -> None:
-    """`retry.key_ordered` holds records inside retrylib's own Kafka source's tasks, which
-    `kafka.source = "python"` selects, and decides record by record."""
-    if not t.values.get("key_ordered"):
-        return
-    if source is not None and source != "python":
-        t.problems.add(
-            t.path("key_ordered"),
-            f'needs kafka.source = "python" (it is "{source}"): only retrylib\'s own Kafka '
-            'source reads each key\'s partitions in one task; set kafka.source = "python" or '
-            "remove retry.key_ordered",
-        )
-    if handler_kind is not None and handler_kind != "record":
-        t.problems.add(
-            t.path("key_ordered"),
-            f'needs handler.kind = "record" (it is "{handler_kind}"): a key\'s records are '
-            "held one by one; use a record handler or remove retry.key_ordered",
-        )
 
 
 def read_dead_letter(
@@ -551,70 +429,3 @@ def read_breaker(t: Table, source: str | None) -> BreakerConfig | None:
         health_every,
         health_timeout,
     )
-
-
-def read_delay_router(t: Table, job_name: str | None) -> DelayRouterConfig | None:
-    """[delay_router]: the delay topics with their delays, the two header names, and the
-    fallback topic, which may not be one of the delay topics or the job's control topics."""
-    example = '[delay_router.topics] "retry_topic_5min" = "5m"'
-    topics = t.table("topics", example, required=True)
-    delays = {}
-    for name in topics.data:
-        if not is_topic(name):
-            topics.refuse(name, f"{TOPIC.noun} is needed, got {json.dumps(name)}; {example}")
-        else:
-            delays[name] = topics.duration(name, example, None, positive=True)
-    if not topics.data and not topics.broken:
-        t.problems.add(t.path("topics"), f"names no delay topic; add one, as {example}")
-    target = t.get("target_header", TEXT, 'target_header = "final_topic"', "final_topic")
-    stamp = t.get("timestamp_header", TEXT, 'timestamp_header = "msg_ts"', "msg_ts")
-    fallback = t.get("fallback_topic", TOPIC, 'fallback_topic = "retry_fallback"', None)
-    read_ahead = read_ahead_ms(t)
-    max_ahead = t.duration(
-        "max_timestamp_ahead",
-        'max_timestamp_ahead = "1h"',
-        DEFAULT_MAX_TIMESTAMP_AHEAD,
-        positive=True,
-    )
-    t.finish()
-    if target is not None and target == stamp:
-        t.problems.add(
-            t.path("timestamp_header"),
-            f"is the same header as target_header ({json.dumps(target)}); name another one",
-        )
-    if fallback in delays:
-        t.problems.add(
-            t.path("fallback_topic"),
-            f"{json.dumps(fallback)} is a delay topic: a record with no destination would go "
-            "round it for ever; name a topic that is not in delay_router.topics",
-        )
-    if job_name is not None:
-        control = {produced_topic(job_name), redriven_topic(job_name)}
-        for name in [*delays, fallback]:
-            if name in control:
-                t.problems.add(
-                    t.path("topics" if name in delays else "fallback_topic"),
-                    f"{json.dumps(name)} is the job's control topic; choose another topic",
-                )
-    if not t.ok or None in delays.values() or read_ahead is None or max_ahead is None:
-        return None
-    return DelayRouterConfig(delays, target, stamp, fallback, read_ahead, max_ahead)
-
-
-def check_exception_classes(
-    problems: Problems, key: str, references: tuple[str, ...], paths: tuple[str, ...]
-) -> None:
-    """Each of `references` (the list or table at `key`) must import, with the handler's
-    paths, as an exception class."""
-
-    def is_exception_class(target: object) -> bool:
-        return isinstance(target, type) and issubclass(target, BaseException)
-
-    for i, reference in enumerate(references):
-        where = f"{key}[{i}]" if key == "retry.non_retryable" else f"{key}.{reference}"
-        _check_import(problems, where, reference, paths, is_exception_class, "an exception class")
-
-
-def check_callable(problems: Problems, key: str, reference: str, paths: tuple[str, ...]) -> None:
-    """`reference` (the value at `key`) must import, with the handler's paths, as a callable."""
-    _check_import(problems, key, reference, paths, callable, "callable")

@@ -43,7 +43,7 @@ from retrylib.job.topics import TIER_CLOCK_ALLOWANCE_MS, create_missing
 from retrylib.kafka.clients import partition_counts
 from retrylib.kafka.offsets import PartitionKey
 from retrylib.retry.breaker import OPEN, Breaker, BreakerState
-from retrylib.retry.outcomes import RETRIED, Count
+from retrylib.retry.outcomes import Count
 from retrylib.sinks.compaction import Compactor
 from retrylib.sinks.dead_letter import dead_letter_struct
 from retrylib.sinks.tables import ensure_table
@@ -71,7 +71,7 @@ class HandlerJob:
         Count.RECORDS_MAIN,
         Count.RECORDS_RETRY,
         Count.SUCCEEDED,
-        RETRIED,
+        Count.RETRIED,
         Count.DEAD_LETTERED,
         Count.DUPLICATES_SKIPPED,
     )

@@ -12,8 +12,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from retrylib.config.model import AnyConfig, KafkaConfig
 from retrylib.config.topic_names import subscribed
-from retrylib.kafka.clients import main_topic_reading, own_topic_reading
 from retrylib.kafka.offsets import Offsets, offsets_to_json
+from retrylib.kafka.reading import Reading, reading_options
 from retrylib.source.kafka_source import KafkaStreamReader
 from retrylib.source.main_reader import CONNECTOR
 from retrylib.source.options import (
@@ -56,7 +56,7 @@ def source_options(config: AnyConfig) -> tuple[dict[str, str], dict[str, str]]:
     if kafka.max_offsets_per_trigger:
         common["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
     main = {
-        **_client_options(main_topic_reading(kafka.spark_options())),
+        **_client_options(reading_options(kafka.spark_options(), Reading.MAIN_TOPICS)),
         **common,
         **_subscription(kafka),
         **_starting_options(kafka),
@@ -65,7 +65,7 @@ def source_options(config: AnyConfig) -> tuple[dict[str, str], dict[str, str]]:
         # A partition with no record from then on starts at its end, not fails the query.
         main["startingOffsetsByTimestampStrategy"] = "latest"
     tiers = {
-        **_client_options(own_topic_reading(kafka.client_options())),
+        **_client_options(reading_options(kafka.client_options(), Reading.DELAYED_TOPICS)),
         **common,
         "subscribe": ",".join(sorted(delays)),
         "retrylib.topicDelaysMs": json.dumps(delays),

@@ -42,27 +42,6 @@ _CONSUMER_DEFAULTS = {
     "enable.partition.eof": False,
     "fetch.wait.max.ms": 100,
 }
-READ_COMMITTED = {"isolation.level": "read_committed"}
-"""The consumer setting of every read of records produced in transactions (retry tiers,
-delay topics, control topics; main topics unless the user's options say otherwise): a read
-stops at the last stable offset (never past an open transaction) and skips the records of
-aborted ones. `main_topic_reading` and `own_topic_reading` apply it."""
-
-
-def main_topic_reading(options: Mapping[str, str]) -> dict[str, str]:
-    """The client `options` (the user's) of a main topic's reads: read_committed, unless
-    `options` say otherwise (the records of aborted transactions, a failed `retrylib redrive`
-    or a user's transactional producer, never reach the handler by default)."""
-    return {**READ_COMMITTED, **options}
-
-
-def own_topic_reading(options: Mapping[str, str]) -> dict[str, str]:
-    """The client `options` (the user's) of a read of a topic that retrylib writes in
-    transactions (a retry tier, a delay topic): read_committed whatever `options` say, so
-    that a read, the source's offset look-ups included, stops before an open transaction."""
-    return {**options, **READ_COMMITTED}
-
-
 _PRODUCER_DEFAULTS = {
     "enable.idempotence": True,
     "linger.ms": 5,

@@ -1,5 +1,9 @@
-"""Reading Kafka to a known end, and the one call that queues a record for a producer.
+"""Reading Kafka: each read's isolation level, reads to a known end, and the one call that
+queues a record for a producer.
 
+- `reading_options` decides a consumer's options for what it reads (`Reading`): whether the
+  user's `isolation.level` or read_committed wins is decided there and nowhere else
+  (`KafkaOffsets` asks the admin API for read_committed offsets, a request's own setting).
 - `ReadToEnd` reads partitions read_committed from start offsets (or their earliest) to the
   end offsets captured when the read starts: what `status` counts in a tier, the markers
   `redrive` looks for, what the tests read back. Records produced after
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from enum import Enum
 
 from confluent_kafka import (
     Consumer,
@@ -29,14 +34,14 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from retrylib.errors import MarkerReadError, causes
-from retrylib.kafka.clients import (
-    READ_COMMITTED,
-    client_config,
-    make_consumer,
-    topic_partitions,
-)
+from retrylib.kafka.clients import client_config, make_consumer, topic_partitions
 from retrylib.kafka.offsets import PartitionKey
 
+READ_COMMITTED = {"isolation.level": "read_committed"}
+"""The consumer setting of every read of records produced in transactions (retry tiers,
+delay topics, control topics; main topics unless the user's options say otherwise): a read
+stops at the last stable offset (never past an open transaction) and skips the records of
+aborted ones."""
 READ_TO_END_OPTIONS = {
     **READ_COMMITTED,
     "enable.partition.eof": True,
@@ -45,6 +50,41 @@ READ_TO_END_OPTIONS = {
 """Consumer settings of a `ReadToEnd`: only committed records (a read stops at the last stable
 offset and skips aborted transactions), the partition's end reported (EOF), and a start
 offset that retention has already deleted read from the log's new start."""
+_HIGH_WATERMARK_OPTIONS = {"isolation.level": "read_uncommitted"}
+
+
+class Reading(Enum):
+    """What a consumer reads, which decides its options over the user's (`reading_options`)."""
+
+    MAIN_TOPICS = "main topics"
+    """The job's main topics (either source): read_committed unless the user's options set
+    `isolation.level`, so the records of aborted transactions (a failed `retrylib redrive`,
+    a user's transactional producer) never reach the handler by default."""
+    DELAYED_TOPICS = "delayed topics"
+    """The topics read up to a delay frontier (`config.delayed_topics`: the retry tiers,
+    which retrylib writes in transactions, or a delay router's topics): read_committed
+    whatever the user's options say, so that a read, the source's offset look-ups included
+    (its driver looks up the main topics with these options too), stops before an open
+    transaction."""
+    TO_END = "to end"
+    """A `ReadToEnd` (control topics' markers, the job's and redrive's; a tier's backlog for
+    `status` and the metrics; a tier's tail for the source): `READ_TO_END_OPTIONS` win."""
+    HIGH_WATERMARK = "high watermark"
+    """A look-up of a partition's high watermark: read_uncommitted whatever the user's
+    options say, since a read_committed consumer's watermark is the last stable offset."""
+
+
+def reading_options(options: Mapping[str, str], reading: Reading) -> dict[str, str]:
+    """The consumer options of a read of `reading`: the user's `options` with the read's own
+    settings, of which only a main topic's `isolation.level` gives way to the user's."""
+    if reading is Reading.MAIN_TOPICS:
+        return {**READ_COMMITTED, **options}
+    if reading is Reading.TO_END:
+        return {**options, **READ_TO_END_OPTIONS}
+    if reading is Reading.HIGH_WATERMARK:
+        return {**options, **_HIGH_WATERMARK_OPTIONS}
+    return {**options, **READ_COMMITTED}
+
 
 WATERMARK_TIMEOUT_S = 15.0
 OFFSETS_TIMEOUT_S = 10.0
@@ -60,11 +100,11 @@ _CONSUME_WAIT_S = 0.1  # consume() waits this long whenever fewer records than a
 def reading_consumer(
     bootstrap_servers: str, options: Mapping[str, str], group_id: str = "retrylib-reader"
 ) -> Consumer:
-    """A consumer for `ReadToEnd`: the user's `options` with `READ_TO_END_OPTIONS` over them.
+    """A consumer for `ReadToEnd`, with the user's `options` (`Reading.TO_END`).
 
     Raises `KafkaException` when librdkafka refuses the configuration.
     """
-    return make_consumer(bootstrap_servers, {**options, **READ_TO_END_OPTIONS}, group_id)
+    return make_consumer(bootstrap_servers, reading_options(options, Reading.TO_END), group_id)
 
 
 def watermarks(

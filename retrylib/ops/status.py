@@ -57,7 +57,7 @@ from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.offsets import PartitionKey
 from retrylib.kafka.reading import KafkaOffsets, ReadToEnd, reading_consumer
 from retrylib.retry import headers
-from retrylib.retry.outcomes import RETRIED, retried
+from retrylib.retry.outcomes import Count, retried
 from retrylib.retry.policy import due_time_ms, latest_fair_timestamp_ms
 from retrylib.spark.session import tool_session
 from retrylib.state.checkpoint import Checkpoint
@@ -434,8 +434,8 @@ def last_batches(
             continue
         counters = manifest.get("counters", {})
         counts = {name: counters.get(name, 0) for name in counted}
-        if RETRIED in counted:  # a manifest counts retries per tier
-            counts[RETRIED] = retried(counters)
+        if Count.RETRIED in counted:  # a manifest counts retries per tier
+            counts[Count.RETRIED] = retried(counters)
         batches.append(
             {
                 "batch_id": number,

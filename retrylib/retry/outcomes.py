@@ -7,8 +7,11 @@ line, the metrics table and `status`), so a name, once released, stays.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Reason(StrEnum):
@@ -48,9 +51,10 @@ class Reason(StrEnum):
 
 
 class Count(StrEnum):
-    """A counter a routing task keeps for its batch (summed over the batch's tasks). A delay
-    router's forwarding tasks keep those that apply to them (records lost, requeued, Kafka
-    clients opened), and `ForwardCount`."""
+    """A counter a routing task keeps for its batch (summed over the batch's tasks), but
+    `RETRIED`, which is summed from the tasks' tier counters (`retried`). A delay router's
+    forwarding tasks keep those that apply to them (records lost, requeued, Kafka clients
+    opened), and `ForwardCount`."""
 
     RECORDS_MAIN = "records_main"
     """Records read from main topics."""
@@ -93,6 +97,10 @@ class Count(StrEnum):
     KAFKA_CLIENTS_OPENED = "kafka_clients_opened"
     """Kafka clients a routing task opened in its Python worker (`worker_clients.opened`);
     the worker keeps them for its next tasks."""
+    RETRIED = "retried"
+    """Records a batch sent to any retry tier: its `retried_tier_N` counters summed
+    (`retried`), which the metrics, the query's observed metrics and `status` show beside
+    the counters the tasks keep."""
 
 
 class ForwardCount(StrEnum):
@@ -111,9 +119,6 @@ class ForwardCount(StrEnum):
 
 
 RETRIED_TIER_PREFIX = "retried_tier_"
-RETRIED = "retried"
-"""Records a batch sent to any retry tier, the tiers' counters summed (`retried`): the
-metrics, the query's observed metrics and `retrylib status` show it beside the counters."""
 
 
 def retried_tier(tier: int) -> str:
@@ -122,6 +127,7 @@ def retried_tier(tier: int) -> str:
     return f"{RETRIED_TIER_PREFIX}{tier + 1}"
 
 
-def retried(counters: Mapping[str, int]) -> int:
-    """`RETRIED` of a batch's `counters`: its `retried_tier_N` counters summed."""
-    return sum(count for name, count in counters.items() if name.startswith(RETRIED_TIER_PREFIX))
+def retried(counters: Mapping[str, T], total: Callable[[list[T]], T] = sum) -> T:
+    """`Count.RETRIED` of a batch's `counters`: its `retried_tier_N` entries added up by
+    `total` (numbers by `sum`; the observed metrics add up SQL terms, `batch.observed`)."""
+    return total([n for name, n in counters.items() if name.startswith(RETRIED_TIER_PREFIX)])

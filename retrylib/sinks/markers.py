@@ -28,13 +28,10 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from retrylib.errors import MarkerReadError
 from retrylib.kafka.clients import make_consumer
-from retrylib.kafka.reading import READ_TO_END_OPTIONS, WATERMARK_TIMEOUT_S, last_marker
+from retrylib.kafka.reading import WATERMARK_TIMEOUT_S, Reading, last_marker, reading_options
 from retrylib.kafka.worker_clients import kept_consumer
 
 _SIGNATURE_CHARS = 32
-_HIGH_WATERMARK_OPTIONS = {"isolation.level": "read_uncommitted"}
-"""A read_committed consumer's watermark is the last stable offset, which stops short of a
-marker committed after another transaction opened; the end to read to is the high watermark."""
 MARKER_READ_TIMEOUT_S = 120.0
 """How long `unit_produced` waits for open transactions before the end to resolve."""
 
@@ -68,9 +65,12 @@ def _watermarks(
     bootstrap_servers: str, options: Mapping[str, str], topic: str, secret_options: tuple[str, ...]
 ) -> tuple[int, int]:
     """Partition 0 of `topic`: its log start, and its high watermark now (past every record
-    appended, committed or not)."""
+    appended, committed or not). A read_committed consumer's watermark is the last stable
+    offset, which stops short of a marker committed after another transaction opened."""
     with kept_consumer(
-        bootstrap_servers, {**options, **_HIGH_WATERMARK_OPTIONS}, secret_options=secret_options
+        bootstrap_servers,
+        reading_options(options, Reading.HIGH_WATERMARK),
+        secret_options=secret_options,
     ) as consumer:
         return consumer.get_watermark_offsets(
             TopicPartition(topic, 0), timeout=WATERMARK_TIMEOUT_S, cached=False
@@ -103,7 +103,7 @@ def unit_produced(
     if start >= high:
         return False
     with kept_consumer(
-        bootstrap_servers, {**options, **READ_TO_END_OPTIONS}, secret_options=secret_options
+        bootstrap_servers, reading_options(options, Reading.TO_END), secret_options=secret_options
     ) as consumer:
         consumer.assign([TopicPartition(topic, 0, start)])
         deadline = time.monotonic() + timeout_s
@@ -157,7 +157,7 @@ class ControlTopic:
         """
         consumer = make_consumer(
             self._bootstrap,
-            {**self._options, **READ_TO_END_OPTIONS},
+            reading_options(self._options, Reading.TO_END),
             secret_options=self._secret_options,
         )
         try:

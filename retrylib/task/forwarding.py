@@ -40,7 +40,7 @@ from retrylib.config.durations import format_duration
 from retrylib.config.topic_names import CONTROL_TOPIC_PREFIX
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import RANGE_SCHEMA
-from retrylib.kafka.clients import own_topic_reading
+from retrylib.kafka.reading import Reading, reading_options
 from retrylib.logs import configure_worker_logging
 from retrylib.retry.headers import DEAD_LETTER_REASON, ERROR_MESSAGE
 from retrylib.retry.outcomes import Count, ForwardCount, Reason
@@ -201,7 +201,7 @@ class ForwardingTask:
             start,
             end,
             plan.bootstrap_servers,
-            own_topic_reading(plan.client_options),
+            reading_options(plan.client_options, Reading.DELAYED_TOPICS),
             plan.secret_options,
             plan.fail_on_data_loss,
         )

@@ -28,8 +28,8 @@ from retrylib.config.schema import parse_schema
 from retrylib.errors import KafkaSourceError
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA, RANGE_SCHEMA
-from retrylib.kafka.clients import READ_COMMITTED, make_admin, make_consumer
-from retrylib.kafka.reading import watermarks
+from retrylib.kafka.clients import make_admin, make_consumer
+from retrylib.kafka.reading import READ_COMMITTED, watermarks
 from retrylib.source import range_reader
 from retrylib.source.kafka_source import (
     KafkaStreamReader,

@@ -12,8 +12,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from retrylib.errors import KafkaSourceError
-from retrylib.source import kafka_source as source
-from retrylib.source.kafka_source import _Metadata
+from retrylib.source import lookups as source
+from retrylib.source.lookups import KafkaLookups as _Metadata
 
 
 class ScriptedConsumer:

@@ -18,7 +18,9 @@ from retrylib.errors import TopicError
 from retrylib.kafka import arrow_records
 from retrylib.kafka.arrow_records import KAFKA_SCHEMA
 from retrylib.kafka.offsets import EARLIEST, LATEST, Offsets, offsets_from_json, offsets_to_json
-from retrylib.source.kafka_source import KafkaStreamReader, TopicVanished, _Metadata
+from retrylib.source.kafka_source import KafkaStreamReader
+from retrylib.source.lookups import KafkaLookups as _Metadata
+from retrylib.source.lookups import TopicVanished
 from retrylib.source.options import parse_source_options
 
 P0, P1 = ("orders", 0), ("orders", 1)
