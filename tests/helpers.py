@@ -37,8 +37,9 @@ from retrylib.kafka.reading import READ_TO_END_OPTIONS, ReadToEnd
 from retrylib.ops.cli import main
 from retrylib.source.kafka_source import KafkaStreamReader
 from retrylib.source.options import parse_source_options
+from retrylib.task.plan import TaskPlan
 from retrylib.task.results import KINDS, result_schema
-from retrylib.task.routing import TaskPlan, run_task
+from retrylib.task.routing import run_task
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -49,8 +49,8 @@ from retrylib.state.checkpoint import Checkpoint
 from retrylib.state.files import claim_json, read_json
 from retrylib.steps import reached
 from retrylib.task.forwarding import ForwardPlan
+from retrylib.task.plan import TaskPlan
 from retrylib.task.results import OUTGOING_KIND, placed, result_struct
-from retrylib.task.routing import TaskPlan
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
 from retrylib.batch.routing_stage import Routing
 from retrylib.batch.table_appends import TableAppend
+from retrylib.config.described import describe_handler_job
 from retrylib.config.durations import format_duration
 from retrylib.config.importing import import_object
 from retrylib.config.model import (
@@ -50,7 +51,8 @@ from retrylib.sinks.tables import ensure_table
 from retrylib.source.stranded import refuse_stranded_retries
 from retrylib.state.checkpoint import Checkpoint
 from retrylib.state.files import replace_json
-from retrylib.task.routing import TaskPlan, run_task
+from retrylib.task.plan import TaskPlan
+from retrylib.task.routing import run_task
 
 log = logging.getLogger(__name__)
 
@@ -278,8 +280,6 @@ class HandlerJob:
 
     def describe(self) -> list[str]:
         """What the job does, as `retrylib check` prints it."""
-        from retrylib.ops.render import describe_handler_job
-
         return describe_handler_job(self.config)
 
 

@@ -17,6 +17,7 @@ from retrylib.batch.commit import BatchCommit, BatchUpkeep
 from retrylib.batch.metrics import MetricsRecorder
 from retrylib.batch.result import BatchResult
 from retrylib.batch.routing_stage import Routing
+from retrylib.config.described import describe_router
 from retrylib.config.durations import format_duration
 from retrylib.config.model import BreakerConfig, DeadLetterConfig, DelayRouterJobConfig, RetryTier
 from retrylib.config.table_ref import TableRef
@@ -143,8 +144,6 @@ class DelayRouterJob:
 
     def describe(self) -> list[str]:
         """What the job does, as `retrylib check` prints it."""
-        from retrylib.ops.render import describe_router
-
         return [describe_router(self.config.delay_router)]
 
 

@@ -20,12 +20,9 @@ confirmed when their redrive's marker is committed (the crash came after the sen
 sent (with the same id and marker) when it is not (the crash came before or during it).
 Opening the transactional producer first fences a stale instance and settles its
 in-flight transaction, so the markers read afterwards are final. Consumers that must not
-see the records of an aborted send read with `isolation.level = read_committed`. The job
-reads its main topics so unless the user's Kafka options (`[kafka.options]`, or
-`[kafka.java_options]` / `[kafka.librdkafka_options]` for one kind of client) set
-`isolation.level`: read_uncommitted, its handler gets the records of an aborted send too.
-The topics retrylib writes in transactions (retry tiers, delay and control topics) it reads
-read_committed whatever they say (`kafka.reading.reading_options`).
+see the records of an aborted send read with `isolation.level = read_committed`, as the
+job reads its main topics unless the user's Kafka options set another, and its own topics
+(tiers, delay and control topics) whatever they say (`kafka.reading.reading_options`).
 
 The dead-letter table (a path or a catalog name) is read and updated through Spark's Delta
 (`retrylib.sinks.dead_letter_table`); an UPDATE that loses a race with another commit (an

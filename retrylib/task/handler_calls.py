@@ -46,7 +46,7 @@ from retrylib.task.vectorized import (
 )
 
 if TYPE_CHECKING:
-    from retrylib.task.routing import TaskPlan
+    from retrylib.task.plan import TaskPlan
 
 HELD = object()
 """What a lane's call gives for a record its key order holds (`retry.key_order`)."""

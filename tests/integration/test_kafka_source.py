@@ -38,7 +38,8 @@ from retrylib.source.kafka_source import (
 )
 from retrylib.source.options import parse_source_options
 from retrylib.source.range_reader import KafkaInputPartition, read_range
-from retrylib.task.routing import TaskPlan, run_task
+from retrylib.task.plan import TaskPlan
+from retrylib.task.routing import run_task
 
 RecordId = tuple[str, int, int]  # topic, partition, offset
 

@@ -10,7 +10,7 @@ import pytest
 from helpers import REPO, TIER
 
 from retrylib.task.forwarding import ForwardPlan
-from retrylib.task.routing import TaskPlan
+from retrylib.task.plan import TaskPlan
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from retrylib.retry.headers import (
     sign,
     split_headers,
 )
+from retrylib.task.plan import TaskPlan
 from retrylib.task.results import OUTGOING_KIND
-from retrylib.task.routing import TaskPlan
 
 
 def retry_row(

@@ -9,8 +9,8 @@ from helpers import TIER, route
 
 from retrylib.kafka.record_size import wire_size
 from retrylib.retry import headers as h
+from retrylib.task.plan import TaskPlan
 from retrylib.task.results import OUTGOING_KIND
-from retrylib.task.routing import TaskPlan
 
 TIER_LIMIT, DEAD_LETTER_LIMIT = 20_000, 18_000
 
