@@ -5,7 +5,7 @@ itself which batch finished, and which retrylib error failed one. A Spark Connec
 runs the batches in a copy of the batch commit of its own (`commit.BatchFunction`); the client's
 batch commit learns from the query's progress which batch finished (Spark reports it after the
 batch's commit log is written). The error that failed a batch is named in the text of the
-query's exception (the server's Python traceback: `commit.task_error`).
+query's exception (the server's Python traceback: `spark_errors.task_error`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Whether the tables a job appends to agree with its checkpoint, checked once per run.
 
 Each append of a batch carries the batch id as the table's app transaction version for the
-checkpoint's app id (`delta.tables.append_once`), and the batch's manifest counts the rows
+checkpoint's app id (`sinks.tables.append_once`), and the batch's manifest counts the rows
 it appends (`rows`) and names the table they go to (`tables`). So at the first batch of a
 run, `batch_id`, a table must hold:
 

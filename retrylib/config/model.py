@@ -55,7 +55,7 @@ class _ReadOnlyMappings:
 
 
 TIER_TIMESTAMP_CONFIG = "message.timestamp.after.max.ms"
-"""The topic config the job sets on each retry topic it creates (`job.prepare_topics`)."""
+"""The topic config the job sets on each retry topic it creates (`job.start.prepare_topics`)."""
 
 
 @dataclass(frozen=True)
