@@ -19,6 +19,12 @@ from functools import partial
 from typing import Any
 
 from retrylib.config.importing import import_object
+from retrylib.handler import (
+    BadHandlerResult,
+    HandlerCrashed,
+    HandlerRaisedBaseException,
+    HandlerTimeout,
+)
 from retrylib.record import Record
 
 log = logging.getLogger(__name__)
@@ -26,21 +32,6 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Record], Any]
 
 _loaded: dict[tuple[str, tuple[str, ...]], Handler] = {}
-
-
-class HandlerTimeout(Exception):
-    """Raised when one handler call (or record hook call) runs longer than
-    `handler.timeout`."""
-
-
-class BadHandlerResult(Exception):
-    """Raised when a handler returns something other than a dict, a list of dicts or None,
-    or a dict whose keys are not columns of the output schema."""
-
-
-class HandlerRaisedBaseException(Exception):
-    """Raised in place of a BaseException (SystemExit, KeyboardInterrupt, ...) that escaped
-    the handler, so that it counts as an ordinary failure."""
 
 
 def load_handler(spec: str, paths: Sequence[str] = ()) -> Handler:
@@ -175,11 +166,6 @@ def _describe(args: tuple[object, ...]) -> str:
     if isinstance(first, Record):
         return f"{first.topic}[{first.partition}]@{first.offset}"
     return type(first).__name__
-
-
-class HandlerCrashed(Exception):
-    """Raised when a handler call killed the process it ran in (os._exit, a signal, a crash
-    in native code)."""
 
 
 def call_isolated(timed: TimedCall, function: Handler, record: Any) -> Any:

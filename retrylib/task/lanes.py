@@ -25,8 +25,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
+from retrylib.handler import HandlerTimeout
 from retrylib.record import Record
-from retrylib.task.handler import HandlerTimeout, as_failure
+from retrylib.task.handler import as_failure
 
 SPARE_THREADS = 16
 """Threads beyond the lanes, for calls that went on past their timeout."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from retrylib.errors import CorruptRetryHeaders, RetrylibError, Skip, UnverifiedRetryRecord
+from retrylib.handler import BadHandlerResult
 from retrylib.kafka.record_size import SIGNATURE_BYTES, fit, wire_size
 from retrylib.record import Record
 from retrylib.retry.headers import (
@@ -43,7 +44,6 @@ from retrylib.retry.policy import (
 )
 from retrylib.sinks.dead_letter import DEAD_LETTER_SCHEMA, DeadLetter
 from retrylib.sinks.outgoing_records import OutgoingBuffer
-from retrylib.task.handler import BadHandlerResult
 from retrylib.task.results import LATENESS_SCHEMA, OUTGOING_KIND, ResultRows
 
 if TYPE_CHECKING:

@@ -20,10 +20,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from retrylib.handler import BadHandlerResult
 from retrylib.kafka.arrow_records import HEADERS_TYPE
 from retrylib.record import Record
 from retrylib.retry.headers import RESERVED
-from retrylib.task.handler import BadHandlerResult
 
 INPUT_SCHEMA = pa.schema(
     [

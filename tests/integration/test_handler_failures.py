@@ -62,10 +62,10 @@ def test_misbehaving_handlers_fail_attempts_and_recover(
         assert (row["attempts"], row["reason"]) == (1, "bad_handler_result"), row
     exited, hung = dead["exitalways-0"], dead["hangalways-0"]
     assert (exited["attempts"], exited["reason"]) == (3, "attempts_exhausted")
-    assert exited["error_class"] == "retrylib.task.handler.HandlerRaisedBaseException"
+    assert exited["error_class"] == "retrylib.handler.HandlerRaisedBaseException"
     assert exited["error_message"] == "handler raised SystemExit: always exits"
     assert (hung["attempts"], hung["reason"]) == (3, "attempts_exhausted")
-    assert hung["error_class"] == "retrylib.task.handler.HandlerTimeout"
+    assert hung["error_class"] == "retrylib.handler.HandlerTimeout"
     assert hung["error_message"] == "handler did not return within 2s"
 
     # Not stalled: the ok records landed in the first batch, and the whole run took about

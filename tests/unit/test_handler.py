@@ -10,11 +10,9 @@ import time
 import pytest
 
 import retrylib.task.handler as handler_module
+from retrylib.handler import BadHandlerResult, HandlerRaisedBaseException, HandlerTimeout
 from retrylib.record import Record
 from retrylib.task.handler import (
-    BadHandlerResult,
-    HandlerRaisedBaseException,
-    HandlerTimeout,
     TimedCall,
     as_failure,
     bound_call,

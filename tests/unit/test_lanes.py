@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from retrylib.handler import HandlerTimeout
 from retrylib.record import Record
-from retrylib.task.handler import HandlerTimeout
 from retrylib.task.lanes import Lanes, lane_of
 from retrylib.task.results import OUTGOING_KIND
 
