@@ -300,8 +300,10 @@ def running_job(
     command: Sequence[str], env: Mapping[str, str], log_path: Path
 ) -> Iterator[subprocess.Popen]:
     """`command` running in the background, its output in `log_path` (a file, not a pipe: a
-    full pipe would stall it); killed on the way out if it is still running."""
-    with log_path.open("w") as log_file:
+    full pipe would stall it, and opened for appending so that a crash listener's line
+    appended through /proc is not written over); killed on the way out if it is still
+    running."""
+    with log_path.open("a") as log_file:
         job = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         try:
             yield job

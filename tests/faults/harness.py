@@ -610,7 +610,10 @@ class FaultHarness:
                 [f'--driver-java-options "{java_options}"', *submit_args, "pyspark-shell"]
             )
             command = retrylib_command("run", str(self.config_path), "--master", self.master)
-        with open(log, "wb") as out:
+        # Opened for appending, so that every writer of the log writes at its end: the crash
+        # listener appends its line through /proc (crash_points._kill_now) while the JVM
+        # writes through this descriptor, whose own offset would write over that line.
+        with open(log, "ab") as out:
             self._process = subprocess.Popen(
                 command,
                 stdout=out,

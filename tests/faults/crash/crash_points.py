@@ -120,7 +120,9 @@ class CrashListener:
             if int(group) != os.getpid():
                 # A worker's stderr (and under spark-submit the driver's) reaches the log
                 # through a thread of the JVM, which dies with the group before it copies
-                # the line: append it to the group leader's stderr (the log) too.
+                # the line: append it to the group leader's stderr (the log) too. The log
+                # must be open for appending in the JVM as well, or the JVM's next write, at
+                # its own offset, lands over this line (the harness opens it so).
                 try:
                     with open(f"/proc/{group}/fd/2", "ab", buffering=0) as driver_stderr:
                         driver_stderr.write(message)
