@@ -5,6 +5,7 @@ schema of offset ranges, and confluent-kafka messages turned into one Arrow Reco
 from __future__ import annotations
 
 import inspect
+import itertools
 
 import pyarrow as pa
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message
@@ -42,6 +43,27 @@ KAFKA_SCHEMA = StructType(
 HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 """A Kafka record's headers as Arrow, wherever retrylib keeps them (outgoing records, the
 dead-letter table, an Arrow handler's batches)."""
+
+HeaderPairs = list[tuple[str, bytes | None]]
+
+
+def header_lists(column: pa.Array | pa.ChunkedArray) -> list[HeaderPairs]:
+    """Each row's headers in a `HEADERS_TYPE` column, as (key, value) pairs (an empty list
+    for a null).
+
+    Built column by column: `to_pylist` makes a dict per header, which then has to become a
+    pair, and a storm's every record carries some eight headers.
+    """
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count:
+        return [[(h["key"], h["value"]) for h in row or ()] for row in column.to_pylist()]
+    flat = column.flatten()  # the slice's headers; its offsets count from the unsliced start
+    keys, values = flat.field("key").to_pylist(), flat.field("value").to_pylist()
+    pairs = list(zip(keys, values, strict=True))
+    offsets = column.offsets.to_pylist()
+    base = offsets[0]
+    return [pairs[start - base : end - base] for start, end in itertools.pairwise(offsets)]
 
 
 def utc_arrow_schema(schema: StructType) -> pa.Schema:

@@ -16,7 +16,7 @@ import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from retrylib.errors import RecordTooLargeError, RetrylibError
-from retrylib.kafka.arrow_records import HEADERS_TYPE
+from retrylib.kafka.arrow_records import HEADERS_TYPE, header_lists
 from retrylib.kafka.reading import produce
 from retrylib.kafka.record_size import producer_limit, wire_size
 
@@ -68,6 +68,8 @@ class OutgoingBuffer:
         return pa.RecordBatch.from_arrays(arrays, schema=OUTGOING_SCHEMA)
 
 
+_PLAIN_COLUMNS = [name for name in OUTGOING_SCHEMA.names if name != "headers"]
+
 OutgoingRecords = Callable[[], Iterable[pa.RecordBatch]]
 """Returns a fresh iterator of RecordBatches with the `OUTGOING_SCHEMA` columns on each call."""
 
@@ -109,9 +111,11 @@ def produce_outgoing(
                 f"the outgoing records of batch {batch_id} lack column(s) {missing}: got "
                 f"columns {batch.schema.names}, expected {OUTGOING_SCHEMA.names}"
             )
-        columns = [batch.column(name).to_pylist() for name in OUTGOING_SCHEMA.names]
-        for topic, partition, timestamp_ms, key, value, headers in zip(*columns, strict=True):
-            pairs = [(h["key"], h["value"]) for h in headers or ()]
+        columns = [batch.column(name).to_pylist() for name in _PLAIN_COLUMNS]
+        header_pairs = header_lists(batch.column("headers"))
+        for topic, partition, timestamp_ms, key, value, pairs in zip(
+            *columns, header_pairs, strict=True
+        ):
             try:
                 produce(
                     producer,

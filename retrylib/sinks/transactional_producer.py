@@ -298,11 +298,15 @@ class UnitProducer:
 
     def _new_producer(self) -> Producer:
         """A producer on this unit's transactional id, transactions initialised."""
-        producer = make_producer(
-            self._bootstrap,
-            {**self._options, "transactional.id": self._transactional_id, "linger.ms": "20"},
-            secret_options=self._secret_options,
-        )
+        # Only failed deliveries are reported: a callback per delivered record would cost
+        # Python time per record, and a success needs no answer (flush tells what is left).
+        settings = {
+            **self._options,
+            "transactional.id": self._transactional_id,
+            "linger.ms": "20",
+            "delivery.report.only.error": True,
+        }
+        producer = make_producer(self._bootstrap, settings, secret_options=self._secret_options)
         note_opened()
         producer.init_transactions(_INIT_TIMEOUT_S)
         log.info("producing with transactional.id %s", self._transactional_id)

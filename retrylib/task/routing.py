@@ -24,7 +24,7 @@ from typing import TypeVar
 import pyarrow as pa
 
 from retrylib.kafka import worker_clients
-from retrylib.kafka.arrow_records import RANGE_SCHEMA
+from retrylib.kafka.arrow_records import RANGE_SCHEMA, header_lists
 from retrylib.kafka.reading import Reading, reading_options
 from retrylib.logs import configure_worker_logging
 from retrylib.record import Record
@@ -154,11 +154,13 @@ class RoutingTask:
             (
                 batch.column(name).cast(pa.int64()) if name == "timestamp" else batch.column(name)
             ).to_pylist()
-            for name in ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
+            for name in ("key", "value", "topic", "partition", "offset", "timestamp")
         ]
+        rows_headers = header_lists(batch.column("headers"))
         main, retries = [], []
-        for key, value, topic, partition, offset, micros, headers in zip(*columns, strict=True):
-            header_pairs = [(h["key"], h["value"]) for h in headers or ()]
+        for key, value, topic, partition, offset, micros, header_pairs in zip(
+            *columns, rows_headers, strict=True
+        ):
             millis = -1 if micros is None else micros // 1000
             if topic not in self.tier_of:
                 headers = self._main_headers(header_pairs)
