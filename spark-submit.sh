@@ -11,9 +11,11 @@
 # path too, so the driver runs from it. With a Spark installed from PyPI into a virtualenv
 # (the project's .venv: spark-submit beside the interpreter, pyvenv.cfg above it) it adds
 # Spark's Kafka connector and Delta Lake, resolved once by `python -m retrylib.dev.jars`;
-# any other spark-submit (a cluster's, on PATH) brings its own and gets none. Extra
-# spark-submit flags go in RETRYLIB_SPARK_EXTRA, e.g. RETRYLIB_SPARK_EXTRA="--master yarn"
-# (the name deploy/emr/submit.sh reads too).
+# any other spark-submit (a cluster's, on PATH) brings its own and gets none. With the
+# virtualenv's Spark the driver JVM also maps its classes from a class-data-sharing archive,
+# made once per virtualenv and Java build (retrylib/dev/class_archive.py; turned off by
+# RETRYLIB_CLASS_ARCHIVE=off). Extra spark-submit flags go in RETRYLIB_SPARK_EXTRA, e.g.
+# RETRYLIB_SPARK_EXTRA="--master yarn" (the name deploy/emr/submit.sh reads too).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -49,6 +51,13 @@ if [[ -x "$submit" && -f "$bin/../pyvenv.cfg" ]]; then
     --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
     --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog
     --conf spark.databricks.delta.snapshotPartitions=2)
+  # The class archive's options before the caller's. The first run finds no archive, runs
+  # without one, and starts its making in the background once this job ($$: the JVM after
+  # the exec below) has started.
+  if opts=$("$PYSPARK_PYTHON" -m retrylib.dev.class_archive --job $$ \
+      -- "$submit" "${jvm_flags[@]}"); then
+    export SPARK_SUBMIT_OPTS=$opts
+  fi
 else
   submit=$(command -v spark-submit)
 fi

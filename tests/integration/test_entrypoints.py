@@ -86,8 +86,15 @@ def test_spark_submit_available_now_exits_zero(
         f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{events} "
         "--conf spark.eventLog.compress=false --conf spark.eventLog.rolling.enabled=false"
     )
+    # The tests' class archive (SPARK_SUBMIT_OPTS, conftest) is used as it is: spark-submit.sh
+    # makes none of its own (retrylib/dev/class_archive.py), which would have made this folder.
+    own_archives = tmp_path / "class-archives"
     env = job_env(
-        {"RETRYLIB_SPARK_EXTRA": f"--master local[2] {event_log}", "PYTHONPATH": str(site)}
+        {
+            "RETRYLIB_SPARK_EXTRA": f"--master local[2] {event_log}",
+            "PYTHONPATH": str(site),
+            "RETRYLIB_CLASS_ARCHIVE": str(own_archives),
+        }
     )
 
     done = subprocess.run(
@@ -136,6 +143,7 @@ def test_spark_submit_available_now_exits_zero(
     state, _ = json.JSONDecoder().raw_decode(printed)
     assert state["broker"]["reachable"] and state["last_completed_batch"] is not None, state
     assert state["dead_letters"]["exists"] and state["dead_letters"]["total"] == 0, state
+    assert not own_archives.exists()
     # What it shipped to the executors (and ran the driver from): the job without retrylib/dev/
     # (the embedded broker, the jar resolver and the demo).
     with zipfile.ZipFile(REPO / "build" / "retrylib-py.zip") as bundle:
