@@ -85,7 +85,7 @@ RECORD_KEYS = ("records_main", "records_retry")  # a retrylib batch's records, b
 GOAL_LATENESS_P99_S = 1.2
 GOAL_BATCH_VS_BARE = 2.0
 GOAL_QUIET_TRIGGER_S = 0.3
-GOAL_SUBMIT_S = 15.0
+GOAL_START_VS_BARE = 1.2
 GOAL_ROUTER_P99_S = 1.5
 
 
@@ -771,6 +771,13 @@ class Bench:
             [str(REPO / "spark-submit.sh"), str(config)], REPO, env, log_path, timeout=180
         )
         say(f"submit: first batch after {fmt(result['seconds'])}s; exit {result['exit']}")
+        # Bare Spark's start beside it: the same records, Kafka -> Delta, launch to its first
+        # batch done (the end of its first trigger).
+        bare = self.bare("submit-bare", None, topic=SUBMIT_TOPIC)
+        first = bare["result"]["progress"][0]
+        done = epoch_ms(first["timestamp"]) / 1000 + first["durationMs"]["triggerExecution"] / 1000
+        result["bare_seconds"] = done - bare["launched"]
+        say(f"submit: bare Spark's first batch after {fmt(result['bare_seconds'])}s")
         return result
 
     def run_router(self) -> dict:
@@ -1468,14 +1475,16 @@ class Bench:
             )
         submit = self.fixed.get("submit")
         if submit:
+            vs = ratio(submit["seconds"], submit.get("bare_seconds"))
             rows.append(
                 [
-                    f"./spark-submit.sh -> first batch done ({a.submit_records} records)",
-                    f"<= {GOAL_SUBMIT_S:.0f} s",
-                    fmt(submit["seconds"], 1),
-                    _verdict(submit["seconds"], GOAL_SUBMIT_S, at_most=True),
-                    f"launch to the first retrylib.metrics line; exit {submit['exit']} after "
-                    "SIGTERM",
+                    f"./spark-submit.sh -> first batch done ({a.submit_records} records) / bare",
+                    f"<= {GOAL_START_VS_BARE:.1f}x",
+                    fmt(vs, 2),
+                    _verdict(vs, GOAL_START_VS_BARE, at_most=True),
+                    f"launch to the first retrylib.metrics line {fmt(submit['seconds'], 1)} s "
+                    f"(exit {submit['exit']} after SIGTERM); bare Kafka -> Delta, launch to "
+                    f"its first batch done {fmt(submit.get('bare_seconds'), 1)} s",
                 ]
             )
         router = self.fixed.get("router")
@@ -1495,7 +1504,7 @@ class Bench:
                 ]
             )
         return table(
-            ["goal (issue 26)", "target", "measured", "verdict", "how"],
+            ["goal (issues 26, 44)", "target", "measured", "verdict", "how"],
             rows,
             "Fixed costs (trigger 1 s; others CPU s meanwhile: "
             + ", ".join(
