@@ -1,5 +1,6 @@
 """Starting a job's streaming query: its topics made ready and its runner lease taken (while
-Spark starts), then its checkpoint read, its tables made and the query started."""
+Spark starts), then its checkpoint read, and the query started while its tables are made
+and the executors' Python workers start."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from retrylib.config.topic_names import produced_topic
 from retrylib.errors import RetrylibError
 from retrylib.job.batch_commit import BatchCommitParts, batch_commit_on_server, make_batch_commit
 from retrylib.job.kinds import kind_of
+from retrylib.job.python_workers import start_python_workers
 from retrylib.job.source_frame import available_now_target, builtin_kafka_available, source_frame
 from retrylib.job.stopping import stop_at_target
 from retrylib.kafka.clients import connected_admin, make_admin
@@ -143,6 +145,7 @@ def _start_prepared(
     )
     try:
         if runs_batches:
+            start_python_workers(spark, parts.units)
             batch_commit.read_tables_ahead(spark, make_tables)
         query = _start_stream(spark, config, reader, parts, batch_commit, available_now)
     except BaseException:

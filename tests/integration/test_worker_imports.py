@@ -1,4 +1,5 @@
-"""The imports retrylib does not cost Spark's Python processes, seen in a fresh interpreter."""
+"""What Spark's Python processes import: retrylib's modules a source process does not need
+(seen in a fresh interpreter), and those a job imports in its workers ahead of its first batch."""
 
 from __future__ import annotations
 
@@ -23,3 +24,11 @@ def test_reading_kafka_does_not_import_the_job() -> None:
     assert "retrylib.job" not in loaded
     assert "retrylib.config.model" not in loaded
     assert "retrylib.config.loader" not in loaded
+
+
+def test_a_job_start_imports_the_task_modules_in_a_python_worker_per_core(spark) -> None:
+    """The job that `start_python_workers` runs while a query starts: one task per core, each
+    importing `TASK_MODULES` in the worker the batches then reuse."""
+    from retrylib.job.python_workers import start_python_workers
+
+    assert start_python_workers(spark, 2).result() == 2
