@@ -101,8 +101,9 @@ spark.read.format("delta").load(f"{folder}/table").mapInArrow(lambda b: b, "id L
 
 
 def batch(frame, batch_id):
-    frame.mapInArrow(lambda b: b, "id LONG").write.format("delta").mode("append").save(
-        f"{folder}/out")
+    # An idempotent append, as the job's: Delta reads the table's transactions first.
+    (frame.mapInArrow(lambda b: b, "id LONG").write.format("delta").mode("append")
+     .option("txnAppId", "class-archive").option("txnVersion", batch_id).save(f"{folder}/out"))
     spark.read.format("delta").load(f"{folder}/out").count()
 
 
