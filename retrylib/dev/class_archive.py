@@ -219,11 +219,15 @@ def _worth_making(archive: Path) -> bool:
     return os.access(archive.parent, os.W_OK)
 
 
-def make_archive(archive: Path, command: Sequence[str], env: Mapping[str, str]) -> bool:
-    """Run the workload through `command` (spark-submit and its flags) in a JVM that writes
-    its classes to a pid-named file as it exits; rename that into `archive` once the JVM
-    exited 0. One maker per archive (a lock; another finds it held and leaves); it also
-    clears what killed makers left and all but the newest other archive. True: made."""
+def make_archive(
+    archive: Path, run: Sequence[str], env: Mapping[str, str], workload: str = WORKLOAD
+) -> bool:
+    """Run `workload`, a Python script given a folder for its data, with `run` (spark-submit
+    and its flags, or an interpreter whose script builds its own session) in a JVM that
+    writes its classes to a pid-named file as it exits; rename that into `archive` once the
+    JVM exited 0. One maker per archive (a lock; another finds it held and leaves); it also
+    clears what killed makers left and all but the newest other archive. True: made; when
+    the workload failed, the `.failed` file beside `archive` says why."""
     with open(archive.with_name(f"{archive.name}.lock"), "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -239,9 +243,9 @@ def make_archive(archive: Path, command: Sequence[str], env: Mapping[str, str]) 
         options = f"{env.get('SPARK_SUBMIT_OPTS', '')} -XX:ArchiveClassesAtExit={partial} {QUIET}"
         with tempfile.TemporaryDirectory(prefix="retrylib-class-archive-") as folder:
             script = Path(folder, "workload.py")
-            script.write_text(WORKLOAD)
+            script.write_text(workload)
             done = subprocess.run(
-                [*command, "--master", "local[2]", str(script), str(Path(folder, "data"))],
+                [*run, str(script), str(Path(folder, "data"))],
                 env={**env, "SPARK_SUBMIT_OPTS": options.strip()},
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
@@ -327,7 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             Path("/proc/self/autogroup").write_text("19")
         if job:
             wait_for_start(job)
-        return 0 if make_archive(Path(options[1]), command, os.environ) else 1
+        made = make_archive(Path(options[1]), [*command, "--master", "local[2]"], os.environ)
+        return 0 if made else 1
     try:
         print(submit_options(os.environ, command, job))
     except Exception:  # the job runs as before, without an archive

@@ -57,6 +57,11 @@ def command(env: dict[str, str]) -> list[str]:
     return [str(Path(env["SPARK_HOME"]).parent / "spark-submit"), "--jars", "delta.jar"]
 
 
+def run(env: dict[str, str]) -> list[str]:
+    """What the maker runs the workload with: the command, on a local master."""
+    return [*command(env), "--master", "local[2]"]
+
+
 def test_the_callers_own_sharing_options_are_left_alone(env):
     own = f"{JVM_OPTIONS} -XX:SharedArchiveFile=/venv/tests.jsa -Xlog:cds*=off"
     loader = "-Djava.system.class.loader=my.Loader"  # the JVM would warn of the archive
@@ -105,7 +110,7 @@ def test_the_archive_appears_only_when_its_jvm_exited_zero(env, tmp_path):
     archive.parent.mkdir()
     killed = archive.with_name(f"{archive.name}.99999.partial")  # a maker killed while writing
     killed.write_text("half")
-    assert not make_archive(archive, command(env), {**env, "FAKE_EXIT": "1"})
+    assert not make_archive(archive, run(env), {**env, "FAKE_EXIT": "1"})
     assert not archive.exists() and not killed.exists()
     assert not list(archive.parent.glob("*.partial"))
     assert archive.with_name(f"{archive.name}.failed").read_text().startswith("exit 1")
@@ -115,11 +120,12 @@ def test_the_archive_appears_only_when_its_jvm_exited_zero(env, tmp_path):
     for file, when in ((older, 1), (old, 2)):
         file.write_text("classes")
         os.utime(file, (when, when))
-    assert make_archive(archive, command(env), env)
+    assert make_archive(archive, run(env), env)
     assert archive.read_text() == "classes\n"
     assert not archive.with_name(f"{archive.name}.failed").exists()
     assert sorted(p.name for p in archive.parent.glob("*.jsa")) == sorted([old.name, archive.name])
-    assert Path(env["FAKE_ARGS"]).read_text().startswith("--jars delta.jar --master local[2] ")
+    script, data = Path(env["FAKE_ARGS"]).read_text().split()[-2:]
+    assert Path(script).name == "workload.py" and Path(data).name == "data"
 
 
 def test_a_second_maker_leaves_while_the_first_holds_the_lock(env):
@@ -127,7 +133,7 @@ def test_a_second_maker_leaves_while_the_first_holds_the_lock(env):
     archive.parent.mkdir()
     with open(archive.with_name(f"{archive.name}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        assert not make_archive(archive, command(env), env)
+        assert not make_archive(archive, run(env), env)
     assert not archive.exists() and not Path(env["FAKE_ARGS"]).exists()
 
 
