@@ -3,7 +3,6 @@ session's job group (classic) or tags (Spark Connect), so stopping the query can
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -37,21 +36,15 @@ class Started:
     without one.
     """
 
-    def __init__(
-        self, spark: SparkSession | None, call: Callable[[], Any], *, beside_query: bool = False
-    ) -> None:
-        """`beside_query`: the thread carries none of the starting thread's properties or
-        tags, so a stop of the query running now neither cancels its jobs nor waits for
-        them (whoever stops the session then waits for it)."""
+    def __init__(self, spark: SparkSession | None, call: Callable[[], Any]) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
         self._spark = spark
-        if beside_query:
-            self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
-        elif spark is None:
-            self._thread = InheritableThread(self._run, args=(call,))
-        else:
-            self._thread = flavour_of(spark).thread(spark, self._run, (call,))
+        self._thread = (
+            InheritableThread(self._run, args=(call,))
+            if spark is None
+            else flavour_of(spark).thread(spark, self._run, (call,))
+        )
         self._thread.start()
 
     def _run(self, call: Callable[[], Any]) -> None:

@@ -12,8 +12,7 @@ A batch runs in steps, each safe to repeat after a crash:
    each routing task's (a produce unit) in one Kafka transaction with the unit's marker
    (`produce_units`); for a handler job, the output and dead-letter rows appended to their
    Delta tables with the app transaction (`table_appends`). The tables' state the appends
-   ask for is read during step 1, while the handler runs, and before that from the end of
-   the batch before (`effect_targets`).
+   ask for is read during step 1, while the handler runs (`effect_targets`).
 3. With `retry.key_ordered`, the key queues the tasks changed are folded into the job's
    (`key_order_store`).
 4. With `[output] optimize_every`, the tables are compacted when that period has passed
@@ -186,7 +185,6 @@ class BatchCommit:
             upkeep.on_result(result)
         if upkeep.compactor is not None:  # after every commit of the batch, metrics included
             upkeep.compactor.after_batch(spark)
-        self._targets.read_for_next(spark)
         self.last_finished = batch_id
         self.batch_finished.set()
 
@@ -201,11 +199,9 @@ class BatchCommit:
 
     def close(self) -> None:
         """Let go of the Kafka clients this process keeps (the control topic's reader) and
-        of the runner lease, once the tables' state read for the next batch has ended; log
-        the batches a Spark Connect server finished last."""
+        of the runner lease; log the batches a Spark Connect server finished last."""
         if self._watch is not None:
             self._watch.stop()
-        self._targets.wait_for_reads()
         for closer in self._closers:
             closer()
         worker_clients.close_all()

@@ -3,13 +3,10 @@ track of them.
 
 - What a manifest records of them (`noted`): the control topic's end offset, before which no
   marker of the batch can be, and the tables the batch appends to.
-- Their state: the tables' app transactions, which every idempotent append asks for (Delta
-  4.4 reconstructs a new table version's state for it, a Spark job of half a second or
-  more), read ahead so that the appends find it ready: for the first batch before the query
-  starts (`read_ahead`), after the tables are made; for the next ones as soon as a batch has
-  made its appends (`read_for_next`), while Spark commits the batch and plans the next, and
-  again while the handler runs (`read`), which then finds it read unless another writer
-  committed since.
+- Their state, read while the handler runs (`read`): the tables' app transactions, which
+  every idempotent append asks for (a Spark job of a second or more per new table version),
+  so that the appends find it ready; before the query starts for its first batch
+  (`read_ahead`), after the tables are made.
 - Their agreement with the checkpoint, checked at the first batch of a run: a batch id below
   one the tables or the control topic already hold for this checkpoint's app id means the
   query runs from an older copy of the checkpoint; its effects would be skipped as "already
@@ -20,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from functools import partial
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -60,7 +56,6 @@ class EffectTargets:
         self._checked = False
         self._made: Started | None = None
         self._read_ahead: Started | None = None
-        self._read_for_next: Started | None = None
 
     def noted(self, rows: Mapping[str, int]) -> dict[str, Any]:
         """What a batch's manifest records of the targets, given its result rows by kind."""
@@ -93,25 +88,10 @@ class EffectTargets:
         if made is not None:
             made.result()
 
-    def read_for_next(self, spark: SparkSession) -> None:
-        """Start reading, in a thread, the state in which a batch left the tables (the later
-        tables' included), for the next batch's `read`. Its errors are left to that `read`,
-        which meets them again. Its Spark jobs are not the query's: a stop of the query right
-        after the batch would cancel them, and Spark log each cancelled task; the job's
-        close waits for them instead (`wait_for_reads`)."""
-        self._read_for_next = Started(spark, partial(self._read_quietly, spark), beside_query=True)
-
-    def wait_for_reads(self) -> None:
-        """Wait for a `read_for_next` still reading."""
-        reading, self._read_for_next = self._read_for_next, None
-        if reading is not None:
-            reading.wait()
-
     def read(self, spark: SparkSession, batch_id: int) -> None:
         """Read the tables' state for batch `batch_id`'s appends (and the later tables'); at
         the first batch of a run, check first that neither the tables nor the control topic
         are ahead of the checkpoint (`check_once`)."""
-        self.wait_for_reads()  # what the last batch started: read again below in a moment
         if not self._checked:
             self._check_agree(spark, batch_id)
             self._checked = True
@@ -123,13 +103,6 @@ class EffectTargets:
                 committed_version(spark, table, self._app_id)
             except Exception as error:  # its own append reads it again, and says what failed
                 log.debug("reading %s ahead of its append failed: %s", table, error)
-
-    def _read_quietly(self, spark: SparkSession) -> None:
-        for table in (*self._tables.values(), *self._later_tables):
-            try:
-                committed_version(spark, table, self._app_id)
-            except Exception as error:
-                log.debug("reading %s for the next batch failed: %s", table, error)
 
     def check_once(self, spark: SparkSession, batch_id: int) -> None:
         """At the first batch of a run, `read` the targets' state, and so check it; later,
