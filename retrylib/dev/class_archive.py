@@ -48,6 +48,8 @@ from importlib.util import find_spec
 from pathlib import Path
 
 OFF = {"off", "0", "false", "no"}
+WORKLOAD_TIMEOUT_S = 600.0
+"""The longest a maker waits for its workload (it then counts as failed)."""
 RETRY_AFTER_S = 24 * 3600
 """A workload that failed is tried again after this long (its `.failed` file says why)."""
 _CALLERS_OWN = re.compile(
@@ -244,18 +246,23 @@ def make_archive(
         with tempfile.TemporaryDirectory(prefix="retrylib-class-archive-") as folder:
             script = Path(folder, "workload.py")
             script.write_text(workload)
-            done = subprocess.run(
-                [*run, str(script), str(Path(folder, "data"))],
-                env={**env, "SPARK_SUBMIT_OPTS": options.strip()},
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                errors="replace",
-            )
+            try:
+                done = subprocess.run(
+                    [*run, str(script), str(Path(folder, "data"))],
+                    env={**env, "SPARK_SUBMIT_OPTS": options.strip()},
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    text=True,
+                    errors="replace",
+                    timeout=WORKLOAD_TIMEOUT_S,
+                )
+                why = f"exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
+            except subprocess.TimeoutExpired:
+                done, why = None, f"the workload ran past {WORKLOAD_TIMEOUT_S:.0f}s"
         failed = archive.with_name(f"{archive.name}.failed")
-        if done.returncode != 0 or not partial.is_file():
+        if done is None or done.returncode != 0 or not partial.is_file():
             partial.unlink(missing_ok=True)
-            failed.write_text(f"exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
+            failed.write_text(why)
             return False
         with open(partial, "rb") as written:
             os.fsync(written.fileno())  # whole on disk before its name says it is done

@@ -128,6 +128,20 @@ def test_the_archive_appears_only_when_its_jvm_exited_zero(env, tmp_path):
     assert Path(script).name == "workload.py" and Path(data).name == "data"
 
 
+def test_a_workload_past_its_bound_counts_as_failed(env, monkeypatch):
+    archive = archive_path(env, command(env))
+    archive.parent.mkdir()
+    monkeypatch.setattr(class_archive, "WORKLOAD_TIMEOUT_S", 0.5)
+    sleeper = Path(env["SPARK_HOME"]).parent / "slow-submit"
+    sleeper.write_text("#!/bin/sh\nexec sleep 30\n")
+    sleeper.chmod(0o755)
+    started = time.monotonic()
+    assert not make_archive(archive, [str(sleeper)], env)
+    assert time.monotonic() - started < 10
+    assert not archive.exists() and not list(archive.parent.glob("*.partial"))
+    assert "ran past" in archive.with_name(f"{archive.name}.failed").read_text()
+
+
 def test_a_second_maker_leaves_while_the_first_holds_the_lock(env):
     archive = archive_path(env, command(env))
     archive.parent.mkdir()
