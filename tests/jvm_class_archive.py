@@ -11,7 +11,8 @@ The archive is written by a JVM that ran a small Delta and streaming workload in
 session and then exited (`-XX:ArchiveClassesAtExit`), made as spark-submit.sh's is
 (`retrylib.dev.class_archive.make_archive`). It matches only the class path it was made with
 (this virtualenv's `pyspark/jars`); a JVM on another class path, or on another Java build,
-runs as if there were none, and `-Xlog:cds*=off` keeps it from saying so on its stdout.
+runs as if there were none, and the options `java_options` adds keep it from saying so
+on its stdout.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pyspark
 
-from retrylib.dev.class_archive import make_archive
+from retrylib.dev.class_archive import java_options, make_archive
 
 _WORKLOAD = """
 import sys
@@ -68,7 +69,7 @@ def archive_options(jvm_options: str) -> str:
             failed = archive.with_name(f"{archive.name}.failed")
             why = failed.read_text()[-3000:] if failed.exists() else "(no .failed file)"
             raise RuntimeError(f"the class archive's workload failed:\n{why}")
-    return f"{jvm_options} -XX:SharedArchiveFile={archive} -Xlog:cds*=off"
+    return java_options(archive, jvm_options)
 
 
 def _archive_path() -> Path:

@@ -28,7 +28,10 @@ def test_reading_kafka_does_not_import_the_job() -> None:
 
 def test_a_job_start_imports_the_task_modules_in_a_python_worker_per_core(spark) -> None:
     """The job that `start_python_workers` runs while a query starts: one task per core, each
-    importing `TASK_MODULES` in the worker the batches then reuse."""
+    importing `TASK_MODULES` in its Python worker; a module that fails to import there fails
+    the job. That the first batch then reuses those workers (Spark's worker reuse) is not
+    checked here: the tests' session keeps other tests' idle workers too. Measured in the
+    lateness bench: the first batch 6.7-7.0 s instead of 8.3-9.7 s."""
     from retrylib.job.python_workers import start_python_workers
 
     assert start_python_workers(spark, 2).result() == 2
