@@ -18,6 +18,7 @@ topic administration that needs it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from enum import Enum
@@ -46,10 +47,15 @@ READ_TO_END_OPTIONS = {
     **READ_COMMITTED,
     "enable.partition.eof": True,
     "auto.offset.reset": "earliest",
+    "fetch.wait.max.ms": 10,
 }
 """Consumer settings of a `ReadToEnd`: only committed records (a read stops at the last stable
-offset and skips aborted transactions), the partition's end reported (EOF), and a start
-offset that retention has already deleted read from the log's new start."""
+offset and skips aborted transactions), the partition's end reported (EOF), a start offset
+that retention has already deleted read from the log's new start, and a short wait for a
+fetch that finds nothing new. The end is known only from such a fetch, which the broker
+holds for `fetch.wait.max.ms` (librdkafka's default 500): a read of a few control-topic
+records took 200 ms with it, 24 ms with 10. A `ReadToEnd` unassigns its partitions once
+read, so an idle consumer does not fetch at that pace."""
 _HIGH_WATERMARK_OPTIONS = {"isolation.level": "read_uncommitted"}
 
 
@@ -94,7 +100,7 @@ MARKER_READ_TIMEOUT_S = 30.0
 """A marker read that reaches neither its window's end nor the partition's end in this long
 fails instead of guessing."""
 _CONSUME_BATCH = 500
-_CONSUME_WAIT_S = 0.1  # consume() waits this long whenever fewer records than asked arrive
+_CONSUME_WAIT_S = 0.1  # the longest wait for a first record (`arrived`)
 
 
 def reading_consumer(
@@ -105,6 +111,19 @@ def reading_consumer(
     Raises `KafkaException` when librdkafka refuses the configuration.
     """
     return make_consumer(bootstrap_servers, reading_options(options, Reading.TO_END), group_id)
+
+
+def arrived(consumer: Consumer, most: int, wait_s: float) -> list[Message]:
+    """Up to `most` of the records and events (a partition's end, errors) `consumer` has
+    fetched, waiting at most `wait_s` for the first when it has none.
+
+    `consume(most, timeout)` alone waits out its whole timeout whenever fewer than `most`
+    arrive, which the read of a short range, or of a partition's last records, always meets.
+    """
+    first = consumer.poll(wait_s)
+    if first is None:
+        return []
+    return [first, *consumer.consume(most - 1, timeout=0)] if most > 1 else [first]
 
 
 def watermarks(
@@ -220,17 +239,27 @@ class ReadToEnd:
         """Yield the records of the open partitions, in offset order within each, until
         every partition is done, `limit` records were yielded, or `timeout_s` has passed.
 
-        Raises `KafkaException` for an error message other than a partition's end.
+        Raises `KafkaException` for an error message other than a partition's end. The
+        partitions are unassigned when it ends, or when its caller stops taking records.
         """
         if not self._open:
             return
         consumer = self._consumer
         consumer.assign([TopicPartition(*key, self.next_offset[key]) for key in sorted(self._open)])
+        try:
+            yield from self._read(timeout_s, limit)
+        finally:
+            # An assigned consumer goes on fetching, every `fetch.wait.max.ms` once at the
+            # end. A failed unassign leaves only that, and must not hide the read's error.
+            with contextlib.suppress(KafkaException):
+                consumer.unassign()
+
+    def _read(self, timeout_s: float, limit: int | None) -> Iterator[Message]:
         deadline = time.monotonic() + timeout_s
         left = limit
         while self._open and (left is None or left > 0) and time.monotonic() < deadline:
             wanted = _CONSUME_BATCH if left is None else min(_CONSUME_BATCH, left)
-            for message in consumer.consume(wanted, timeout=_CONSUME_WAIT_S):
+            for message in arrived(self._consumer, wanted, _CONSUME_WAIT_S):
                 key = (message.topic(), message.partition())
                 if key not in self._open:
                     continue

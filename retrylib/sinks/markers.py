@@ -28,7 +28,13 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from retrylib.errors import MarkerReadError
 from retrylib.kafka.clients import make_consumer
-from retrylib.kafka.reading import WATERMARK_TIMEOUT_S, Reading, last_marker, reading_options
+from retrylib.kafka.reading import (
+    WATERMARK_TIMEOUT_S,
+    Reading,
+    arrived,
+    last_marker,
+    reading_options,
+)
 from retrylib.kafka.worker_clients import kept_consumer
 
 _SIGNATURE_CHARS = 32
@@ -108,7 +114,7 @@ def unit_produced(
         consumer.assign([TopicPartition(topic, 0, start)])
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for message in consumer.consume(500, timeout=0.1):
+            for message in arrived(consumer, 500, 0.1):
                 error = message.error()
                 if error is not None and error.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(error)

@@ -23,7 +23,7 @@ from pyspark.sql.datasource import InputPartition
 from retrylib.errors import KafkaSourceError
 from retrylib.kafka import worker_clients
 from retrylib.kafka.arrow_records import to_batch
-from retrylib.kafka.reading import watermarks
+from retrylib.kafka.reading import arrived, watermarks
 from retrylib.logs import redact
 
 log = logging.getLogger(__name__)
@@ -46,11 +46,10 @@ _READ_CLIENT_OPTIONS = {
 }
 
 BATCH_ROWS = 10_000
-"""Rows per RecordBatch that `read()` yields, and most messages asked of one `consume()`."""
+"""Rows per RecordBatch that `read()` yields, and most messages taken at once (`arrived`)."""
 POLL_TIMEOUT_S = 0.05
-"""Longest wait of one `consume()` call. `consume()` waits it out whenever fewer messages
-than asked for arrive, which is every time a range holds gaps (transaction markers on
-retry topics), so it is kept short; the read loops until the range is done or stalls."""
+"""Longest wait for the next fetched message (`arrived`); the read loops until the range is
+done or stalls."""
 STALL_TIMEOUT_S = 120.0
 """A read that gets no record for this long fails instead of hanging."""
 METADATA_TIMEOUT_S = 30.0
@@ -120,7 +119,7 @@ def read_messages(
 def _message_chunks(
     consumer: Consumer, part: KafkaInputPartition, on_lost: LostRecords | None
 ) -> Iterator[list[Message]]:
-    """The messages of `part`'s range in offset order, one list per `consume()` call.
+    """The messages of `part`'s range in offset order, one list per `arrived` call.
 
     The consumer never resets its position (`auto.offset.reset` = error): it reaches an
     offset only by fetching the log up to it. So a partition end (EOF) at or past
@@ -133,7 +132,7 @@ def _message_chunks(
     while next_offset < part.end:
         wanted = min(part.end - next_offset, BATCH_ROWS)
         chunk, finished = [], False
-        for message in consumer.consume(num_messages=wanted, timeout=POLL_TIMEOUT_S):
+        for message in arrived(consumer, wanted, POLL_TIMEOUT_S):
             error = message.error()
             if error is not None and error.code() == KafkaError._AUTO_OFFSET_RESET:
                 resumed = _skip_lost(consumer, part, next_offset, error, on_lost)

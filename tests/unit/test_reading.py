@@ -43,6 +43,7 @@ class FakeConsumer:
         self.logs, self.ends, self.silent = logs, ends, silent
         self.position: dict = {}
         self.assigned: list = []
+        self.unassigned = 0
 
     def get_watermark_offsets(self, tp, timeout, cached):
         return (
@@ -53,6 +54,14 @@ class FakeConsumer:
     def assign(self, partitions) -> None:
         self.assigned.append([(tp.topic, tp.partition, tp.offset) for tp in partitions])
         self.position = {(tp.topic, tp.partition): tp.offset for tp in partitions}
+
+    def unassign(self) -> None:
+        self.position = {}
+        self.unassigned += 1
+
+    def poll(self, timeout: float):
+        first = self.consume(1, timeout)
+        return first[0] if first else None
 
     def consume(self, wanted: int, timeout: float) -> list:
         if self.silent:
@@ -81,6 +90,34 @@ def test_a_read_ends_at_the_end_offsets_and_skips_offsets_without_records() -> N
 
     assert [m.offset() for m in read.messages(timeout_s=5)] == [0, 2]
     assert read.unfinished == {}
+
+
+def test_a_read_unassigns_its_partitions_at_its_end_and_when_left_part_way() -> None:
+    # An assigned consumer goes on fetching: every 10 ms once at the end (fetch.wait.max.ms).
+    consumer = FakeConsumer({A0: {o: (None, b"x") for o in range(3)}}, {A0: 3})
+    assert len(list(ReadToEnd(consumer, {A0: 0}).messages(timeout_s=5))) == 3
+    assert consumer.unassigned == 1
+
+    for _ in ReadToEnd(consumer, {A0: 0}).messages(timeout_s=5):
+        break
+    assert consumer.unassigned == 2
+
+
+def test_the_read_takes_what_has_arrived_without_waiting_for_a_full_batch() -> None:
+    # consume(n, timeout) waits out its timeout whenever fewer than n arrive: a read of a
+    # few records took two such waits, one for the records and one for the partition's end.
+    class Timed(FakeConsumer):
+        waited = 0.0
+
+        def consume(self, wanted, timeout):
+            got = super().consume(wanted, timeout)
+            if len(got) < wanted:
+                self.waited += timeout
+            return got
+
+    consumer = Timed({A0: {o: (None, b"x") for o in range(3)}}, {A0: 3})
+    assert len(list(ReadToEnd(consumer, {A0: 0}).messages(timeout_s=5))) == 3
+    assert consumer.waited == 0.0
 
 
 def test_a_read_stops_at_its_limit_and_names_what_is_left() -> None:

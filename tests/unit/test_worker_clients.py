@@ -155,13 +155,17 @@ class FakeConsumer:
         self.position = (tp.topic, tp.partition, tp.offset)
         self.assigned.append(self.position)
 
+    def poll(self, timeout: float) -> Message | None:
+        first = self.consume(1, timeout)
+        return first[0] if first else None
+
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
         assert self.position is not None and not self.closed
         topic, partition, offset = self.position
         end = self.log.get(topic, 0)
         last = min(offset + num_messages, end)
         messages = [Message(topic, partition, o) for o in range(offset, last)]
-        if last == end:
+        if last == end and len(messages) < num_messages:
             messages.append(Message(topic, partition, end, eof=True))
         self.position = (topic, partition, last)
         return messages
