@@ -308,6 +308,11 @@ class UnitProducer:
         }
         producer = make_producer(self._bootstrap, settings, secret_options=self._secret_options)
         note_opened()
+        # The control topic's metadata first, so that a broker connection is up when
+        # init_transactions looks up the coordinator: asked before, librdkafka retries the
+        # producer id request after 500 ms (5 of 12 takeovers of a unit by another worker
+        # took 515-530 ms to init instead of 63-99; none of 12 with the metadata first).
+        producer.list_topics(self._topic, timeout=_METADATA_TIMEOUT_S)
         producer.init_transactions(_INIT_TIMEOUT_S)
         log.info("producing with transactional.id %s", self._transactional_id)
         return producer

@@ -42,6 +42,9 @@ class FakeProducer:
         if name == self._fail_at:
             raise KafkaException(self._error)
 
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self._step("metadata")
+
     def init_transactions(self, timeout: float) -> None:
         self._step("init")
 
@@ -155,7 +158,7 @@ def test_one_transaction_holds_the_records_then_the_marker(kafka):
     real = kafka.producers[0]()
     assert real.config["transactional.id"] == f"retrylib-{APP}-{UNIT}"
     assert real.config["client.id"] == "x"
-    assert real.calls == ["init", "begin", "flush", "commit"]
+    assert real.calls == ["metadata", "init", "begin", "flush", "commit"]
     *sent, marker = real.produced
     assert [(t, p, ts, k, v) for t, p, ts, k, v, _ in sent] == [
         (r["topic"], r["partition"], r["timestamp_ms"], r["key"], r["value"]) for r in rows(5)
@@ -208,7 +211,7 @@ def test_a_failure_is_retried_on_a_new_producer_with_the_records_read_again(kafk
     assert kafka.live_at_init == [0, 0, 0]  # each discarded producer was gone before the next
     assert len(kafka.producers) == 3
     assert all(ref() is None for ref in kafka.producers[:2])
-    assert kafka.producers[2]().calls == ["init", "begin", "flush", "commit"]
+    assert kafka.producers[2]().calls == ["metadata", "init", "begin", "flush", "commit"]
 
 
 def test_the_failed_transaction_is_aborted_and_its_producer_purged(kafka):
@@ -216,7 +219,7 @@ def test_the_failed_transaction_is_aborted_and_its_producer_purged(kafka):
     calls = []
     kafka.on_make = lambda made: calls.append(made.calls)  # the list outlives the producer
     assert producer().produce_once(0, records(1), 0) == 1
-    assert calls[0] == ["init", "begin", "flush", "abort", "purge"]
+    assert calls[0] == ["metadata", "init", "begin", "flush", "abort", "purge"]
 
 
 @pytest.mark.parametrize(
@@ -272,7 +275,7 @@ def test_an_error_from_records_is_raised_as_it_is_and_the_transaction_aborted(ka
     kafka.on_make = lambda made: calls.append(made.calls)
     with pytest.raises(OSError, match="lost its executors"):
         producer().produce_once(0, broken, 0)
-    assert calls[0] == ["init", "begin", "abort", "purge"]
+    assert calls[0] == ["metadata", "init", "begin", "abort", "purge"]
     assert kafka.producers[0]() is None
 
 
