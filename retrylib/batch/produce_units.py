@@ -82,18 +82,7 @@ class KafkaProduce:
     def _produce(
         self, decisions: DataFrame, manifest: Mapping[str, Any], batch_id: int
     ) -> tuple[int, int]:
-        if "units" not in manifest:
-            raise RetrylibError(
-                f"batch {batch_id} was routed by an earlier version of retrylib, which "
-                "produced it from the driver: run that version until the batch is done, stop "
-                "it gracefully (SIGTERM), then start this one"
-            )
-        plan = ProducePlan(
-            self.settings,
-            batch_id=batch_id,
-            units=manifest["units"],
-            control_from=manifest["control_from"],
-        )
+        plan = produce_plan(self.settings, manifest, batch_id)
         try:
             return produce_units(decisions, plan)
         except Exception as e:  # a task's error, as Spark wraps it
@@ -101,6 +90,26 @@ class KafkaProduce:
             if raised is None:
                 raise
             raise raised from e
+
+
+def produce_plan(
+    settings: ProducerSettings, manifest: Mapping[str, Any], batch_id: int
+) -> ProducePlan:
+    """The produce tasks' plan for batch `batch_id`, from its `manifest`. Raises
+    `RetrylibError` for a manifest of a version of retrylib that produced from the driver."""
+    if "units" not in manifest:
+        raise RetrylibError(
+            f"batch {batch_id} was routed by an earlier version of retrylib, which "
+            "produced it from the driver: run that version until the batch is done, stop "
+            "it gracefully (SIGTERM), then start this one"
+        )
+    return ProducePlan(
+        settings,
+        batch_id=batch_id,
+        units=manifest["units"],
+        control_from=manifest["control_from"],
+        not_before_ms=manifest.get("not_before_ms", 0),  # older manifests have none
+    )
 
 
 def produce_units(decisions: DataFrame, plan: ProducePlan) -> tuple[int, int]:

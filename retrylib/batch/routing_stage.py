@@ -50,7 +50,7 @@ from retrylib.state.files import claim_json, read_json
 from retrylib.steps import reached
 from retrylib.task.forwarding import ForwardPlan
 from retrylib.task.plan import TaskPlan
-from retrylib.task.results import OUTGOING_KIND, placed, result_struct
+from retrylib.task.results import NOT_BEFORE_MS, OUTGOING_KIND, placed, result_struct
 
 log = logging.getLogger(__name__)
 
@@ -156,9 +156,7 @@ class RoutingStage:
         tiers = routing.retry_tiers
         decided = _run_tasks(df, plan, where, decision_columns(_COUNTED_KINDS, tiers))
         reached("after_handler", batch_id)
-        counters: Counter[str] = Counter()
-        for text in json.loads(decided["counters"]):
-            counters.update(json.loads(text))
+        counters, not_before_ms = task_counters(json.loads(decided["counters"]))
         lateness = {
             str(tier): [decided[lateness_metric(name, tier)] for name, _ in PERCENTILES]
             for tier in range(tiers)
@@ -173,7 +171,20 @@ class RoutingStage:
             **targets.noted(rows),
             "counters": dict(counters),
             "lateness_ms": lateness,
+            "not_before_ms": not_before_ms,
         }
+
+
+def task_counters(texts: list[str]) -> tuple[Counter[str], int]:
+    """The batch's counters, summed over its tasks' counters objects (JSON `texts`), and the
+    latest time before which its outgoing records may not be produced (0 for none)."""
+    counters: Counter[str] = Counter()
+    not_before_ms = 0
+    for text in texts:
+        task = json.loads(text)
+        not_before_ms = max(not_before_ms, task.pop(NOT_BEFORE_MS, 0))
+        counters.update(task)
+    return counters, not_before_ms
 
 
 def _run_tasks(

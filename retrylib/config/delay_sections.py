@@ -38,12 +38,13 @@ _MIN_DEFAULT_MAX_RETRY_AFTER_MS = 3_600_000
 
 def read_ahead_ms(t: Table) -> int | None:
     """`read_ahead` of [retry] or [delay_router]: how long before they are due the job reads
-    its delayed topics' records, which then wait in their task (`retrylib.task.read_ahead`)."""
+    its delayed topics' records, which then wait in their task (`retrylib.task.read_ahead`),
+    or a delay router's in its batch's produce (`retrylib.task.forwarding`)."""
     read_ahead = t.duration("read_ahead", 'read_ahead = "2s"', DEFAULT_READ_AHEAD, positive=False)
     if read_ahead is not None and read_ahead > _MAX_READ_AHEAD_MS:
         t.problems.add(
             t.path("read_ahead"),
-            "at most 1m: a record read ahead holds its task until it is due; "
+            "at most 1m: a record read ahead holds its batch until it is due; "
             'write it like "2s", or "0s" to read only what is due',
         )
         return None

@@ -57,6 +57,9 @@ class ProducePlan:
     batch_id: int
     units: int  # the routing tasks' partitions: unit ids are below it
     control_from: int  # the control topic's end before the batch's first produce
+    # Epoch ms before which no record is produced: a delay router's records read ahead are
+    # due by then (`results.NOT_BEFORE_MS`); 0 for none.
+    not_before_ms: int = 0
 
 
 _producers: Pool[UnitProducer] = Pool(MAX_PRODUCERS, lambda producer: producer.close())
@@ -149,6 +152,8 @@ def _produce_unit(plan: ProducePlan, unit: int, path: str) -> int:
             yield from reader
 
     # One that raises is not kept: it has let go of its Kafka producer already.
-    produced = producer.produce_once(plan.batch_id, records, plan.control_from)
+    produced = producer.produce_once(
+        plan.batch_id, records, plan.control_from, not_before_ms=plan.not_before_ms
+    )
     _producers.give(key, producer)
     return produced

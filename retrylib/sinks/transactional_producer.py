@@ -139,10 +139,14 @@ class UnitProducer:
 
     # -- producing ----------------------------------------------------------------------
 
-    def produce_once(self, batch_id: int, records: OutgoingRecords, since: int) -> int:
+    def produce_once(
+        self, batch_id: int, records: OutgoingRecords, since: int, *, not_before_ms: int = 0
+    ) -> int:
         """Produce the records that `records()` yields for `batch_id` unless already done.
 
         `since`: the control topic's offset before the batch's first produce (its manifest's).
+        `not_before_ms`: the transaction begins no earlier than this (epoch ms, this host's
+        clock); the producer is made and the marker checked before the wait.
         `records` is called once per attempt, inside the attempt's open transaction, and must
         return a fresh iterator of RecordBatches with the `OUTGOING_SCHEMA` columns each time;
         it is not called when the marker shows the unit was produced. The time it takes
@@ -184,6 +188,9 @@ class UnitProducer:
                         self._unit,
                     )
                     return 0
+                wait_s = not_before_ms / 1000 - time.time()
+                if wait_s > 0:
+                    time.sleep(wait_s)
                 return self._produce_transaction(batch_id, records)
             except (KafkaException, MarkerReadError) as e:
                 if isinstance(e, PartitionMissing):

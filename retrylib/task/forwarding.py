@@ -4,8 +4,9 @@ it names, as Kafka-Retry-Router does.
 A record on a delay topic (`[delay_router]`) names its destination in one header
 (`final_topic`) and when it was sent, in epoch seconds, in another (`msg_ts`). The source
 hands over the records whose Kafka timestamp is one delay old, or will be within the
-router's read-ahead (`ForwardPlan.read_ahead_ms`: the task then ends only once each is due,
-and the batch produces after its tasks); each then is:
+router's read-ahead (`ForwardPlan.read_ahead_ms`: the task tells the batch when the last it
+released is due, `results.NOT_BEFORE_MS`, and the batch's produce waits until then); each
+then is:
 
 - forwarded: sent on as it is (key, value, every header) to its destination, which must be
   a topic of the cluster other than Kafka's own "__" topics and retrylib's control topics
@@ -47,8 +48,7 @@ from retrylib.retry.outcomes import Count, ForwardCount, Reason
 from retrylib.retry.policy import due_time_ms, due_timestamp_ms
 from retrylib.sinks.outgoing_records import OutgoingBuffer
 from retrylib.source.range_reader import METADATA_TIMEOUT_S, KafkaInputPartition, read_messages
-from retrylib.task.read_ahead import DueClock
-from retrylib.task.results import OUTGOING_KIND, ResultRows
+from retrylib.task.results import NOT_BEFORE_MS, OUTGOING_KIND, ResultRows
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,8 @@ class ForwardPlan:
     batch_id: int = -1
     now_ms: int = 0
     max_record_bytes: Mapping[str, int] = field(default_factory=dict)
-    # Records due up to this long after `now_ms` are read in this batch; the task ends only
-    # once each is due, and the batch produces after its tasks end.
+    # Records due up to this long after `now_ms` are read in this batch; the batch produces
+    # them once each is due (`results.NOT_BEFORE_MS`).
     read_ahead_ms: int = 0
     # A record sent further ahead of `now_ms` than this goes to the fallback topic.
     max_timestamp_ahead_ms: int = 3_600_000
@@ -189,7 +189,7 @@ class ForwardingTask:
         self._fallback_example: str | None = None
         self._unstamped_example: str | None = None
         self._clients_before = worker_clients.opened()
-        self._last_due_ms = 0  # of the records released: the task ends once it has passed
+        self._last_due_ms = 0  # of the records released: the batch produces once it has passed
 
     def forward_range(self, topic: str, partition: int, start: int, end: int) -> None:
         """Read offsets `start` to `end` (exclusive) of delay topic `topic[partition]` and
@@ -286,10 +286,10 @@ class ForwardingTask:
             self.results.add(OUTGOING_KIND, outgoing)
 
     def finish(self) -> Iterator[pa.RecordBatch]:
-        """Waits until every record it released is due (one read ahead may not be yet: the
-        batch produces them once its tasks have ended), then yields the outgoing records not
-        yet handed over and the task's counters row."""
-        DueClock(self.plan.now_ms).sleep_until(self._last_due_ms)
+        """Yields the outgoing records not yet handed over and the task's counters row, which
+        says when the last record it released is due (`results.NOT_BEFORE_MS`): one read
+        ahead may not be yet. The batch's staging, manifest and produce tasks then overlap
+        the wait, and the produce waits out the rest."""
         self._hand_over()
         if self._fallback_example is not None:
             log.warning(
@@ -310,7 +310,10 @@ class ForwardingTask:
         if opened:
             self.counters[Count.KAFKA_CLIENTS_OPENED] = opened
         yield from self.results.drain()
-        yield self.results.counters(json.dumps(dict(self.counters)))
+        payload = dict(self.counters)
+        if self._last_due_ms > self.plan.now_ms:
+            payload[NOT_BEFORE_MS] = self._last_due_ms
+        yield self.results.counters(json.dumps(payload))
 
 
 def _header(headers: Sequence[Header], name: str) -> bytes | None:

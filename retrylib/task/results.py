@@ -10,7 +10,8 @@ Each row is one of:
   long after it was due that happened (`LATENESS_SCHEMA`);
 - `kind = "key_state"`: with `retry.key_ordered`, a key's queue as the task left it, in
   `key_state` (`key_order.KEY_STATE_SCHEMA`);
-- `kind = "counters"`: one per task, its counters as a JSON object in `counters`.
+- `kind = "counters"`: one per task, its counters as a JSON object in `counters`; a delay
+  router's task adds `NOT_BEFORE_MS` there, which is not a counter (see it).
 
 The driver writes these rows to the batch's staging folder through Spark before any effect,
 so a replayed batch reads its decisions back instead of calling the handler again. On their
@@ -32,6 +33,11 @@ OUTGOING_KIND = "staged"
 It is written to the staging folder and to the manifest's counts, which a replayed batch reads
 back, possibly in a newer version of retrylib: the value stays "staged"."""
 KINDS = ("output", "dead_letter", OUTGOING_KIND, "lateness", "key_state")
+NOT_BEFORE_MS = "not_before_ms"
+"""The key, in a task's counters object, of the epoch milliseconds before which none of the
+task's outgoing records may be produced: a delay router's records read ahead of their due
+time. The driver takes the batch's latest into its manifest (`routing_stage`), not into its
+counters, and the produce units wait for it."""
 LATENESS_SCHEMA = pa.schema(
     [
         pa.field("tier", pa.int32(), nullable=False),  # 0 = the first retry tier

@@ -21,6 +21,7 @@ from retrylib.task.forwarding import (
     sent_at_ms,
     too_far_ahead,
 )
+from retrylib.task.results import NOT_BEFORE_MS
 
 TOPICS = frozenset({"orders", "payments", "retry_5s", "__consumer_offsets"})
 DELAY_TOPICS = frozenset({"retry_5s"})  # a topic of the cluster too
@@ -124,20 +125,36 @@ class Message:
         return (1, self._sent_ms)
 
 
-def test_a_task_that_released_a_record_read_ahead_ends_once_it_is_due(
+def test_a_task_that_released_a_record_read_ahead_says_when_it_is_due_without_waiting(
     monkeypatch, forward_plan
 ) -> None:
     now_ms = int(time.time() * 1000)
-    due_ms = now_ms + 400
+    due_ms = now_ms + 60_000
     messages = [Message(0, now_ms - 5_000), Message(1, due_ms - 1_000)]
     monkeypatch.setattr(forwarding, "read_messages", lambda part, lost: iter([messages]))
     monkeypatch.setattr(ForwardingTask, "_cluster", lambda self: frozenset({"orders"}))
-    plan = dataclasses.replace(forward_plan, now_ms=now_ms, read_ahead_ms=2_000)
+    plan = dataclasses.replace(forward_plan, now_ms=now_ms, read_ahead_ms=60_000)
     task = ForwardingTask(plan)
 
     task.forward_range("delays", 0, 0, 2)
     rows = [row for batch in task.finish() for row in batch.to_pylist()]
 
-    assert time.time() * 1000 >= due_ms  # the batch produces after its tasks: never early
+    # The batch's produce waits for it (never early), overlapping its staging and set-up.
+    assert time.time() * 1000 < due_ms
     counters = json.loads(next(row["counters"] for row in rows if row["kind"] == "counters"))
+    assert counters[NOT_BEFORE_MS] == due_ms
     assert counters["forwarded"] == 2 and "requeued_not_due" not in counters
+
+
+def test_a_task_that_released_only_due_records_sets_no_time(monkeypatch, forward_plan) -> None:
+    now_ms = int(time.time() * 1000)
+    monkeypatch.setattr(
+        forwarding, "read_messages", lambda part, lost: iter([[Message(0, now_ms - 5_000)]])
+    )
+    monkeypatch.setattr(ForwardingTask, "_cluster", lambda self: frozenset({"orders"}))
+    task = ForwardingTask(dataclasses.replace(forward_plan, now_ms=now_ms, read_ahead_ms=2_000))
+
+    task.forward_range("delays", 0, 0, 1)
+    [counters] = [r["counters"] for b in task.finish() for r in b.to_pylist() if r["counters"]]
+
+    assert NOT_BEFORE_MS not in json.loads(counters)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from retrylib.batch.produce_units import spark_hash_int, spread_keys
+from retrylib.batch.produce_units import produce_plan, spark_hash_int, spread_keys
+from retrylib.batch.routing_stage import task_counters
 from retrylib.sinks.markers import marker_value, read_marker
 from retrylib.sinks.outgoing_records import OUTGOING_SCHEMA
-from retrylib.sinks.produce_units import _spool_units
+from retrylib.sinks.produce_units import ProducerSettings, _spool_units
 
 # What Spark 4.2's `hash()` gives for these ints (read off `spark.range(-3, 6)`).
 SPARK_HASHES = {
@@ -82,3 +83,27 @@ def test_a_record_the_job_did_not_sign_is_no_marker(value: bytes) -> None:
     # Plain batch numbers (what a forwarded record planted before markers were signed), a
     # made-up signature, and a real signature moved to another unit.
     assert read_marker(KEY, APP, APP.encode(), value) is None
+
+
+def test_the_batch_may_produce_once_its_tasks_last_record_read_ahead_is_due() -> None:
+    texts = [
+        '{"forwarded": 2, "not_before_ms": 1500}',
+        '{"forwarded": 3}',
+        '{"not_before_ms": 900}',
+    ]
+
+    counters, not_before_ms = task_counters(texts)
+
+    assert counters == {"forwarded": 5} and not_before_ms == 1500
+
+
+def test_the_produce_plan_waits_for_the_manifests_time() -> None:
+    manifest = {"units": 2, "control_from": 7, "not_before_ms": 1500}
+    settings = ProducerSettings("j", APP, "broker:9092", {}, {}, KEY)
+
+    plan = produce_plan(settings, manifest, 4)
+
+    assert (plan.batch_id, plan.units, plan.control_from, plan.not_before_ms) == (4, 2, 7, 1500)
+    # A manifest an earlier version wrote has no time: nothing to wait for.
+    del manifest["not_before_ms"]
+    assert produce_plan(settings, manifest, 4).not_before_ms == 0

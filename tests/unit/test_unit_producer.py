@@ -170,6 +170,30 @@ def test_one_transaction_holds_the_records_then_the_marker(kafka):
     assert headers == []
 
 
+def test_the_transaction_begins_once_the_batch_may_produce(kafka, monkeypatch):
+    # A delay router's records read ahead: the producer is made and the marker checked
+    # first, so that they overlap the wait.
+    now_s = 1_800_000_000.0
+    calls: list[str] = []
+    kafka.on_make = lambda made: setattr(made, "calls", calls)
+    monkeypatch.setattr(UnitProducer, "produced", lambda *_: calls.append("marker") or False)
+    monkeypatch.setattr(transactional_producer.time, "time", lambda: now_s)
+    monkeypatch.setattr(transactional_producer.time, "sleep", lambda s: calls.append(f"{s} s"))
+
+    producer().produce_once(3, records(1), 0, not_before_ms=int(now_s * 1000) + 1_500)
+
+    assert calls == ["metadata", "init", "marker", "1.5 s", "begin", "flush", "commit"]
+
+
+def test_a_time_already_passed_is_not_waited_for(kafka, monkeypatch):
+    waits: list[float] = []
+    monkeypatch.setattr(transactional_producer.time, "sleep", waits.append)
+
+    producer().produce_once(3, records(1), 0, not_before_ms=1_000)
+
+    assert waits == []
+
+
 def test_columns_are_taken_by_name(kafka):
     data = rows(3)
     shuffled = pa.schema([OUTGOING_SCHEMA.field(n) for n in reversed(OUTGOING_SCHEMA.names)])
