@@ -810,7 +810,7 @@ class Bench:
         produce_delayed(self.bootstrap, delay_topic, ROUTER_FINAL_TOPIC, warm, 0, "warm")
         job = Background(
             lambda: self.drive(
-                label, config, continuous=True, events=events, stop_file=stop, timers=False
+                label, config, continuous=True, events=events, stop_file=stop, timers=True
             )
         )
         wait_events(events, warm, job, key="forwarded", timeout=240)
