@@ -225,7 +225,8 @@ class ForwardingTask:
                     self.counters[Count.REQUEUED_NOT_DUE] += 1
                     self._add_outgoing(topic, partition, held.timestamp_ms, message, headers)
                     continue
-                self._last_due_ms = max(self._last_due_ms, due_time_ms(sent_ms, delay_ms))
+                due_ms = due_time_ms(sent_ms, delay_ms)
+                self._last_due_ms = max(self._last_due_ms, due_ms)
                 target = destination(
                     _header(headers, plan.target_header),
                     plan.target_header,
@@ -234,7 +235,9 @@ class ForwardingTask:
                 )
                 if isinstance(target, Forward):
                     self.counters[ForwardCount.FORWARDED] += 1
-                    self._add_outgoing(target.topic, None, plan.now_ms, message, headers)
+                    # Stamped when it is produced at the earliest: one read ahead, when due.
+                    stamp_ms = max(plan.now_ms, due_ms)
+                    self._add_outgoing(target.topic, None, stamp_ms, message, headers)
                 else:
                     self._set_aside(where, message, headers, target)
             self._hand_over()

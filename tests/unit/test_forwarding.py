@@ -143,6 +143,9 @@ def test_a_task_that_released_a_record_read_ahead_says_when_it_is_due_without_wa
     assert time.time() * 1000 < due_ms
     counters = json.loads(next(row["counters"] for row in rows if row["kind"] == "counters"))
     assert counters[NOT_BEFORE_MS] == due_ms
+    # Each forwarded record is stamped no earlier than it is due.
+    stamps = [row["staged"]["timestamp_ms"] for row in rows if row["kind"] == "staged"]
+    assert stamps == [now_ms, due_ms]
     assert counters["forwarded"] == 2 and "requeued_not_due" not in counters
 
 
