@@ -6,6 +6,8 @@ tests/integration/test_crash_recovery.py.
 
 from __future__ import annotations
 
+import threading
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -170,6 +172,16 @@ def test_one_transaction_holds_the_records_then_the_marker(kafka):
     assert headers == []
 
 
+def this_thread_sleeps(record):
+    """A `time.sleep` for a test: `record` gets this thread's sleeps. The patch reaches every
+    thread of the process (`time` is one module), and another test's thread left running
+    (a client's poll loop) must still sleep, unrecorded."""
+    sleep, test_thread = time.sleep, threading.get_ident()
+    return lambda seconds: (
+        record(seconds) if threading.get_ident() == test_thread else sleep(seconds)
+    )
+
+
 def test_the_transaction_begins_once_the_batch_may_produce(kafka, monkeypatch):
     # A delay router's records read ahead: the producer is made and the marker checked
     # first, so that they overlap the wait.
@@ -178,7 +190,9 @@ def test_the_transaction_begins_once_the_batch_may_produce(kafka, monkeypatch):
     kafka.on_make = lambda made: setattr(made, "calls", calls)
     monkeypatch.setattr(UnitProducer, "produced", lambda *_: calls.append("marker") or False)
     monkeypatch.setattr(transactional_producer.time, "time", lambda: now_s)
-    monkeypatch.setattr(transactional_producer.time, "sleep", lambda s: calls.append(f"{s} s"))
+    monkeypatch.setattr(
+        transactional_producer.time, "sleep", this_thread_sleeps(lambda s: calls.append(f"{s} s"))
+    )
 
     producer().produce_once(3, records(1), 0, not_before_ms=int(now_s * 1000) + 1_500)
 
@@ -187,7 +201,7 @@ def test_the_transaction_begins_once_the_batch_may_produce(kafka, monkeypatch):
 
 def test_a_time_already_passed_is_not_waited_for(kafka, monkeypatch):
     waits: list[float] = []
-    monkeypatch.setattr(transactional_producer.time, "sleep", waits.append)
+    monkeypatch.setattr(transactional_producer.time, "sleep", this_thread_sleeps(waits.append))
 
     producer().produce_once(3, records(1), 0, not_before_ms=1_000)
 
