@@ -51,6 +51,7 @@ from retrylib.errors import MarkerReadError, ProduceError, RetrylibError, TopicE
 from retrylib.kafka.clients import make_producer
 from retrylib.kafka.reading import produce, serve
 from retrylib.kafka.worker_clients import note_opened
+from retrylib.retry.wall_clock import sleep_until
 from retrylib.sinks.markers import marker_value, unit_produced
 from retrylib.sinks.outgoing_records import (
     Deliveries,
@@ -188,9 +189,7 @@ class UnitProducer:
                         self._unit,
                     )
                     return 0
-                wait_s = not_before_ms / 1000 - time.time()
-                if wait_s > 0:
-                    time.sleep(wait_s)
+                sleep_until(not_before_ms)
                 return self._produce_transaction(batch_id, records)
             except (KafkaException, MarkerReadError) as e:
                 if isinstance(e, PartitionMissing):

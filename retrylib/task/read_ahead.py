@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from retrylib.retry.wall_clock import sleep_until
+
 if TYPE_CHECKING:
     from retrylib.task.retry_records import Delivery
 
@@ -33,15 +35,17 @@ class DueClock:
         self._wall_s = wall_s
         self._sleep = sleep
 
+    def now_ms(self) -> float:
+        """Now, in epoch milliseconds, by this clock."""
+        return max(self._batch_now_ms, self._wall_s() * 1000)
+
     def ms_until(self, due_ms: int) -> float:
         """How long until `due_ms`; zero or less once it is due."""
-        return due_ms - max(self._batch_now_ms, self._wall_s() * 1000)
+        return due_ms - self.now_ms()
 
     def sleep_until(self, due_ms: int) -> None:
         """Return once `due_ms` is due."""
-        wait_ms = self.ms_until(due_ms)
-        if wait_ms > 0:
-            self._sleep(wait_ms / 1000)
+        sleep_until(due_ms, self.now_ms(), self._sleep)
 
 
 class WaitingRetries:
