@@ -38,6 +38,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -246,21 +247,14 @@ def make_archive(
         with tempfile.TemporaryDirectory(prefix="retrylib-class-archive-") as folder:
             script = Path(folder, "workload.py")
             script.write_text(workload)
-            try:
-                done = subprocess.run(
-                    [*run, str(script), str(Path(folder, "data"))],
-                    env={**env, "SPARK_SUBMIT_OPTS": options.strip()},
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    text=True,
-                    errors="replace",
-                    timeout=WORKLOAD_TIMEOUT_S,
-                )
-                why = f"exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
-            except subprocess.TimeoutExpired:
-                done, why = None, f"the workload ran past {WORKLOAD_TIMEOUT_S:.0f}s"
+            why = _run_workload(
+                [*run, str(script), str(Path(folder, "data"))],
+                {**env, "SPARK_SUBMIT_OPTS": options.strip()},
+            )
+        if why is None and not partial.is_file():
+            why = "the workload exited 0, but its JVM wrote no archive"
         failed = archive.with_name(f"{archive.name}.failed")
-        if done is None or done.returncode != 0 or not partial.is_file():
+        if why is not None:
             partial.unlink(missing_ok=True)
             failed.write_text(why)
             return False
@@ -275,6 +269,31 @@ def make_archive(
         for old in others[:-1]:  # a JVM that mapped one keeps its mapping
             old.unlink(missing_ok=True)
         return True
+
+
+def _run_workload(command: list[str], env: Mapping[str, str]) -> str | None:
+    """Run `command` in a session of its own: None when it exited 0, else why not. Past
+    `WORKLOAD_TIMEOUT_S` its whole process group is killed, spark-submit's JVM and the
+    Python driver under it included, not only spark-submit."""
+    with subprocess.Popen(
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=WORKLOAD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            return f"the workload ran past {WORKLOAD_TIMEOUT_S:.0f}s"
+    if process.returncode == 0:
+        return None
+    return f"exit {process.returncode}\n{out[-2000:]}{err[-4000:]}"
 
 
 def _lock_held(name: str, archive: Path) -> bool:

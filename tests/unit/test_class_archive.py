@@ -133,13 +133,25 @@ def test_a_workload_past_its_bound_counts_as_failed(env, monkeypatch):
     archive.parent.mkdir()
     monkeypatch.setattr(class_archive, "WORKLOAD_TIMEOUT_S", 0.5)
     sleeper = Path(env["SPARK_HOME"]).parent / "slow-submit"
-    sleeper.write_text("#!/bin/sh\nexec sleep 30\n")
+    # As spark-submit does, the script runs what does the work as a child of its own.
+    child_pid = Path(env["SPARK_HOME"]).parent / "child.pid"
+    sleeper.write_text(f"#!/bin/sh\nsleep 30 &\necho $! > {child_pid}\nwait\n")
     sleeper.chmod(0o755)
     started = time.monotonic()
     assert not make_archive(archive, [str(sleeper)], env)
     assert time.monotonic() - started < 10
     assert not archive.exists() and not list(archive.parent.glob("*.partial"))
     assert "ran past" in archive.with_name(f"{archive.name}.failed").read_text()
+    assert not running(int(child_pid.read_text()))
+
+
+def running(pid: int) -> bool:
+    """True while process `pid` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
 
 
 def test_a_second_maker_leaves_while_the_first_holds_the_lock(env):
