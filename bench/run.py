@@ -87,6 +87,7 @@ GOAL_BATCH_VS_BARE = 2.0
 GOAL_QUIET_TRIGGER_S = 0.3
 GOAL_START_VS_BARE = 1.2
 GOAL_ROUTER_P99_S = 1.5
+GOAL_STORM_VS_SUCCEED = 0.8  # issue 44: a storm's steady pace over the same records succeeding
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -1375,9 +1376,10 @@ class Bench:
             out.append(table([*headers, "retried", "out rows", *memory_headers], rows, title))
             succeed, storm = self.summary("storm-succeed"), self.summary("storm-fail")
             if succeed and storm:
+                steady = ratio(storm["steady"], succeed["steady"])
                 out[-1] += (
-                    "\nstorm / all succeed: steady "
-                    f"{fmt(ratio(storm['steady'], succeed['steady']), 2)}x, run "
+                    f"\nstorm / all succeed: steady {fmt(steady, 2)}x (goal >= "
+                    f"{GOAL_STORM_VS_SUCCEED}x: {_verdict(steady, GOAL_STORM_VS_SUCCEED)}), run "
                     f"{fmt(ratio(storm['rate'], succeed['rate']), 2)}x, CPU per record "
                     f"{fmt(storm['cpu_us'])} vs {fmt(succeed['cpu_us'])} us"
                 )
