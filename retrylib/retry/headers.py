@@ -20,7 +20,7 @@ import json
 import re
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from retrylib.errors import CorruptRetryHeaders
 
@@ -101,9 +101,11 @@ _INTEGER = re.compile(r"-?[0-9]+")
 Header = tuple[str, bytes | None]
 
 
-@dataclass(frozen=True)
-class RetryState:
-    """What a record on a retry topic carries about its original and its failures."""
+class RetryState(NamedTuple):
+    """What a record on a retry topic carries about its original and its failures.
+
+    A named tuple, not a frozen dataclass: a storm makes one for every failed record, and a
+    frozen dataclass's twelve fields took 2.4 us to set against 0.5 us."""
 
     job: str
     id: str
@@ -194,7 +196,7 @@ def encode_retry_headers(
     carries two. The error message is bounded to `MAX_ERROR_MESSAGE_BYTES`.
     """
     user, _ = split_headers(user_headers)
-    return user + [(name, text.encode("utf-8")) for name, text in _state_fields(state)]
+    return [*user, *zip(_STATE_NAMES, _state_values(state), strict=True)]
 
 
 def encode_dead_letter_headers(
@@ -219,20 +221,37 @@ def encode_dead_letter_headers(
     return encoded + [(name, text.encode("utf-8", errors="replace")) for name, text in extra]
 
 
-def _state_fields(state: RetryState) -> tuple[tuple[str, str], ...]:
+_STATE_NAMES = (
+    JOB,
+    ID,
+    ATTEMPT,
+    NOT_BEFORE,
+    ORIGIN_TOPIC,
+    ORIGIN_PARTITION,
+    ORIGIN_OFFSET,
+    ORIGIN_TIMESTAMP,
+    FIRST_FAILURE,
+    LAST_FAILURE,
+    ERROR_CLASS,
+    ERROR_MESSAGE,
+)
+
+
+def _state_values(state: RetryState) -> tuple[bytes, ...]:
+    """The values of the `_STATE_NAMES` headers of `state`, as UTF-8 (integers in decimal)."""
     return (
-        (JOB, state.job),
-        (ID, state.id),
-        (ATTEMPT, str(state.attempt)),
-        (NOT_BEFORE, str(state.not_before_ms)),
-        (ORIGIN_TOPIC, state.origin_topic),
-        (ORIGIN_PARTITION, str(state.origin_partition)),
-        (ORIGIN_OFFSET, str(state.origin_offset)),
-        (ORIGIN_TIMESTAMP, str(state.origin_timestamp_ms)),
-        (FIRST_FAILURE, str(state.first_failure_ms)),
-        (LAST_FAILURE, str(state.last_failure_ms)),
-        (ERROR_CLASS, bound_text(state.error_class, MAX_ERROR_MESSAGE_BYTES)),
-        (ERROR_MESSAGE, bound_text(state.error_message, MAX_ERROR_MESSAGE_BYTES)),
+        state.job.encode("utf-8"),
+        state.id.encode("utf-8"),
+        b"%d" % state.attempt,
+        b"%d" % state.not_before_ms,
+        state.origin_topic.encode("utf-8"),
+        b"%d" % state.origin_partition,
+        b"%d" % state.origin_offset,
+        b"%d" % state.origin_timestamp_ms,
+        b"%d" % state.first_failure_ms,
+        b"%d" % state.last_failure_ms,
+        bound_text(state.error_class, MAX_ERROR_MESSAGE_BYTES).encode("utf-8"),
+        bound_text(state.error_message, MAX_ERROR_MESSAGE_BYTES).encode("utf-8"),
     )
 
 
@@ -332,20 +351,29 @@ def _signature(
     # One MAC over the joined bytes: a storm signs every record, and a call per field cost
     # most of a failed record's time; the header names, the same few on every record, come
     # tagged from a cache.
-    pack = _PRESENT.pack
-    parts: list[bytes] = [_tagged_name(topic)]
+    pack, tagged = _PRESENT.pack, _tagged_name
+    parts: list[bytes] = [tagged(topic)]
     for field in (key, value):
         if field is None:
             parts.append(_ABSENT)
         else:
             parts += (pack(1, len(field)), field)
     for name, header_value in headers:
-        parts.append(_tagged_name(name))
+        parts.append(tagged(name))
         if header_value is None:
             parts.append(_ABSENT)
         else:
             parts += (pack(1, len(header_value)), header_value)
-    return hmac.digest(signing_key, b"".join(parts), "sha256").hex()
+    mac = _keyed_mac(signing_key).copy()
+    mac.update(b"".join(parts))
+    return mac.hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _keyed_mac(signing_key: bytes) -> hmac.HMAC:
+    """An HMAC-SHA256 keyed with `signing_key` and fed nothing: `_signature` copies it for
+    each record rather than derive the key's pads again (1.2 us of the 3.9 a record took)."""
+    return hmac.new(signing_key, digestmod=hashlib.sha256)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -12,6 +12,7 @@ import math
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from retrylib.config.importing import import_object
 from retrylib.config.topic_names import ANY_TOPIC
@@ -111,8 +112,7 @@ def _exception_class(name: str) -> type[BaseException]:
     return obj
 
 
-@dataclass(frozen=True)
-class RetryDecision:
+class RetryDecision(NamedTuple):
     """Send the record to retry tier `tier` (0-based), produced with `kafka_timestamp_ms`.
 
     The tier's reader releases a record once its Kafka timestamp <= now - tier delay. The
@@ -185,7 +185,7 @@ def _requested_ms(error: BaseException) -> float | None:
 def _is_non_retryable(policy: RetryPolicy, error: BaseException) -> bool:
     if isinstance(error, RetryAfter):
         return False
-    return isinstance(error, (NonRetryable, *policy.non_retryable))
+    return isinstance(error, NonRetryable) or isinstance(error, policy.non_retryable)
 
 
 def _scheduled(
@@ -256,6 +256,8 @@ def due_time_ms(timestamp_ms: int, delay_ms: int) -> int:
 
 def _jitter_ms(base_ms: int, jitter: float, record_id: str, attempt: int) -> int:
     """Return a deterministic extra delay in [0, jitter * base_ms], seeded by (id, attempt)."""
+    if not (jitter and base_ms):
+        return 0  # what the hash would give, without hashing (no jitter is the default)
     digest = hashlib.sha256(f"{record_id}\x00{attempt}".encode()).digest()
     fraction = int.from_bytes(digest[:8], "big") / 2**64
     return math.floor(fraction * jitter * base_ms)

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from retrylib.errors import CorruptRetryHeaders
@@ -169,7 +167,7 @@ def test_encoded_values_are_utf8_text_with_decimal_ints() -> None:
 
 def test_encode_replaces_old_retrylib_headers_without_duplicates() -> None:
     first = encode_retry_headers(USER, STATE)
-    later = dataclasses.replace(STATE, attempt=3, last_failure_ms=STATE.last_failure_ms + 1)
+    later = STATE._replace(attempt=3, last_failure_ms=STATE.last_failure_ms + 1)
     second = encode_retry_headers(first, later)
     names = [name for name, _ in second]
     assert len(names) == len(USER) + len(RETRY_HEADER_NAMES)
@@ -178,7 +176,7 @@ def test_encode_replaces_old_retrylib_headers_without_duplicates() -> None:
 
 
 def test_encode_bounds_a_long_error_message() -> None:
-    state = dataclasses.replace(STATE, error_message="é" * 5000)
+    state = STATE._replace(error_message="é" * 5000)
     decoded = decode_retry_state(_ours(encode_retry_headers([], state)))
     assert len(decoded.error_message.encode("utf-8")) <= MAX_ERROR_MESSAGE_BYTES
     assert decoded.error_message.endswith("bytes]")
