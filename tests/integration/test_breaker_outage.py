@@ -26,6 +26,7 @@ from helpers import (
 )
 
 RECORDS = 60
+DELAY_S = 20  # the paused job's retry tier
 
 
 def test_an_outage_trips_the_breaker_and_nothing_is_dead_lettered(
@@ -93,8 +94,10 @@ def test_a_health_check_pauses_the_job_and_nothing_is_dead_lettered_for_the_wait
         [topic],
         kafka={"source": "python"},
         # Long enough to fall due after the pause began: the first batch takes seconds
-        # after the failure before its metrics line says so.
-        retry={"delays": ["12s"], "max_attempts": 2},
+        # after the failure before its metrics line says so, and the pause begins only after
+        # that. 12 s was not always: on a CI host 1.75x slower than usual the pause began
+        # 13.9 s after the failure, and the batch planned just before it handled the retry.
+        retry={"delays": [f"{DELAY_S}s"], "max_attempts": 2},
         breaker={"health": "health_checks:dependency_up", "health_every": "500ms"},
     )
     down = tmp_path / "dependency-down"
@@ -114,10 +117,10 @@ def test_a_health_check_pauses_the_job_and_nothing_is_dead_lettered_for_the_wait
             lambda: "paused: breaker.health says down" in log_path.read_text(), 30, "the pause", job
         )
         produce(bootstrap_servers, topic, [(f"dep-{i}", "v") for i in range(5)])
-        # Until the retry is due for sure (12 s after its failure, which came before its
+        # Until the retry is due for sure (DELAY_S after its failure, which came before its
         # batch finished), and 2 s more: nothing may be read.
         failed = next(m for m in logged_metrics(log_path.read_text()) if m["main_failed"])
-        due_by = datetime.fromisoformat(failed["finished_at"]).timestamp() + 12
+        due_by = datetime.fromisoformat(failed["finished_at"]).timestamp() + DELAY_S
         time.sleep(max(0.0, due_by + 2 - time.time()))
         paused = status(capsys, config.source_path)["breaker"]
         totals = metrics_totals(log_path.read_text())
@@ -143,5 +146,5 @@ def test_a_health_check_pauses_the_job_and_nothing_is_dead_lettered_for_the_wait
     assert sorted(output) == sorted(["flaky1-0"] + [f"dep-{i}" for i in range(5)])  # each once
     assert read_table_rows(config.dead_letter.table) == 0
     assert re.search(r"resumed after \d+\.\d s paused: breaker.health says up", log)
-    # The first batch after the pause carries its length (about 12 s).
+    # The first batch after the pause carries its length (about DELAY_S).
     assert sum(m["paused_ms"] for m in logged_metrics(log)) > 5_000
