@@ -159,6 +159,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--storm-delay", default="1s", help="retry tier delay of the storm runs (1s)")
     p.add_argument(
+        "--storm-source",
+        default="auto",
+        help="kafka.source of the storm runs (auto: what a new job reads with)",
+    )
+    p.add_argument(
         "--fixed-records", type=int, default=500, help="records per batch in fixed_cost (500)"
     )
     p.add_argument(
@@ -549,7 +554,13 @@ class Bench:
         cap = a.storm_max_offsets_per_trigger
         for label, handler in STORM_RUNS:
             self.retrylib(
-                label, handler, cap=cap, topic=STORM_TOPIC, delay=a.storm_delay, may_fail=True
+                label,
+                handler,
+                cap=cap,
+                topic=STORM_TOPIC,
+                delay=a.storm_delay,
+                source=a.storm_source,
+                may_fail=True,
             )
         for memory_cap in a.storm_caps:
             if memory_cap != cap:
@@ -559,6 +570,7 @@ class Bench:
                     cap=memory_cap,
                     topic=STORM_TOPIC,
                     delay=a.storm_delay,
+                    source=a.storm_source,
                     may_fail=True,
                 )
 
@@ -1364,7 +1376,8 @@ class Bench:
             title = (
                 f"Failure storm: {a.storm_records:,} records x {a.storm_record_bytes} B, "
                 f"{a.partitions} partitions, maxOffsetsPerTrigger "
-                f"{a.storm_max_offsets_per_trigger:,}, tier delay {a.storm_delay}, input "
+                f"{a.storm_max_offsets_per_trigger:,}, tier delay {a.storm_delay}, "
+                f"kafka.source {a.storm_source}, input "
                 f"produced in {self.storm_input.get('seconds', 0):.1f}s (steady = after the "
                 "first batch; storm = every record fails once, so each is a retry record to "
                 "produce; peaks in MiB: PSS of the driver's Python process, of the JVM (the "
