@@ -56,9 +56,10 @@ def add_bytecode(archive: Path) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         rewritten = archive.with_name(f".{archive.name}.rewriting")
-        with zipfile.ZipFile(archive) as source, zipfile.ZipFile(
-            rewritten, "w", zipfile.ZIP_DEFLATED
-        ) as target:
+        with (
+            zipfile.ZipFile(archive) as source,
+            zipfile.ZipFile(rewritten, "w", zipfile.ZIP_DEFLATED) as target,
+        ):
             for entry in source.infolist():
                 data = source.read(entry)
                 target.writestr(entry, data)
