@@ -116,6 +116,8 @@ def _start_prepared(
             "server runs: read the query's progress or the metrics table instead"
         )
     checkpoint = Checkpoint(config.job.checkpoint)
+    for uri in checkpoint.remove_unfinished_spark_log_files(spark):
+        log.warning("removed %s: Spark was writing it when the job last stopped", uri)
     position = checkpoint.check_offsets_log(spark)
     kind = kind_of(config)
     kind.refuse_stranded(position)

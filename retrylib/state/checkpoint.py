@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 STAGING_FOLDER = "staged"
 """The folder of the batches' staging folders. A replayed batch reads its own back, possibly
 in a newer version of retrylib: the name stays "staged"."""
+_SPARK_TEMPORARY = re.compile(r"\.?\.[0-9]+\.[0-9a-f-]+\.tmp(\.crc)?")
+"""A Spark log file being written (`.<N>.<uuid>.tmp`), and its checksum (`..<N>.<uuid>.tmp.crc`)."""
 MANIFESTS_KEPT = 20
 KEY_ORDER_KEPT = 2  # the newest, and the one before it should the newest be unreadable
 
@@ -182,6 +184,21 @@ class Checkpoint:
             raise RetrylibError(
                 f"Spark's offsets file {error.uri} is damaged ({error.reason}): {fix}"
             ) from error
+
+    def remove_unfinished_spark_log_files(self, spark: SparkSession | None) -> list[str]:
+        """Remove what a process killed while Spark wrote its offsets or commits log left:
+        the file under its temporary name (`.<N>.<uuid>.tmp`) and its checksum. Spark writes a
+        log file under such a name and renames it once complete, so one is never state; but
+        Spark 4.2 counts one in `offsets/` as a started batch 0 and refuses the query on every
+        start. Call only while holding the job's lease. Returns the files removed."""
+        removed = []
+        for folder in ("offsets", "commits"):
+            uri = join(self.spark, folder)
+            for name in list_names(spark, uri):
+                if _SPARK_TEMPORARY.fullmatch(name):
+                    delete_tree(spark, join(uri, name))
+                    removed.append(join(uri, name))
+        return removed
 
     def _last_in_spark_log(self, spark: SparkSession | None, folder: str) -> int | None:
         """The highest batch id with a file in Spark's log `folder` ("offsets", "commits")."""

@@ -79,3 +79,26 @@ def test_a_damaged_offsets_file_of_a_routed_batch_must_be_restored(tmp_path: Pat
     with pytest.raises(RetrylibError, match="no version line") as raised:
         checkpoint.check_offsets_log(None)
     assert "batch 4 was routed from it: restore the file from a backup" in str(raised.value)
+
+
+def test_a_spark_log_file_left_half_written_is_removed_and_complete_ones_kept(
+    tmp_path: Path,
+) -> None:
+    # What a kill while Spark wrote batch 0's offsets left (CI, a kill at after_query_start):
+    # Spark 4.2 would refuse every start with STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY.
+    checkpoint = Checkpoint(str(tmp_path))
+    offsets, commits = Path(checkpoint.spark) / "offsets", Path(checkpoint.spark) / "commits"
+    offsets.mkdir(parents=True)
+    commits.mkdir()
+    temporary = ".1.f3bfa28c-25fd-41cf-a4a5-6b4c94428787.tmp"
+    kept = ["0", ".0.crc", "1"]
+    for name in [*kept, temporary, f".{temporary}.crc"]:
+        (offsets / name).write_text(OFFSETS if name.isdigit() else "")
+    (commits / ".0.0a1b2c3d-0000-4000-8000-000000000000.tmp").write_text("")
+
+    removed = checkpoint.remove_unfinished_spark_log_files(None)
+
+    assert len(removed) == 3
+    assert sorted(p.name for p in offsets.iterdir()) == sorted(kept)
+    assert list(commits.iterdir()) == []
+    assert checkpoint.check_offsets_log(None) == {("orders", 0): 42}
