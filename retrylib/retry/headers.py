@@ -372,8 +372,8 @@ def _signature(
 @functools.lru_cache(maxsize=8)
 def _keyed_mac(signing_key: bytes) -> hmac.HMAC:
     """An HMAC-SHA256 keyed with `signing_key` and fed nothing: `_signature` copies it for
-    each record rather than derive the key's pads again (a 1.6 KB record is signed in 2.3 us
-    so, against 4.2 us with `hmac.digest`)."""
+    each record rather than derive the key's pads again (a 1.6 KB record is signed this way in
+    2.3 us, against 4.2 us with `hmac.digest`)."""
     return hmac.new(signing_key, digestmod=hashlib.sha256)
 
 

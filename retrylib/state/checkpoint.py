@@ -196,8 +196,9 @@ class Checkpoint:
             uri = join(self.spark, folder)
             for name in list_names(spark, uri):
                 if _SPARK_TEMPORARY.fullmatch(name):
-                    delete_tree(spark, join(uri, name))
-                    removed.append(join(uri, name))
+                    path = join(uri, name)
+                    delete_tree(spark, path)
+                    removed.append(path)
         return removed
 
     def _last_in_spark_log(self, spark: SparkSession | None, folder: str) -> int | None:
