@@ -23,7 +23,11 @@ assert_df_equality, row order ignored):
   non-retryable ones (attempts = 1), once each; the dead-letter topic likewise;
 - the retry tiers: no (record id, attempt) twice, and no attempt past what the record needs;
 - every input record accounted for: in the output, dead-lettered, or (if a check runs
-  before the drain finished) waiting in a retry tier.
+  before the drain finished) waiting in a retry tier;
+- the file a run planted before the first start that reaches the query (what a kill while
+  Spark wrote batch 0's offsets leaves: `spark/offsets/.0.<uuid>.tmp`, on a local disk with
+  its checksum) was removed by a start, which logged it. Spark 4.1+ refuses a first batch
+  while that folder holds anything, so a kill landing in that write wedged every later start.
 
 Run by hand for a soak:  .venv/bin/python tests/faults/harness.py --rounds 40 --seed 7
 pytest uses `FaultHarness` and `plan_rounds` (tests/integration/test_crash_recovery.py).
@@ -42,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -53,6 +58,8 @@ import pyarrow as pa
 from retrylib.dev.broker import EmbeddedBroker
 from retrylib.kafka.clients import ensure_topics, make_admin, make_producer
 from retrylib.retry.headers import ATTEMPT, ATTEMPTS, DEAD_LETTER_REASON, ID, record_id
+from retrylib.state.checkpoint import Checkpoint
+from retrylib.state.files import list_names
 from retrylib.steps import BATCH_STEPS, START_STEPS, STEPS
 
 # tests/, for the helpers shared by the tests, when this file runs as a script
@@ -535,6 +542,7 @@ class FaultHarness:
         self.calls_log = self.workdir / "calls.log"
         self.broker = EmbeddedBroker(data_dir=self.workdir / "broker")
         self._process: subprocess.Popen[bytes] | None = None
+        self.planted: tuple[int, str] | None = None  # the round it preceded, the file's name
 
     # -- setting up -----------------------------------------------------------------------
 
@@ -655,9 +663,23 @@ class FaultHarness:
             return 25.0
         return sorted(self.startup_seconds)[len(self.startup_seconds) // 2]
 
+    def _plant_unfinished_offsets(self) -> str:
+        """Leave in the checkpoint what a kill while Spark wrote batch 0's offsets leaves (a
+        CI run's kill at after_query_start did): the file under Spark's temporary name, empty,
+        with its checksum where the file system keeps one (Hadoop's local one does, HDFS does
+        not). Returns its name."""
+        name = f".0.{uuid.uuid4()}.tmp"
+        spark = tests_session()
+        folder = Checkpoint(f"{self.job.state_here}/checkpoint").spark
+        path = spark._jvm.org.apache.hadoop.fs.Path(f"{folder}/offsets/{name}")
+        path.getFileSystem(spark._jsc.hadoopConfiguration()).create(path, False).close()
+        return name
+
     def run_round(self, index: int, spec: Round) -> Outcome:
         if spec.point not in BEFORE_QUERY:  # a round that crashes before it reads no records
             self.produce_wave()
+            if self.planted is None:
+                self.planted = (index, self._plant_unfinished_offsets())
         if self.other_state_name is not None:
             self.job.name_state(self.other_state_name if index % 2 else self.state)
         log = self.workdir / f"round-{index:02d}-{spec.name.replace(':', '-')}.log"
@@ -788,8 +810,23 @@ class FaultHarness:
         first broken part, with the tails of the round logs."""
         try:
             self.job.check(spark)
+            self._check_planted_removed()
         except AssertionError as e:
             raise AssertionError(f"{e}\n\n{self.report.summary()}\n\n{self.log_tails()}") from e
+
+    def _check_planted_removed(self) -> None:
+        if self.planted is None:
+            return
+        index, name = self.planted
+        removed = re.compile(rf"removed \S*/offsets/{re.escape(name)}: Spark was writing it")
+        logs = [o.log.read_text(errors="replace") for o in self.report.outcomes[index:]]
+        assert any(removed.search(text) for text in logs), (
+            f"no start after round {index} logged removing offsets/{name}, which the harness "
+            "planted before it"
+        )
+        offsets = Checkpoint(f"{self.job.state_here}/checkpoint").spark + "/offsets"
+        left = [n for n in list_names(tests_session(), offsets) if name in n]
+        assert not left, f"{left} still in {offsets}"
 
     def log_tails(self, lines: int = 25) -> str:
         parts = []
