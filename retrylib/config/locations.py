@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
+import re
 from collections.abc import Mapping
 
 from retrylib.config.table_ref import TableRef, is_uri
 from retrylib.config.values import Problems, Table
 from retrylib.errors import ConfigError
+
+_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "abfss": "abfs", "wasbs": "wasb"}
+"""Schemes that name one store's places through another connector, or over TLS: `s3a://b/x`
+and `s3://b/x` are one object."""
+_SLASHES = re.compile(r"/{2,}")
+_LOCAL_HOSTS = ("", "localhost")
 
 _LOCATIONS = (
     ("job", "checkpoint"),
@@ -33,7 +41,7 @@ def check_locations(problems: Problems, tables: Mapping[str, Table], local_folde
         if location is None:
             continue
         dotted = f"{section}.{key}"
-        where = _location_id(location)
+        where = location_id(location)
         problems.claim(owners, dotted, where, "the checkpoint and each table need their own")
         if section == "job" or _is_path(location):
             paths.append((dotted, where))
@@ -74,11 +82,26 @@ def _unusable_folder(path: str) -> str | None:
     return None
 
 
-def _location_id(location: str) -> str:
-    """`location` in a form where equal places compare equal (absolute for local paths)."""
-    if "://" in location:
-        return location.rstrip("/")
-    return os.path.normpath(os.path.abspath(location))
+def location_id(location: str) -> str:
+    """`location` in one spelling per place, so that equal places compare equal: a local path
+    (a plain one, or a `file:` URI) absolute with its symlinks resolved, a URI's scheme folded
+    with its aliases (`s3a`, `s3n` -> `s3`), and no doubled, trailing or `.`/`..` parts.
+
+    What the spelling alone cannot tell, such as a plain path that Spark resolves against an
+    HDFS default file system, Hadoop tells (`retrylib.state.files.qualified_location`, which
+    gives its answer through this function too).
+    """
+    if not is_uri(location):
+        return os.path.realpath(location)
+    scheme, rest = location.split(":", 1)
+    scheme = _SCHEME_ALIASES.get(scheme.lower(), scheme.lower())
+    authority = ""
+    if rest.startswith("//"):
+        authority, _, rest = rest[2:].partition("/")
+    path = posixpath.normpath(_SLASHES.sub("/", f"/{rest}"))
+    if scheme == "file" and authority in _LOCAL_HOSTS:
+        return os.path.realpath(path)
+    return f"{scheme}://{authority}{path}"
 
 
 def _is_path(table: str) -> bool:

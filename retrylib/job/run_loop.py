@@ -52,11 +52,11 @@ def run(config: AnyConfig, *, available_now: bool = False, master: str | None = 
             preparing.add_done_callback(_release_taken)
             raise
         prepared = preparing.result()
-    lease = prepared.lease
     with stop_requests(spark) as stop_requested:
         query, batch_commit = start_query(
             spark, config, available_now=available_now, prepared=prepared
         )
+        lease = batch_commit.lease  # the lease of the checkpoint's place (`lease_of_place`)
         try:
             try:
                 while (

@@ -1,6 +1,7 @@
 """Starting a job's streaming query: its topics made ready and its runner lease taken (while
-Spark starts), then its checkpoint read, and the query started while its tables are made
-and the executors' Python workers start."""
+Spark starts), the lease made sure of once Spark tells where the checkpoint is, then its
+checkpoint read, and the query started while its tables are made and the executors' Python
+workers start."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def prepare_topics(config: AnyConfig) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Prepared:
-    """What a start needs before Spark: the job's topics, ready, and the runner lease."""
+    """What a start needs before Spark: the job's topics, ready, and the runner lease of the
+    checkpoint as its spelling tells (`lease_of_place` makes sure of it once Spark runs)."""
 
     partitions: dict[str, int]  # of every retry, dead-letter and control topic
     lease: RunnerLease
@@ -59,18 +61,11 @@ class Prepared:
 def prepare_to_run(config: AnyConfig) -> Prepared:
     """Prepare the job's topics (`prepare_topics`: a missing main topic is named first),
     then take the lease of its checkpoint (`retrylib.kafka.runner_lease`), held on its
-    control topic. Raises `LeaseHeld` naming the copy that runs the job now."""
+    control topic, keyed on the checkpoint's place as far as its spelling tells. Raises
+    `LeaseHeld` naming the copy that runs the job now."""
     partitions = prepare_topics(config)
     steps.reached("after_topics", steps.STARTING)
-    kafka = config.kafka
-    lease = take_lease(
-        kafka.bootstrap_servers,
-        kafka.client_options(),
-        make_admin(kafka.bootstrap_servers, kafka.client_options()),
-        topic=produced_topic(config.job.name),
-        group=runner_group(config.job.name, config.job.checkpoint),
-        what=f"job {config.job.name!r}",
-    )
+    lease = _take_runner_lease(config, config.job.checkpoint)
     steps.reached("after_lease", steps.STARTING)
     return Prepared(partitions, lease)
 
@@ -94,17 +89,52 @@ def start_query(
     """
     if prepared is None:
         prepared = prepare_to_run(config)
+    lease = prepared.lease
     try:
-        return _start_prepared(spark, config, prepared, available_now, on_result)
+        lease = lease_of_place(spark, config, lease)
+        return _start_prepared(spark, config, prepared.partitions, lease, available_now, on_result)
     except BaseException:
+        lease.release()
         prepared.lease.release()
         raise
+
+
+def lease_of_place(spark: SparkSession, config: AnyConfig, lease: RunnerLease) -> RunnerLease:
+    """The runner lease of the place the checkpoint is, as Spark's file system names it, before
+    anything in the checkpoint is read or written: `lease` itself when its spelling already
+    told that place, else that place's lease, taken before `lease` is let go.
+
+    A plain path on a cluster whose default file system is HDFS, or a spelling its Hadoop
+    names otherwise, costs the start this second lease's rebalance. Raises `LeaseHeld` when
+    another copy runs from the same place under another spelling.
+    """
+    place = Checkpoint(config.job.checkpoint).place(spark)
+    if runner_group(config.job.name, place) == lease.group:
+        return lease
+    log.info("the checkpoint %s is at %s: taking that place's lease", config.job.checkpoint, place)
+    place_lease = _take_runner_lease(config, place)
+    lease.release()
+    return place_lease
+
+
+def _take_runner_lease(config: AnyConfig, checkpoint: str) -> RunnerLease:
+    """The job's runner lease for the checkpoint at `checkpoint`, held on its control topic."""
+    kafka = config.kafka
+    return take_lease(
+        kafka.bootstrap_servers,
+        kafka.client_options(),
+        make_admin(kafka.bootstrap_servers, kafka.client_options()),
+        topic=produced_topic(config.job.name),
+        group=runner_group(config.job.name, checkpoint),
+        what=f"job {config.job.name!r}",
+    )
 
 
 def _start_prepared(
     spark: SparkSession,
     config: AnyConfig,
-    prepared: Prepared,
+    partitions: dict[str, int],
+    lease: RunnerLease,
     available_now: bool,
     on_result: Callable[[BatchResult], None] | None,
 ) -> tuple[StreamingQuery, BatchCommit]:
@@ -137,13 +167,13 @@ def _start_prepared(
         make_tables()
     parts = BatchCommitParts(
         job=job,
-        partitions=prepared.partitions,
+        partitions=partitions,
         app_id=app_id,
         signing_key=signing_key,
         units=flavour_of(spark).default_parallelism(spark),
     )
     batch_commit = make_batch_commit(
-        parts, spark, on_result=on_result, lease=prepared.lease, runs_batches=runs_batches
+        parts, spark, on_result=on_result, lease=lease, runs_batches=runs_batches
     )
     try:
         if runs_batches:

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from retrylib.config.locations import location_id
 from retrylib.config.topic_names import CONTROL_TOPIC_PREFIX
 from retrylib.errors import LeaseHeld, TopicError
 from retrylib.kafka.clients import make_consumer, partition_counts
@@ -43,10 +44,9 @@ _TAKE_WAIT_S = (LEASE_SESSION_TIMEOUT_MS + _MAX_POLL_INTERVAL_MS) / 1000 + 15
 
 
 def runner_group(job_name: str, checkpoint: str) -> str:
-    """The lease group of the job running from `checkpoint` (as the config names it; a
-    local path made absolute): one runner per checkpoint."""
-    where = checkpoint if "://" in checkpoint else os.path.abspath(checkpoint)
-    digest = hashlib.sha256(where.encode()).hexdigest()[:16]
+    """The lease group of the job running from `checkpoint`: one runner per place, however
+    it is spelled (`location_id`: symlinks, scheme aliases, trailing slashes)."""
+    digest = hashlib.sha256(location_id(checkpoint).encode()).hexdigest()[:16]
     return f"{CONTROL_TOPIC_PREFIX}{job_name}.runner.{digest}"
 
 

@@ -38,6 +38,7 @@ from retrylib.state.files import (
     delete_tree,
     join,
     list_names,
+    qualified_location,
     read_json,
     read_text,
     replace_json,
@@ -60,6 +61,11 @@ class Checkpoint:
     """The checkpoint at `root` (the config's `job.checkpoint`); see the module docstring."""
 
     root: str
+
+    def place(self, spark: SparkSession) -> str:
+        """Where the checkpoint is, one spelling per place (`qualified_location`): what the
+        job's runner lease is keyed on."""
+        return qualified_location(spark, self.root)
 
     @property
     def spark(self) -> str:

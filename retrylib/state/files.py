@@ -40,6 +40,7 @@ import shutil
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from retrylib.config.locations import location_id
 from retrylib.config.table_ref import is_uri
 from retrylib.errors import DamagedFile, RetrylibError
 from retrylib.spark.flavour import flavour_of
@@ -79,6 +80,20 @@ def _hadoop(spark: SparkSession | None, uri: str) -> tuple[Any, Any]:
     if spark is None:
         raise RetrylibError(f"{uri}: a URI needs a Spark session to be read or written")
     return flavour_of(spark).hadoop_file(spark, uri)
+
+
+def qualified_location(spark: SparkSession, uri: str) -> str:
+    """Where `uri` is, in the one spelling `location_id` gives each place: a plain path
+    resolved against Spark's default file system (`/x` and `hdfs://nn:8020/x` are one folder
+    where that is `hdfs://nn:8020`), the file system's own name for itself (a NameNode with its
+    default port), a local file with its symlinks resolved."""
+    if on_driver_disk(spark, uri):
+        return location_id(uri)
+    fs, path = _hadoop(spark, uri)
+    canonical = fs.getCanonicalUri()
+    qualified = fs.makeQualified(path).toUri()
+    authority = canonical.getAuthority() or ""
+    return location_id(f"{canonical.getScheme()}://{authority}{qualified.getPath()}")
 
 
 def _java_error(error: Exception, class_name: str) -> bool:

@@ -27,6 +27,7 @@ from helpers import (
 )
 
 from retrylib.config.loader import load_config
+from retrylib.config.model import Config
 from retrylib.errors import TopicError
 from retrylib.job import start_query
 
@@ -164,8 +165,9 @@ def names(observed: dict) -> list[str]:
 def test_sigterm_stops_after_the_batch_and_exits_zero(
     bootstrap_servers, make_topic, write_config, capsys, tmp_path
 ):
-    """A running job: a second copy of it is refused at start and the first goes on; SIGTERM
-    then stops it after its batch."""
+    """A running job: a second copy of it is refused at start, under the checkpoint's own
+    spelling and under others of the same folder (through a symlink, with a trailing slash,
+    as a `file:` URI), and the first goes on; SIGTERM then stops it after its batch."""
     topic = make_topic("orders", partitions=2)
     produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
     config = write_config([topic], kafka={"max_offsets_per_trigger": 50})  # a long backlog
@@ -174,10 +176,18 @@ def test_sigterm_stops_after_the_batch_and_exits_zero(
     with running_job(command, job_env(), log_path) as job:
         table = config.output.table
         written = wait_for_rows(job, log_path, table, lambda rows: rows > 0, 180)
-        code, _, err = run_cli(capsys, "run", config.source_path)
-        assert_one_error_line(
-            code, err, "job 'itest': another copy holds the lease", f" pid={job.pid} since="
-        )
+        (tmp_path / "link").symlink_to(tmp_path)
+        for spelling in (
+            config.job.checkpoint,
+            f"{tmp_path}/link/checkpoint",
+            f"{config.job.checkpoint}/",
+            f"file://{tmp_path}/link/./checkpoint",
+        ):
+            copy = spelled_copy(config, tmp_path / "copies", spelling)
+            code, _, err = run_cli(capsys, "run", str(copy))
+            assert_one_error_line(
+                code, err, "job 'itest': another copy holds the lease", f" pid={job.pid} since="
+            )
         wait_for_rows(job, log_path, table, lambda rows: rows > written, 60)
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=120)
@@ -198,6 +208,18 @@ def test_sigterm_stops_after_the_batch_and_exits_zero(
     assert len(noise) == 1, "\n".join(noise)
     assert "; the next start goes on from there" in after_signal, after_signal[-3000:]
     assert read_table_rows(config.output.table) < 2000  # it stopped with a backlog left
+
+
+def spelled_copy(config: Config, folder: Path, checkpoint: str) -> Path:
+    """A copy of `config`'s file in `folder` that spells its checkpoint `checkpoint`."""
+    source = Path(config.source_path)
+    folder.mkdir(exist_ok=True)
+    copy = folder / f"{len(list(folder.iterdir()))}-{source.name}"
+    text = source.read_text()
+    spelled = text.replace(f'"{config.job.checkpoint}"', json.dumps(checkpoint))
+    assert spelled != text or checkpoint == config.job.checkpoint
+    copy.write_text(spelled)
+    return copy
 
 
 def test_sigterm_while_a_handler_hangs_cancels_its_batch_at_the_stop_timeout(

@@ -14,10 +14,20 @@ sweep in test_crash_recovery.py takes every point).
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import (
+    REPO,
+    assert_one_error_line,
+    job_env,
+    produce,
+    run_cli,
+    running_job,
+    wait_for_rows,
+)
 
 from retrylib.state.files import claim_json, list_names, read_json, replace_json
 
@@ -106,3 +116,43 @@ def test_exactly_once_on_hdfs_named_by_plain_paths_and_uris_across_a_crash_at_ea
     created = hdfs.created_files(f"{state}/checkpoint/retrylib/")
     assert any("signing_key.json.tmp-" in name for name in created), created
     assert not [name for name in created if name.endswith(".json")], created
+
+
+def test_a_copy_naming_the_checkpoint_by_its_hdfs_uri_is_refused_while_one_runs_on_plain_paths(
+    hdfs, tmp_path, bootstrap_servers, make_topic, write_config, capsys
+):
+    """EMR's two spellings of one folder: a job started through spark-submit.sh with plain
+    paths (`fs.defaultFS` HDFS) holds the lease of its checkpoint's place, which Hadoop names;
+    a copy naming that folder by its `hdfs://` URI is refused at start, in the lease's line,
+    and the first goes on."""
+    topic = make_topic("orders", partitions=2)
+    produce(bootstrap_servers, topic, [(f"ok-{i}", "v") for i in range(2000)])
+    state = str(tmp_path / "spelled")
+    config = write_config(
+        [topic],
+        kafka={"max_offsets_per_trigger": 50},  # a long backlog
+        job={"checkpoint": f"{state}/checkpoint"},
+        output={"table": f"{state}/out"},
+        dead_letter={"table": f"{state}/dlq"},
+    )
+    extra = f"--master local[2] --conf spark.hadoop.fs.defaultFS={hdfs.uri}"
+    command = [str(REPO / "spark-submit.sh"), config.source_path]
+    log_path = tmp_path / "job.log"
+    with running_job(command, job_env({"RETRYLIB_SPARK_EXTRA": extra}), log_path) as job:
+        table = f"{hdfs.uri}{state}/out"
+        written = wait_for_rows(job, log_path, table, lambda rows: rows > 0, 240)
+        copy = tmp_path / "by-uri.toml"
+        copy.write_text(
+            Path(config.source_path).read_text().replace(f'"{state}/', f'"{hdfs.uri}{state}/')
+        )
+        code, _, err = run_cli(capsys, "run", str(copy))
+        assert_one_error_line(code, err, "job 'itest': another copy holds the lease")
+        wait_for_rows(job, log_path, table, lambda rows: rows > written, 120)
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=120)
+    log = log_path.read_text()
+    assert job.returncode == 0, log[-3000:]
+    # The first copy's spelling told no place (a plain path): it took the lease of the place
+    # Hadoop named before it touched the checkpoint.
+    assert re.search(f"is at hdfs://[^/]+{state}/checkpoint: taking that place's lease", log), log
+    assert not Path(state).exists()  # every file of both copies went to HDFS
