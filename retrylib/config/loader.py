@@ -22,6 +22,7 @@ from retrylib.config.delay_sections import check_key_order, read_delay_router, r
 from retrylib.config.import_checks import check_callable, check_exception_classes
 from retrylib.config.locations import check_locations
 from retrylib.config.model import AnyConfig, Config, DelayRouterJobConfig
+from retrylib.config.placeholders import placeholders
 from retrylib.config.secrets import OPTION_TABLES
 from retrylib.config.sections import (
     read_breaker,
@@ -132,6 +133,10 @@ def _parse(
         return None, problems
     _apply_overrides(data, overrides, problems)
     data = _interpolate(data, "", problems)
+    for key, placeholder in placeholders(data):
+        problems.add(
+            key, f"still holds the placeholder {placeholder}: replace it with your own value"
+        )
     config = _build(
         Table(problems, "", data), check_imports, local_folders, str(Path(path).resolve())
     )

@@ -257,12 +257,52 @@ def test_offline_leaves_out_the_broker_and_the_local_folders_of_a_cluster_config
     assert "--offline looks at no broker and no table" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("config", ["deploy/databricks/conf/orders.toml", "deploy/emr/orders.toml"])
-def test_offline_passes_the_shipped_cluster_configs_as_written(config, capsys, monkeypatch):
+def test_offline_passes_the_bundle_config_whose_values_come_from_the_cluster(capsys, monkeypatch):
     for name in [name for name in os.environ if name.startswith("RETRYLIB_")]:
         monkeypatch.delenv(name)  # set on the cluster, not here
+    config = REPO / "deploy/databricks/conf/orders.toml"
 
-    assert main(["check", str(REPO / config), "--offline"]) == EXIT_OK, capsys.readouterr().err
+    assert main(["check", str(config), "--offline"]) == EXIT_OK, capsys.readouterr().err
     out = capsys.readouterr().out
-    if "databricks" in config:
-        assert "RETRYLIB_STORAGE_ROOT" in out and "taken as set where the job runs" in out
+    assert "RETRYLIB_STORAGE_ROOT" in out and "taken as set where the job runs" in out
+
+
+def test_offline_refuses_the_emr_config_until_its_placeholders_are_edited(tmp_path, capsys):
+    """One line per key still holding a YOUR-... placeholder, naming the key and the
+    placeholder; the same file edited passes."""
+    shipped = (REPO / "deploy/emr/orders.toml").read_text()
+
+    assert main(["check", str(REPO / "deploy/emr/orders.toml"), "--offline"]) == EXIT_CONFIG
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: {key}: still holds the placeholder {placeholder}: replace it with your own value"
+        for key, placeholder in [
+            ("job.checkpoint", "YOUR-BUCKET"),
+            ("kafka.bootstrap_servers", "YOUR-BROKER-1"),
+            ("output.table", "YOUR-BUCKET"),
+            ("dead_letter.table", "YOUR-BUCKET"),
+            ("metrics.table", "YOUR-BUCKET"),
+        ]
+    ]
+    edited = tmp_path / "orders.toml"
+    edited.write_text(shipped.replace("YOUR-BUCKET", "my-bucket").replace("YOUR-BROKER-", "b"))
+    assert main(["check", str(edited), "--offline"]) == EXIT_OK, capsys.readouterr().err
+
+
+def test_a_placeholder_is_refused_wherever_it_is_and_from_the_environment(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("RETRYLIB_TEST_BROKERS", "YOUR-BROKER:9092")
+    path = write(
+        tmp_path,
+        kafka={
+            "topics": ["orders", "YOUR-TOPIC"],
+            "bootstrap_servers": "${env:RETRYLIB_TEST_BROKERS}",
+        },
+    )
+
+    assert main(["check", str(path), "--offline"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "error: kafka.topics[1]: still holds the placeholder YOUR-TOPIC" in err
+    assert "error: kafka.bootstrap_servers: still holds the placeholder YOUR-BROKER:" in err
+    assert main(["run", str(path)]) == EXIT_CONFIG  # the job refuses it too

@@ -24,14 +24,14 @@ import re
 import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
+from retrylib.config.placeholders import placeholder_in
 from retrylib.ops.cli import script_main
 
 ENV = "--env"
 SECRET_ENV = "--secret-env"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # as ${env:NAME} in the config
-# databricks.yml's defaults of the variables the user must give: RETRYLIB_<NAME> carries
-# the bundle variable <name>.
-_PLACEHOLDER = "YOUR-"
+# databricks.yml's defaults of the variables the user must give are placeholders
+# (retrylib.config.placeholders): RETRYLIB_<NAME> carries the bundle variable <name>.
 _BUNDLE_PREFIX = "RETRYLIB_"
 
 
@@ -73,7 +73,7 @@ def placeholder_errors(environ: Mapping[str, str]) -> list[str]:
         f"{name} is the bundle's placeholder {value!r}: deploy with --var "
         f"{name.removeprefix(_BUNDLE_PREFIX).lower()}=<yours> (deploy/README.md)"
         for name, value in sorted(environ.items())
-        if name.startswith(_BUNDLE_PREFIX) and _PLACEHOLDER in value
+        if name.startswith(_BUNDLE_PREFIX) and placeholder_in(value)
     ]
 
 
