@@ -407,6 +407,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else EXIT_CONFIG
     configure_logging()
+    if _uses_spark(args):
+        from retrylib.spark.requirement import driver_pyspark_version, spark_version_problem
+
+        problem = spark_version_problem(driver_pyspark_version())
+        if problem:
+            _out(f"error: {problem}", sys.stderr)
+            return EXIT_CONFIG
     try:
         return _COMMANDS[args.command](args)
     except ConfigError as e:
@@ -424,6 +431,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = str(e).strip()
         _out(f"error: Spark: {spark_error_line(text) if text else type(e).__name__}", sys.stderr)
         return EXIT_FAILED
+
+
+def _uses_spark(args: argparse.Namespace) -> bool:
+    """True for a command that starts or joins a Spark session."""
+    return args.command in ("run", "status", "redrive", "demo") or (
+        args.command == "check" and args.tables
+    )
 
 
 _TRACEBACK = "Traceback (most recent call last):"
