@@ -3,11 +3,16 @@
 # the interpreter's path in /etc/retrylib/python (submit.sh points Spark at it), and the
 # repository (jobs/, deploy/emr/submit.sh) on the primary node.
 #
-#   bootstrap.sh s3://my-bucket/retrylib/artifacts [PYTHON]
+#   bootstrap.sh [--wheels s3://my-bucket/retrylib/wheelhouse/] s3://my-bucket/retrylib/artifacts [PYTHON]
 #
-# expects under that prefix:
+# expects under the artifacts prefix:
 #   wheels/*.whl          the retrylib wheel and the handler package's wheel
 #   retrylib-src.tar.gz   the repository (git archive --format=tar.gz HEAD)
+#
+# Their dependencies (confluent-kafka, pyarrow, pandas, the handler's own) and Delta's
+# Python package come from PyPI, or with --wheels from that folder alone (pip --no-index
+# --find-links): a node in a private subnet reaches S3 but no PyPI. deploy/README.md says
+# how to stage that folder (pip download, for the nodes' Python and platform).
 #
 # PYTHON (default python3.11) is a name or path; AL2023's python3 is 3.9 for the life of
 # the distribution, too old for retrylib, so a missing python3.N is installed with dnf
@@ -15,12 +20,18 @@
 # worker whose minor version differs from the driver's.
 #
 # pyspark is not installed: the cluster's Spark provides it. The wheels are installed with
-# their dependencies (confluent-kafka, pyarrow, pandas, the handler's own); Delta's Python
-# package without them, at the cluster's Delta version (DELTA_VERSION below), since its
-# pyspark requirement is the cluster's Spark. Delta's jars come with the step's --packages.
+# their dependencies; Delta's Python package without them, at the cluster's Delta version
+# (DELTA_VERSION below), since its pyspark requirement is the cluster's Spark. Delta's jars
+# are the cluster's own (cluster.json: the delta-defaults classification).
 set -euo pipefail
 
-artifacts=${1:?usage: bootstrap.sh s3://bucket/prefix [python3.11]}
+usage="usage: bootstrap.sh [--wheels s3://bucket/wheelhouse/] s3://bucket/prefix [python3.11]"
+wheelhouse=
+if [[ ${1:-} == --wheels ]]; then
+  wheelhouse=${2:?$usage}
+  shift 2
+fi
+artifacts=${1:?$usage}
 python=${2:-python3.11}
 delta_version=4.0.0 # emr-spark-8.0.0 ships Delta 4.0.0
 instance_info=${RETRYLIB_INSTANCE_INFO:-/mnt/var/lib/info/instance.json}
@@ -43,9 +54,14 @@ if [[ ${version%%.*} -lt 3 || ( ${version%%.*} -eq 3 && ${version#*.} -lt 11 ) ]
 fi
 "$python" -m pip --version >/dev/null 2>&1 || sudo dnf install -y "$(basename "$python")-pip"
 
+index=()
+if [[ -n $wheelhouse ]]; then
+  aws s3 cp --recursive "${wheelhouse%/}/" "$work/wheelhouse/"
+  index=(--no-index --find-links "$work/wheelhouse")
+fi
 aws s3 cp --recursive "${artifacts%/}/wheels/" "$work/wheels/"
-sudo "$python" -m pip install "$work"/wheels/*.whl
-sudo "$python" -m pip install --no-deps "delta-spark==$delta_version"
+sudo "$python" -m pip install "${index[@]}" "$work"/wheels/*.whl
+sudo "$python" -m pip install "${index[@]}" --no-deps "delta-spark==$delta_version"
 
 sudo mkdir -p "$etc"
 echo "$python" | sudo tee "$etc/python" >/dev/null

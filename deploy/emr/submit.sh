@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# EMR step (see step.json): fetch the job's config and run jobs/run_job.py with the
-# cluster's spark-submit on YARN, the driver on the primary node (client mode), Spark's
-# Kafka connector and the Delta jars as --packages, and the Python that bootstrap.sh
-# installed into as PYSPARK_PYTHON. A failed run is started again (see below).
+# EMR step (see step.json): fetch the job's config, check it, and run jobs/run_job.py with the
+# cluster's spark-submit on YARN, the driver on the primary node (client mode), and the
+# Python that bootstrap.sh installed into as PYSPARK_PYTHON. A failed run is started again
+# (see below).
 #
 #   submit.sh s3://my-bucket/retrylib/conf/orders.toml [--available-now]
 #   submit.sh status s3://my-bucket/retrylib/conf/orders.toml [--json]
@@ -10,18 +10,27 @@
 #
 # `status` and `redrive` (status-step.json, redrive-step.json) run that `retrylib` command
 # once the same way, in a session of the cluster's Spark, which reads the job's tables (the
-# node's Python has no pyspark of its own), and end the step with its exit code.
+# node's Python has no pyspark of its own), and end the step with its exit code. They run
+# beside the job only on a cluster created with a step concurrency above 1 (cluster.json).
 #
-# The config is deploy/emr/orders.toml, edited and copied to S3 (see deploy/README.md); one
-# that still holds a YOUR-... placeholder outside a comment ends the step with exit code 2
-# before any run.
+# The config is deploy/emr/orders.toml, edited and copied to S3 (see deploy/README.md).
+# `retrylib check --offline` reads it first: one that still holds a YOUR-... placeholder, or
+# has any other problem, ends the step with exit code 2 and a line per problem naming its
+# key, before any run.
 #
-# Exit codes of a run (`retrylib run`): 0 done or stopped, 2 invalid config: both end the
-# step. Anything else (1 failed, a killed driver) is a failed run: it is started again
-# after RETRYLIB_RESTART_DELAY seconds, up to RETRYLIB_MAX_RESTARTS times in a row; a run
-# that lasted RETRYLIB_HEALTHY_AFTER seconds resets the count. The checkpoint makes every
-# restart resume exactly once. SIGTERM or SIGINT (cancel-steps) is passed to the running
-# spark-submit, which stops the query, and nothing is restarted.
+# JVM parts: Delta Lake is the cluster's own (cluster.json's delta-defaults classification,
+# delta.enabled, puts EMR's Delta jars on Spark's class path, the DynamoDB log store's
+# among them), so no Delta is fetched here. Spark's Kafka connector is added with --packages
+# only for a config with kafka.source = "builtin": the default source ("auto", on a new
+# checkpoint retrylib's own "python" reader) needs none. A checkpoint started with
+# "builtin" keeps that reader, so keep kafka.source = "builtin" in its config.
+#
+# Exit codes of a run (`retrylib run`): 0 done or stopped, 2 invalid config or a Spark older
+# than 4.0: both end the step. Anything else (1 failed, a killed driver) is a failed run: it
+# is started again after RETRYLIB_RESTART_DELAY seconds, up to RETRYLIB_MAX_RESTARTS times
+# in a row; a run that lasted RETRYLIB_HEALTHY_AFTER seconds resets the count. The
+# checkpoint makes every restart resume exactly once. SIGTERM or SIGINT (cancel-steps) is
+# passed to the running spark-submit, which stops the query, and nothing is restarted.
 #
 # Settings (environment):
 #   RETRYLIB_HOME           the repository on the primary node (/home/hadoop/retrylib)
@@ -46,8 +55,8 @@ etc=${RETRYLIB_ETC:-/etc/retrylib}
 max_restarts=${RETRYLIB_MAX_RESTARTS:-10}
 restart_delay=${RETRYLIB_RESTART_DELAY:-60}
 healthy_after=${RETRYLIB_HEALTHY_AFTER:-3600}
-# emr-spark-8.0.0: Spark 4.0.2, Scala 2.13, Delta 4.0.0 (versions must match the cluster's)
-packages=org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.2,io.delta:delta-spark_2.13:4.0.0
+# emr-spark-8.0.0 is Spark 4.0.2 on Scala 2.13: the connector must match the cluster's Spark.
+kafka_connector=org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.2
 
 if [[ -z ${PYSPARK_PYTHON:-} ]]; then
   [[ -r $etc/python ]] || {
@@ -61,16 +70,18 @@ export PYSPARK_PYTHON PYSPARK_DRIVER_PYTHON=$PYSPARK_PYTHON
 conf_dir=$(mktemp -d)
 config="$conf_dir/$(basename "$config_uri")"
 aws s3 cp "$config_uri" "$config"
-# deploy/emr/orders.toml's placeholders (YOUR-BUCKET, YOUR-BROKER-1, ...) would fail only at
-# the first write or connection, run after run: refuse them as an invalid config (exit 2).
-if placeholders=$(grep -n 'YOUR-[A-Z]' "$config" | grep -v '^[0-9]*:[[:space:]]*#'); then
-  echo "submit.sh: $config_uri still holds placeholders; edit them and copy it again:" >&2
-  echo "$placeholders" >&2
-  exit 2
-fi
+# The config as retrylib reads it: a placeholder left (YOUR-BUCKET, ...) or any other
+# problem would fail only at the first write or connection, run after run.
+"$PYSPARK_PYTHON" -m retrylib check --offline "$config" >&2 || exit $?
+kafka_source=$("$PYSPARK_PYTHON" -c \
+  'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["kafka"].get("source", ""))' \
+  "$config")
 
-submit=(spark-submit --master yarn --deploy-mode client --packages "$packages"
-  --conf spark.yarn.maxAppAttempts=1
+submit=(spark-submit --master yarn --deploy-mode client)
+if [[ $kafka_source == builtin ]]; then
+  submit+=(--packages "$kafka_connector")
+fi
+submit+=(--conf spark.yarn.maxAppAttempts=1
   --conf "spark.pyspark.python=$PYSPARK_PYTHON"
   --conf "spark.pyspark.driver.python=$PYSPARK_PYTHON"
   --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension

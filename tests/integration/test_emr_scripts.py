@@ -1,6 +1,11 @@
 """The EMR scripts in deploy/emr run with stub commands (`aws`, `sudo`, `dnf`, `python3.N`,
 `spark-submit`) on PATH in a temp dir: no EMR cluster is reachable here. What the
 documentation requires of the deploy files: tests/unit/test_deploy_files.py.
+
+`submit.sh`'s interpreter (what bootstrap.sh recorded) is this project's own Python with
+retrylib, so the config check it runs before a run is retrylib's real `check --offline`; a
+stub spark-submit that starts the job's entry script with it, under a `pyspark` reporting
+3.5.1, stands for an EMR 7 cluster.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,8 +23,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EMR = ROOT / "deploy" / "emr"
 
-# Delta 4.0.0 is the version on emr-spark-8.0.0; its Scala 2.13 jar has no Spark-line suffix.
-EMR_PACKAGES = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.2,io.delta:delta-spark_2.13:4.0.0"
+# Spark's Kafka connector at emr-spark-8.0.0's Spark (Delta is the cluster's own).
+KAFKA_CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.2"
+# deploy/emr/orders.toml with its placeholders edited: a config submit.sh lets run.
+EDITED_CONFIG = (
+    (EMR / "orders.toml")
+    .read_text()
+    .replace("YOUR-BUCKET", "bucket")
+    .replace("YOUR-BROKER-", "broker-")
+)
 
 
 @pytest.mark.parametrize("script", ["bootstrap.sh", "submit.sh"])
@@ -57,7 +70,7 @@ def node(tmp_path):
         (tools / tool).symlink_to(found)
     s3 = tmp_path / "s3"
     (s3 / "artifacts" / "wheels").mkdir(parents=True)
-    (s3 / "artifacts" / "wheels" / "retrylib-0.1.0-py3-none-any.whl").write_text("")
+    (s3 / "artifacts" / "wheels" / "retrylib-0.2.0-py3-none-any.whl").write_text("")
     (s3 / "artifacts" / "wheels" / "my_handlers-1.0-py3-none-any.whl").write_text("")
     subprocess.run(
         ["tar", "-czf", str(s3 / "artifacts" / "retrylib-src.tar.gz"), "jobs", "deploy"],
@@ -65,7 +78,7 @@ def node(tmp_path):
         check=True,
     )
     (s3 / "conf").mkdir()
-    (s3 / "conf" / "orders.toml").write_text("[job]\n")
+    (s3 / "conf" / "orders.toml").write_text(EDITED_CONFIG)
     log = tmp_path / "calls.log"
     _stub(
         bin_dir,
@@ -146,8 +159,8 @@ def test_bootstrap_installs_into_python_3_11_and_records_it(node):
     assert len(pip_installs) == 2
     wheels, delta = pip_installs
     assert "--no-deps" not in wheels
-    assert "retrylib-0.1.0-py3-none-any.whl" in wheels and "my_handlers-1.0" in wheels
-    assert delta.endswith("--no-deps delta-spark==4.0.0")
+    assert "retrylib-0.2.0-py3-none-any.whl" in wheels and "my_handlers-1.0" in wheels
+    assert delta.endswith(" -m pip install --no-deps delta-spark==4.0.0")
     assert not [c for c in calls if c.startswith("python3 ")]
     assert not [c for c in calls if "pyspark" in c]
     assert (node.tmp / "home" / "jobs" / "run_job.py").is_file()
@@ -172,6 +185,40 @@ def test_bootstrap_refuses_a_python_older_than_3_11(node):
     assert not [c for c in node.calls() if "pip install" in c]
 
 
+def test_bootstrap_installs_from_a_wheel_folder_on_s3_without_an_index(node):
+    """--wheels: a private subnet reaches S3 but no PyPI; every pip install finds its
+    packages in the copied folder alone."""
+    node.python("python3.11")
+    wheelhouse = node.tmp / "s3" / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / "confluent_kafka-2.16.1-cp311-manylinux_2_28_x86_64.whl").write_text("")
+    result = node.run("bootstrap.sh", "--wheels", "s3://bucket/wheelhouse/", ARTIFACTS)
+    assert result.returncode == 0, result.stderr
+    calls = node.calls()
+    assert "aws s3 cp --recursive s3://bucket/wheelhouse/ " in "\n".join(calls)
+    pip_installs = [c for c in calls if c.startswith("python3.11 -m pip install")]
+    assert len(pip_installs) == 2
+    for install in pip_installs:
+        found = install.split()[install.split().index("--find-links") + 1]
+        assert "--no-index" in install.split()
+        assert (Path(found) / "confluent_kafka-2.16.1-cp311-manylinux_2_28_x86_64.whl").is_file()
+    assert pip_installs[1].endswith("--no-deps delta-spark==4.0.0")
+
+
+def _python(node) -> Path:
+    """The interpreter bootstrap.sh would have recorded: this project's Python, with
+    retrylib and the example handlers importable."""
+    python = node.bin / "python3.11"
+    python.write_text(
+        f'#!/usr/bin/env bash\nexport PYTHONPATH="${{PYTHONPATH:-}}:{ROOT / "examples"}"\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    (node.tmp / "etc").mkdir(exist_ok=True)
+    (node.tmp / "etc" / "python").write_text(f"{python}\n")
+    return python
+
+
 def _spark_submit(node, exits: list[int], sleep: float = 0) -> Path:
     """A spark-submit that logs its arguments and PYSPARK_PYTHON, then exits with the next
     code of `exits` (after `sleep` seconds, as a job that runs a while)."""
@@ -188,8 +235,7 @@ sleep {sleep} & wait $!
 exit "$code"
 """,
     )
-    (node.tmp / "etc").mkdir(exist_ok=True)
-    (node.tmp / "etc" / "python").write_text("/usr/bin/python3.11\n")
+    _python(node)
     home = node.tmp / "home" / "jobs"
     home.mkdir(parents=True, exist_ok=True)
     return runs
@@ -199,15 +245,18 @@ CONFIG = "s3://bucket/conf/orders.toml"
 FAST = {"RETRYLIB_RESTART_DELAY": "0", "RETRYLIB_MAX_RESTARTS": "3"}
 
 
-def test_submit_runs_spark_submit_with_the_bootstrapped_python_and_packages(node):
+def test_submit_runs_spark_submit_with_the_bootstrapped_python_and_no_packages(node):
+    """The default kafka.source reads with retrylib's own source: no connector, and Delta
+    is the cluster's, so nothing is resolved from Maven."""
     runs = _spark_submit(node, [0])
+    python = node.bin / "python3.11"
     result = node.run("submit.sh", CONFIG, "--available-now", **FAST)
     assert result.returncode == 0, result.stderr
     (run,) = runs.read_text().splitlines()
-    assert run.startswith("PYSPARK_PYTHON=/usr/bin/python3.11 ")
+    assert run.startswith(f"PYSPARK_PYTHON={python} ")
     args = run.split()[1:]
-    assert args[args.index("--packages") + 1] == EMR_PACKAGES
-    assert "spark.pyspark.python=/usr/bin/python3.11" in args
+    assert "--packages" not in args and "--jars" not in args
+    assert f"spark.pyspark.python={python}" in args
     assert args[args.index("--master") + 1] == "yarn"
     assert args[-3:] == [
         str(node.tmp / "home" / "jobs" / "run_job.py"),
@@ -215,6 +264,17 @@ def test_submit_runs_spark_submit_with_the_bootstrapped_python_and_packages(node
         "--available-now",
     ]
     assert args[-2].endswith("/orders.toml") and Path(args[-2]).is_file()
+
+
+def test_submit_adds_the_kafka_connector_for_the_builtin_source_only(node):
+    runs = _spark_submit(node, [0])
+    builtin = EDITED_CONFIG.replace('source = "auto"', 'source = "builtin"')
+    assert builtin != EDITED_CONFIG
+    (node.tmp / "s3" / "conf" / "orders.toml").write_text(builtin)
+    result = node.run("submit.sh", CONFIG, **FAST)
+    assert result.returncode == 0, result.stderr
+    args = runs.read_text().split()[1:]
+    assert args[args.index("--packages") + 1] == KAFKA_CONNECTOR
 
 
 def test_submit_restarts_a_failed_run_until_it_ends_well(node):
@@ -249,7 +309,7 @@ def test_submit_runs_a_command_once_on_the_same_config_and_ends_with_its_code(no
     assert result.returncode == 1, result.stderr
     (run,) = runs.read_text().splitlines()
     args = run.split()[1:]
-    assert args[args.index("--packages") + 1] == EMR_PACKAGES
+    assert "--packages" not in args
     assert args[-4:] == [
         str(node.tmp / "home" / "jobs" / "run_job.py"),
         command,
@@ -290,11 +350,44 @@ def test_submit_refuses_the_shipped_config_until_its_placeholders_are_edited(nod
     (node.tmp / "s3" / "conf" / "orders.toml").write_text(shipped)
     result = node.run("submit.sh", CONFIG, **FAST)
     assert result.returncode == 2
-    assert "still holds placeholders" in result.stderr
-    assert 'checkpoint = "s3://YOUR-BUCKET/' in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors[0] == (
+        "error: job.checkpoint: still holds the placeholder YOUR-BUCKET: "
+        "replace it with your own value"
+    )
+    assert len(errors) == 5
     assert not runs.exists()
-    edited = shipped.replace("s3://YOUR-BUCKET/", "s3://bucket/").replace("YOUR-BROKER-", "b")
-    (node.tmp / "s3" / "conf" / "orders.toml").write_text(edited)
+    (node.tmp / "s3" / "conf" / "orders.toml").write_text(EDITED_CONFIG)
     result = node.run("submit.sh", CONFIG, **FAST)
     assert result.returncode == 0, result.stderr
     assert len(runs.read_text().splitlines()) == 1
+
+
+def test_an_emr_7_driver_is_refused_in_one_line_and_not_restarted(node):
+    """A spark-submit that starts the job's entry script with the bootstrapped Python, where
+    pyspark is 3.5.1 (EMR 7): one line naming the Spark needed, exit code 2, no restart."""
+    shim = node.tmp / "spark-3.5" / "pyspark"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text('__version__ = "3.5.1"\n')
+    runs = node.tmp / "runs.log"
+    _stub(
+        node.bin,
+        "spark-submit",
+        f"""echo "$*" >> {runs}
+while [[ $1 != *.py ]]; do shift; done
+PYTHONPATH={shim.parent} exec "$PYSPARK_PYTHON" "$@"
+""",
+    )
+    _python(node)
+    (node.tmp / "home" / "jobs").mkdir(parents=True)
+    shutil.copy(ROOT / "jobs" / "run_job.py", node.tmp / "home" / "jobs" / "run_job.py")
+    for command in ([], ["status"]):
+        result = node.run("submit.sh", *command, CONFIG, **FAST)
+        assert result.returncode == 2, result.stderr
+        lines = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+        assert lines == [
+            "error: retrylib needs Spark 4.0 or newer; this driver's pyspark is 3.5.1 "
+            "(on EMR, a release with Spark 4: emr-spark-8.0.0 or newer)"
+        ]
+        assert "Traceback" not in result.stderr
+    assert len(runs.read_text().splitlines()) == 2  # one run each, nothing restarted

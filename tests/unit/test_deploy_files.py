@@ -56,6 +56,24 @@ documentation requires of each file:
   are packages of their own: https://docs.aws.amazon.com/linux/al2023/ug/python.html
 - emr-spark-8.0.0 is Spark 4.0.2-amzn-0, Scala 2.13, Delta 4.0.0:
   https://docs.aws.amazon.com/emr/latest/ReleaseGuide/emr-spark800-release.html
+- The step and cluster files are also put through the platforms' own code, offline: the
+  step files through aws-cli's conversion of `add-steps --steps file://` (steputils) into
+  an AddJobFlowSteps request, that and cluster.json (a RunJobFlow request) through
+  botocore's parameter validation against EMR's service model; each job of the bundle
+  through the Jobs API's own model (databricks-sdk's `JobSettings.from_dict`), which drops
+  what it does not know, so a round trip that loses a key finds a misspelt one.
+- EMR runs one step at a time unless the cluster sets `StepConcurrencyLevel` (RunJobFlow);
+  `delta-defaults` with `delta.enabled` puts EMR's Delta jars (delta-spark, delta-storage,
+  delta-storage-s3-dynamodb under /usr/share/aws/delta/lib) on Spark's class path:
+  https://docs.aws.amazon.com/emr/latest/ReleaseGuide/Deltausing-cluster-spark.html
+- Delta's multi-cluster S3 log store (`S3DynamoDBLogStore`, its `ddb.tableName` and
+  `ddb.region`): https://docs.delta.io/latest/delta-storage.html#multi-cluster-setup
+- `mode: production` targets: the CLI refuses one without `workspace.root_path` (unless a
+  service principal deploys), and production jobs should name `run_as`:
+  https://docs.databricks.com/dev-tools/bundles/deployment-modes.html,
+  https://docs.databricks.com/dev-tools/bundles/run-as.html; `dynamic_version` on a whl
+  artifact patches the wheel's version on every deploy so a changed wheel is never taken
+  for a cached one: https://docs.databricks.com/dev-tools/bundles/reference.html
 """
 
 from __future__ import annotations
@@ -66,8 +84,12 @@ import re
 import tomllib
 from pathlib import Path
 
+import botocore.session
 import pytest
 import yaml
+from awscli.customizations.emr.steputils import build_step_config_list
+from botocore.validate import ParamValidator
+from databricks.sdk.service.jobs import JobRunAs, JobSettings
 
 from retrylib.config.loader import collect_config_errors
 
@@ -213,6 +235,8 @@ def test_the_artifacts_build_the_repository_wheel_and_the_example_handlers():
         projects[name] = (BUNDLE / artifact["path"]).resolve()
         assert (projects[name] / "pyproject.toml").is_file()
         assert artifact["build"].split() == ["python", "-m", "build", "--wheel"]
+        # A new wheel version on every deploy: a changed wheel is never taken for a cached one.
+        assert artifact["dynamic_version"] is True, name
     assert projects == {"retrylib": ROOT, "handlers": ROOT / "examples"}
 
 
@@ -402,6 +426,44 @@ def test_each_prod_target_unpauses_one_job_and_dev_none():
         }, target
 
 
+PROD_ROOT_PATH = (
+    "/Workspace/Users/${workspace.current_user.userName}/.bundle/${bundle.name}/${bundle.target}"
+)
+
+
+def test_each_prod_target_names_its_root_path_and_who_its_jobs_run_as():
+    """The CLI refuses a `mode: production` target without `workspace.root_path` (unless a
+    service principal deploys it); `run_as` keeps the jobs' identity from being whoever
+    deployed last. It is a variable, the deploying user by default."""
+    bundle = _bundle()
+    prod = {name: t for name, t in bundle["targets"].items() if t["mode"] == "production"}
+    assert set(prod) == {"prod", "prod-standard", "prod-serverless"}
+    for name, target in prod.items():
+        assert target["workspace"] == {"root_path": PROD_ROOT_PATH}, name
+        assert target["run_as"] == {"user_name": "${var.run_as_user}"}, name
+        assert JobRunAs.from_dict(target["run_as"]).as_dict() == target["run_as"]
+    assert bundle["variables"]["run_as_user"]["default"] == "${workspace.current_user.userName}"
+    assert "--var run_as_user=" in (DEPLOY / "README.md").read_text()
+
+
+# Sample values for what the CLI fills in at deploy.
+BUNDLE_FIELDS = {"${workspace.file_path}": "/Workspace/Users/me@example.com/.bundle/r/dev/files"}
+
+
+@pytest.mark.parametrize(
+    "path", sorted((BUNDLE / "resources").glob("*.yml")), ids=lambda path: path.name
+)
+def test_every_job_loads_into_the_jobs_api_model_keeping_every_key(path):
+    """Each job, its variables at their defaults, through databricks-sdk's JobSettings: a
+    key the Jobs API does not know is dropped on the way, so the round trip finds it."""
+    text = _default(path.read_text())
+    for field, value in BUNDLE_FIELDS.items():
+        text = text.replace(field, value)
+    for name, job in yaml.safe_load(text)["resources"]["jobs"].items():
+        assert "${" not in json.dumps(job), name
+        assert JobSettings.from_dict(job).as_dict() == job, name
+
+
 def test_the_bundle_config_is_valid_with_each_jobs_environment(monkeypatch):
     used = set(re.findall(r"\$\{env:([A-Z_]+)\}", (BUNDLE / "conf" / "orders.toml").read_text()))
     checkpoints = set()
@@ -452,7 +514,7 @@ def test_run_job_sets_the_leading_environment_arguments_and_passes_the_rest_on()
 # --- Every file in deploy/ ---------------------------------------------------------------
 
 OBSOLETE = re.compile(
-    r"deltalake|delta-rs|dynamodb|LOCKING_PROVIDER|ALLOW_UNSAFE_RENAME|noida|"
+    r"deltalake|delta-rs|LOCKING_PROVIDER|ALLOW_UNSAFE_RENAME|noida|"
     r"pyarrow's file systems|retrylib/(jars|storage|status|redrive|cli)\.py",
     re.IGNORECASE,
 )
@@ -508,14 +570,78 @@ def test_step_is_what_aws_emr_add_steps_reads_from_a_file(file):
     assert config == "s3://my-bucket/retrylib/conf/orders.toml"
     if file == "redrive-step.json":
         assert step["Args"][4:] == ["--dry-run"]
+    # What `aws emr add-steps --steps file://...` sends, as EMR's API model takes it.
+    release = json.loads((EMR / "cluster.json").read_text())["ReleaseLabel"]
+    steps = build_step_config_list([step], "us-east-1", release)
+    assert (
+        _emr_request_problems("AddJobFlowSteps", {"JobFlowId": "j-0123ABC", "Steps": steps}) == ""
+    )
 
 
-def test_the_emr_config_is_valid_and_keeps_the_state_on_s3(monkeypatch):
+def _emr_request_problems(operation: str, request: dict) -> str:
+    """botocore's report of what is wrong with `request` for EMR's `operation` ("" when
+    nothing), checked against the service model it ships; no call is made."""
+    client = botocore.session.get_session().create_client("emr", region_name="us-east-1")
+    shape = client.meta.service_model.operation_model(operation).input_shape
+    return ParamValidator().validate(request, shape).generate_report()
+
+
+def test_the_emr_request_check_finds_a_misspelt_key():
+    cluster = json.loads((EMR / "cluster.json").read_text())
+    cluster["StepConcurrency"] = cluster.pop("StepConcurrencyLevel")
+    assert 'Unknown parameter in input: "StepConcurrency"' in _emr_request_problems(
+        "RunJobFlow", cluster
+    )
+
+
+def test_the_cluster_runs_steps_side_by_side_with_delta_and_the_dynamodb_log_store():
+    """cluster.json is a RunJobFlow request: a step concurrency above 1, so the status and
+    redrive steps run beside the job's; EMR's own Delta (delta-defaults), and Delta's
+    multi-cluster S3 log store, so those steps and the job may write one table; the
+    bootstrap action the README copies to S3."""
+    cluster = json.loads((EMR / "cluster.json").read_text())
+    assert _emr_request_problems("RunJobFlow", cluster) == ""
+    assert cluster["ReleaseLabel"] == "emr-spark-8.0.0"
+    assert cluster["StepConcurrencyLevel"] > 1
+    assert cluster["Applications"] == [{"Name": "Spark"}]
+    settings = {c["Classification"]: c["Properties"] for c in cluster["Configurations"]}
+    assert settings["delta-defaults"] == {"delta.enabled": "true"}
+    spark = settings["spark-defaults"]
+    log_store = "io.delta.storage.S3DynamoDBLogStore"
+    for scheme in ("s3", "s3a"):
+        assert spark[f"spark.delta.logStore.{scheme}.impl"] == log_store
+    table = spark[f"spark.{log_store}.ddb.tableName"]
+    region = spark[f"spark.{log_store}.ddb.region"]
+    readme = (DEPLOY / "README.md").read_text()
+    assert f"aws dynamodb create-table --region {region} --table-name {table}" in readme
+    (action,) = cluster["BootstrapActions"]
+    script = action["ScriptBootstrapAction"]
+    uploaded = dict(re.findall(r"aws s3 cp (deploy/emr/bootstrap\.sh) (\S+)", readme))
+    assert script["Path"] == uploaded["deploy/emr/bootstrap.sh"].rstrip("/") + "/bootstrap.sh"
+    assert script["Args"][0] == script["Path"].rsplit("/", 1)[0]
+    assert "deploy/emr/cluster.json" in readme
+
+
+def test_the_readme_builds_every_wheel_it_copies_to_s3():
+    emr = (DEPLOY / "README.md").read_text().split("## EMR", 1)[1]
+    built = {
+        (ROOT / (project or ".")).resolve() / "dist"
+        for project in re.findall(r"python -m build --wheel ?(\S*)", emr)
+    }
+    copied = re.findall(r"aws s3 cp (\S+\.whl) ", emr)
+    assert copied
+    for wheel in copied:
+        assert (ROOT / wheel).parent.resolve() in built, wheel
+
+
+def test_the_emr_config_keeps_the_state_on_s3_and_is_valid_once_edited(monkeypatch, tmp_path):
     """On EMR a plain path is an HDFS path (`fs.defaultFS`), lost with the cluster, so the
     shipped config puts the checkpoint and every table on S3, under placeholders the user
-    edits (submit.sh refuses them unedited). A URI is not looked at when the config loads:
-    this reads the file, and imports the handler from the repository."""
-    config = tomllib.loads((EMR / "orders.toml").read_text())
+    edits: every problem of the file as shipped is one, and the same file edited is valid.
+    A URI is not looked at when the config loads: this reads the file, and imports the
+    handler from the repository."""
+    shipped = (EMR / "orders.toml").read_text()
+    config = tomllib.loads(shipped)
     locations = [
         config["job"]["checkpoint"],
         *(config[section]["table"] for section in ("output", "dead_letter", "metrics")),
@@ -526,7 +652,15 @@ def test_the_emr_config_is_valid_and_keeps_the_state_on_s3(monkeypatch):
         for server in config["kafka"]["bootstrap_servers"].split(",")
     )
     monkeypatch.syspath_prepend(str(ROOT))
-    assert collect_config_errors(EMR / "orders.toml") == []
+    problems = collect_config_errors(EMR / "orders.toml")
+    assert [problem.split(": ")[0] for problem in problems] == [
+        "job.checkpoint", "kafka.bootstrap_servers", "output.table", "dead_letter.table",
+        "metrics.table",
+    ]  # fmt: skip
+    assert all("still holds the placeholder YOUR-" in problem for problem in problems)
+    edited = tmp_path / "orders.toml"
+    edited.write_text(shipped.replace("YOUR-BUCKET", "my-bucket").replace("YOUR-BROKER-", "b"))
+    assert collect_config_errors(edited) == []
 
 
 def test_the_emr_step_runs_the_config_the_readme_uploads():
