@@ -68,8 +68,9 @@ documentation requires of each file:
   https://docs.aws.amazon.com/emr/latest/ReleaseGuide/Deltausing-cluster-spark.html
 - Delta's multi-cluster S3 log store (`S3DynamoDBLogStore`, its `ddb.tableName` and
   `ddb.region`): https://docs.delta.io/latest/delta-storage.html#multi-cluster-setup
-- `mode: production` targets: the CLI refuses one without `workspace.root_path` (unless a
-  service principal deploys), and production jobs should name `run_as`:
+- `mode: production` targets: the CLI refuses one without `workspace.root_path` (a warning
+  only when a service principal deploys or every job names `run_as`: databricks/cli
+  validate_target_mode.go), and production jobs should name `run_as`:
   https://docs.databricks.com/dev-tools/bundles/deployment-modes.html,
   https://docs.databricks.com/dev-tools/bundles/run-as.html; `dynamic_version` on a whl
   artifact patches the wheel's version on every deploy so a changed wheel is never taken
@@ -432,9 +433,10 @@ PROD_ROOT_PATH = (
 
 
 def test_each_prod_target_names_its_root_path_and_who_its_jobs_run_as():
-    """The CLI refuses a `mode: production` target without `workspace.root_path` (unless a
-    service principal deploys it); `run_as` keeps the jobs' identity from being whoever
-    deployed last. It is a variable, the deploying user by default."""
+    """The CLI refuses a `mode: production` target without `workspace.root_path` (a warning
+    only when a service principal deploys or every job names run_as); `run_as` keeps the
+    jobs' identity from being whoever deployed last. It is a variable, the deploying user by
+    default."""
     bundle = _bundle()
     prod = {name: t for name, t in bundle["targets"].items() if t["mode"] == "production"}
     assert set(prod) == {"prod", "prod-standard", "prod-serverless"}
