@@ -15,7 +15,11 @@
 # virtualenv's Spark the driver JVM also maps its classes from a class-data-sharing archive,
 # made once per virtualenv and Java build (retrylib/dev/class_archive.py; turned off by
 # RETRYLIB_CLASS_ARCHIVE=off). Extra spark-submit flags go in RETRYLIB_SPARK_EXTRA, e.g.
-# RETRYLIB_SPARK_EXTRA="--master yarn" (the name deploy/emr/submit.sh reads too).
+# RETRYLIB_SPARK_EXTRA="--master yarn" (the name deploy/emr/submit.sh reads too). Jars and
+# Spark settings for every entry point (this script, `retrylib run`, `status`, `redrive`)
+# go in RETRYLIB_SPARK_JARS (comma-separated) and RETRYLIB_SPARK_CONF (key=value pairs),
+# e.g. S3A's (docs/deploy.md); they, and a --jars in RETRYLIB_SPARK_EXTRA, join this
+# script's own jars in one --jars (retrylib/spark/extra.py).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,16 +45,30 @@ export PYSPARK_PYTHON PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$PYSPARK_P
 bin=$(dirname "$PYSPARK_PYTHON")
 submit=$bin/spark-submit
 jvm_flags=()
+own_jars=""
+# One line per word of what `python -m retrylib.spark.extra` prints (none for no output).
+words() { [[ -z $1 ]] || mapfile -t "$2" <<< "$1"; }
 # A system interpreter (/usr/bin/python3.11 on EMR) may sit beside the cluster's own
 # spark-submit: only a virtualenv's is the PyPI Spark that needs the jars.
-if [[ -x "$submit" && -f "$bin/../pyvenv.cfg" ]]; then
-  jars=$("$PYSPARK_PYTHON" -m retrylib.dev.jars spark --classpath)
+venv_spark=false
+[[ -x "$submit" && -f "$bin/../pyvenv.cfg" ]] && venv_spark=true
+if $venv_spark; then
+  own_jars=$("$PYSPARK_PYTHON" -m retrylib.dev.jars spark --classpath)
   # The snapshot partitions as retrylib.spark.session sets them for a local Spark: Delta's
   # default of 50 tasks per table-state rebuild costs a local run a second per append.
-  jvm_flags=(--jars "$jars"
-    --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
+  jvm_flags=(--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
     --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog
     --conf spark.databricks.delta.snapshotPartitions=2)
+else
+  submit=$(command -v spark-submit)
+fi
+user_flags=() submit_flags=()
+printed=$(cd "$here" && "$PYSPARK_PYTHON" -m retrylib.spark.extra "$own_jars") || exit 2
+words "$printed" user_flags
+printed=$(cd "$here" && "$PYSPARK_PYTHON" -m retrylib.spark.extra --rest) || exit 2
+words "$printed" submit_flags
+jvm_flags+=(${user_flags[@]+"${user_flags[@]}"})
+if $venv_spark; then
   # The class archive's options before the caller's. The first run finds no archive, runs
   # without one, and starts its making in the background once this job ($$: the JVM after
   # the exec below) has started.
@@ -58,8 +76,6 @@ if [[ -x "$submit" && -f "$bin/../pyvenv.cfg" ]]; then
       -- "$submit" "${jvm_flags[@]}"); then
     export SPARK_SUBMIT_OPTS=$opts
   fi
-else
-  submit=$(command -v spark-submit)
 fi
 
 bundle="$here/build/retrylib-py.zip"
@@ -81,5 +97,5 @@ else:
     os.replace(fresh, bundle)
 " "$bundle")
 
-# shellcheck disable=SC2086
-exec "$submit" "${jvm_flags[@]}" ${RETRYLIB_SPARK_EXTRA:-} --py-files "$bundle" "$here/jobs/run_job.py" "$@"
+exec "$submit" ${jvm_flags[@]+"${jvm_flags[@]}"} ${submit_flags[@]+"${submit_flags[@]}"} \
+  --py-files "$bundle" "$here/jobs/run_job.py" "$@"

@@ -23,7 +23,7 @@ from pathlib import Path
 from helpers import JVM_OPTIONS, port_answers, stop_group
 
 from retrylib.dev.broker import free_port
-from retrylib.dev.jars import artifact_id, pyspark_jars, resolve
+from retrylib.dev.jars import artifact_id, hadoop_version, pyspark_jars, resolve
 from retrylib.errors import JarsError
 
 JUNIT_VERSION = "5.13.3"
@@ -31,7 +31,6 @@ JUNIT_VERSION = "5.13.3"
 builds with; Hadoop 3.4 (pyspark 4.0's) builds with 5.8.2, whose API this one keeps."""
 OPENTEST4J_VERSION = "1.3.0"
 _MANAGER_CLASS = "org.apache.hadoop.test.MiniDFSClusterManager"
-_HADOOP_CLIENT_API = re.compile(r"hadoop-client-api-(\d+\.\d+\.\d+)\.jar")
 # pyspark ships jcl-over-slf4j, which holds commons-logging's classes.
 _ALSO_SHIPPED = ("commons-logging",)
 _LOG_CONFIG = """\
@@ -57,17 +56,6 @@ logger.audit.appenderRef.audit.ref = audit
 """
 # The name node's audit log: a line per call, as "... cmd=create\tsrc=/a/b\tdst=null ...".
 _AUDIT_CREATE = re.compile(r"\tcmd=create\tsrc=(\S+)\t")
-
-
-def hadoop_version(jars: list[Path]) -> str:
-    """The version in the name of the `hadoop-client-api-<version>.jar` among `jars`.
-
-    Raises `JarsError` when there is none."""
-    for jar in jars:
-        match = _HADOOP_CLIENT_API.fullmatch(jar.name)
-        if match:
-            return match.group(1)
-    raise JarsError("pyspark ships no hadoop-client-api-<version>.jar: which Hadoop is it?")
 
 
 def hdfs_coordinates(version: str) -> list[str]:

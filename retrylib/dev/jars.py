@@ -1,6 +1,6 @@
 """The JVM jars the job needs where no cluster provides them: resolved by Maven, cached.
 
-Two sets, each resolved once into a folder of its own under the cache (`RETRYLIB_JARS`,
+Three sets, each resolved once into a folder of its own under the cache (`RETRYLIB_JARS`,
 default `~/.cache/retrylib/jars`), keyed by its coordinates so that another pyspark version
 gets a folder of its own:
 
@@ -9,6 +9,10 @@ gets a folder of its own:
   versions win, as with `--packages`).
 - `kafka`: Apache Kafka's broker (KRaft) with its dependencies and a log4j binding, for the
   embedded broker of the demo and the tests.
+- `s3`: Hadoop's S3A file system (`hadoop-aws` at the Hadoop version of pyspark's own
+  client) with the few modules of the AWS SDK it calls instead of the SDK's whole bundle,
+  for a local Spark that keeps its state on `s3a://` (give them to a job with
+  `RETRYLIB_SPARK_JARS`, `retrylib/spark/extra.py`). Not fetched unless asked for.
 
 Maven resolves them with the user's own settings (`~/.m2/settings.xml`: mirrors, proxies);
 nothing here names a repository. A folder whose `classpath.txt` lists files that all exist
@@ -37,7 +41,16 @@ DEFAULT_DELTA_VERSION = "4.4.0"
 """Delta Lake's jar version when the delta-spark Python package is not installed."""
 KAFKA_VERSION = "4.1.1"
 """Apache Kafka version of the embedded broker (any KRaft broker serves the tests)."""
+AWS_SDK_VERSION = "2.35.4"
+"""The AWS SDK (v2) version hadoop-aws 3.5.0 builds with; Hadoop 3.4's S3A calls the same
+modules."""
+AWS_SDK_MODULES = ("s3", "s3-transfer-manager", "sts", "apache-client")
+"""The SDK modules S3A calls, in place of the SDK's `bundle` (a 600 MB jar of every AWS
+service) that hadoop-aws declares: the S3 clients, the transfer manager its copies (a
+rename) go through, STS (S3A's credential providers link against it) and the HTTP client
+it builds its synchronous client on."""
 _VERSION_START = re.compile(r"\d+\.\d")
+_HADOOP_CLIENT_API = re.compile(r"hadoop-client-api-(\d+\.\d+\.\d+)\.jar")
 _LOG4J_SLF4J = "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3"
 DELTA_SQL_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -103,6 +116,23 @@ def kafka_coordinates() -> list[str]:
     return [f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}", _LOG4J_SLF4J]
 
 
+def s3_coordinates(hadoop_version: str) -> list[str]:
+    """hadoop-aws at `hadoop_version` and the AWS SDK modules it calls (`AWS_SDK_MODULES`)."""
+    sdk = [f"software.amazon.awssdk:{module}:{AWS_SDK_VERSION}" for module in AWS_SDK_MODULES]
+    return [f"org.apache.hadoop:hadoop-aws:{hadoop_version}", *sdk]
+
+
+def hadoop_version(jars: Sequence[Path]) -> str:
+    """The version in the name of the `hadoop-client-api-<version>.jar` among `jars`.
+
+    Raises `JarsError` when there is none."""
+    for jar in jars:
+        match = _HADOOP_CLIENT_API.fullmatch(jar.name)
+        if match:
+            return match.group(1)
+    raise JarsError("pyspark ships no hadoop-client-api-<version>.jar: which Hadoop is it?")
+
+
 def installed_delta_version() -> str:
     """The delta-spark Python package's version (its jars must match it), or the default."""
     from importlib import metadata
@@ -129,11 +159,20 @@ def cache_root() -> Path:
     return Path(os.environ.get("RETRYLIB_JARS") or Path.home() / ".cache" / "retrylib" / "jars")
 
 
-def pom(coordinates: Sequence[str]) -> str:
-    """A pom whose dependencies are `coordinates` (group:artifact:version)."""
+def pom(coordinates: Sequence[str], without: Sequence[str] = ()) -> str:
+    """A pom whose dependencies are `coordinates` (group:artifact:version), each without the
+    artifacts `without` (group:artifact) anywhere in its tree: Maven never downloads them."""
+    exclusions = "".join(
+        "<exclusion><groupId>{}</groupId><artifactId>{}</artifactId></exclusion>".format(
+            *excluded.split(":")
+        )
+        for excluded in without
+    )
     dependencies = "\n".join(
         "    <dependency><groupId>{}</groupId><artifactId>{}</artifactId>"
-        "<version>{}</version></dependency>".format(*coordinate.split(":"))
+        "<version>{}</version>".format(*coordinate.split(":"))
+        + (f"<exclusions>{exclusions}</exclusions>" if exclusions else "")
+        + "</dependency>"
         for coordinate in coordinates
     )
     return f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -149,13 +188,21 @@ def pom(coordinates: Sequence[str]) -> str:
 """
 
 
-def resolve(name: str, coordinates: Sequence[str], exclude: Sequence[str] = ()) -> list[Path]:
-    """The jars of `coordinates` and their runtime dependencies, minus artifact ids `exclude`.
+def resolve(
+    name: str,
+    coordinates: Sequence[str],
+    exclude: Sequence[str] = (),
+    without: Sequence[str] = (),
+) -> list[Path]:
+    """The jars of `coordinates` and their runtime dependencies, minus artifact ids `exclude`
+    (resolved, left out of the set: pyspark ships them) and minus `without` (group:artifact,
+    never resolved: see `pom`).
 
     Resolved once by Maven into the cache; later calls read the cached list. Raises
     `JarsError` when Maven is missing or fails (its output's tail is in the message).
     """
-    key = hashlib.sha256("\n".join([*coordinates, "--", *sorted(exclude)]).encode()).hexdigest()
+    parts = [*coordinates, "--", *sorted(exclude)] + (["--", *without] if without else [])
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()
     folder = cache_root() / f"{name}-{key[:12]}"
     listing = folder / "classpath.txt"
     if listing.is_file():
@@ -170,7 +217,7 @@ def resolve(name: str, coordinates: Sequence[str], exclude: Sequence[str] = ()) 
             "RETRYLIB_JARS at a folder resolved on another machine"
         )
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "pom.xml").write_text(pom(coordinates))
+    (folder / "pom.xml").write_text(pom(coordinates, without))
     target = folder / "jars"
     shutil.rmtree(target, ignore_errors=True)
     command = [
@@ -218,16 +265,28 @@ def kafka_jars() -> list[Path]:
     return resolve("kafka", kafka_coordinates())
 
 
+def s3_jars() -> list[Path]:
+    """S3A for the installed pyspark's Hadoop, resolved once, without the SDK's bundle and
+    without what pyspark ships. Raises `JarsError` as `hadoop_version` and `resolve`."""
+    shipped = pyspark_jars()
+    exclude = sorted({artifact_id(jar.name) for jar in shipped})
+    coordinates = s3_coordinates(hadoop_version(shipped))
+    return resolve("s3", coordinates, exclude, without=["software.amazon.awssdk:bundle"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m retrylib.dev.jars [spark|kafka ...] [--classpath]`: resolve, print the jars."""
+    """`python -m retrylib.dev.jars [spark|kafka|s3 ...] [--classpath]`: resolve, print the
+    jars."""
     parser = argparse.ArgumentParser(prog="python -m retrylib.dev.jars", description=main.__doc__)
-    parser.add_argument("sets", nargs="*", metavar="spark|kafka", help="default: both")
+    parser.add_argument(
+        "sets", nargs="*", metavar="spark|kafka|s3", help="default: spark and kafka"
+    )
     parser.add_argument(
         "--classpath", action="store_true", help="print the jars comma-separated (for --jars)"
     )
     args = parser.parse_args(argv)
-    finders = {"spark": spark_jars, "kafka": kafka_jars}
-    args.sets = args.sets or list(finders)
+    finders = {"spark": spark_jars, "kafka": kafka_jars, "s3": s3_jars}
+    args.sets = args.sets or ["spark", "kafka"]
     unknown = sorted(set(args.sets) - set(finders))
     if unknown:
         parser.error(f"unknown jar set(s) {unknown}: choose from {list(finders)}")

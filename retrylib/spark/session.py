@@ -1,7 +1,9 @@
 """Building the SparkSession the job runs in, and the one the tools read tables through.
 
 With `SPARK_REMOTE` set (PySpark's own convention: `sc://host:port`) each is a Spark Connect
-client of that server, which brings its own jars and settings.
+client of that server, which brings its own jars and settings. The user's jars and settings
+(`RETRYLIB_SPARK_JARS`, `RETRYLIB_SPARK_CONF`: `retrylib/spark/extra.py`) go on every session
+built here, as spark-submit.sh gives them to the job.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pyspark
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from retrylib.spark.extra import CONF, extra_conf, extra_jars
 from retrylib.spark.flavour import flavour_of
 
 log = logging.getLogger(__name__)
@@ -63,29 +66,55 @@ def build_spark_session(
         builder = builder.master(master)
     settings = dict(_QUIET_DEFAULTS)
     server = remote is not None and remote.startswith("sc://")
+    jars: list[str] = []
     if not runs_on_cluster_spark() and not server:
         # Imported here: spark-submit.sh leaves the jar resolver out of what it ships, and
         # under spark-submit (which runs the driver from that bundle) it is never needed.
         from retrylib.dev.jars import DELTA_SQL_CONF, spark_jars
 
-        settings["spark.jars"] = ",".join(str(jar) for jar in spark_jars())
+        jars = [str(jar) for jar in spark_jars()]
         settings.update(DELTA_SQL_CONF)
         # Delta rebuilds a table's state (to read its app transactions) in this many tasks;
         # its default of 50 is sized for clusters and costs local runs a second per append.
         settings["spark.databricks.delta.snapshotPartitions"] = "2"
+    if not os.environ.get("PYSPARK_GATEWAY_PORT") and not server:
+        # This process starts the JVM: the user's jars go on it (spark-submit.sh gave a
+        # JVM it started them already; a Connect server brings its own).
+        jars += [jar for jar in extra_jars() if jar not in jars]
+    if jars:
+        settings["spark.jars"] = ",".join(jars)
+    user_conf = extra_conf()
+    settings.update(user_conf)
     settings.update(extra or {})  # the caller's settings win over retrylib's defaults
     for key, value in ({} if server else settings).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if server:  # a running server takes only the settings a session may change
         for key, value in settings.items():
-            if spark.conf.isModifiable(key):
+            if key in user_conf:
+                _set_on_server(spark, key, value)
+            elif spark.conf.isModifiable(key):
                 spark.conf.set(key, value)
     flavour_of(spark).quiet_logs(spark)
     from retrylib.source.kafka_source import KafkaDataSource
 
     spark.dataSource.register(KafkaDataSource)
     return spark
+
+
+def _set_on_server(spark: SparkSession, key: str, value: str) -> None:
+    """Set a user's setting (`RETRYLIB_SPARK_CONF`) on a Spark Connect session; a server that
+    refuses it (a setting fixed when the server starts) gets a warning naming it, not an
+    error: the server may well be started with it."""
+    try:
+        spark.conf.set(key, value)
+    except Exception as error:  # the server's refusal, whatever its class on this Spark
+        log.warning(
+            "%s: the Spark Connect server keeps its own %s (%s); set it where the server starts",
+            CONF,
+            key,
+            str(error).splitlines()[0] if str(error) else type(error).__name__,
+        )
 
 
 def tool_session(app_name: str) -> SparkSession:

@@ -6,13 +6,16 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
-from hdfs_cluster import hadoop_version, hdfs_coordinates
+from hdfs_cluster import hdfs_coordinates
 
 from retrylib.dev.jars import (
+    AWS_SDK_VERSION,
     artifact_id,
     delta_artifact,
+    hadoop_version,
     kafka_coordinates,
     pom,
+    s3_coordinates,
     spark_coordinates,
 )
 from retrylib.errors import JarsError
@@ -93,3 +96,16 @@ def test_the_test_hdfs_is_the_hadoop_of_pyspark_s_own_client_jar():
     assert hdfs_coordinates(version)[0] == "org.apache.hadoop:hadoop-client-minicluster:3.5.0"
     with pytest.raises(JarsError, match="no hadoop-client-api"):
         hadoop_version([Path("hadoop-client-runtime-3.5.0.jar")])
+
+
+def test_s3a_is_hadoop_aws_at_pyspark_s_hadoop_with_sdk_modules_and_never_the_bundle():
+    coordinates = s3_coordinates("3.4.1")
+    assert coordinates[0] == "org.apache.hadoop:hadoop-aws:3.4.1"
+    assert f"software.amazon.awssdk:s3:{AWS_SDK_VERSION}" in coordinates
+    assert not [c for c in coordinates if ":bundle:" in c]
+    root = ElementTree.fromstring(pom(coordinates, ["software.amazon.awssdk:bundle"]))
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    for dependency in root.iterfind("m:dependencies/m:dependency", ns):
+        (exclusion,) = dependency.iterfind("m:exclusions/m:exclusion", ns)
+        excluded = [exclusion.find(f"m:{part}", ns).text for part in ("groupId", "artifactId")]
+        assert excluded == ["software.amazon.awssdk", "bundle"]
