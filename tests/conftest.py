@@ -1,6 +1,6 @@
 """Session fixtures: one SparkSession and one Kafka broker for the whole run (a Spark Connect
-server and an HDFS for the tests that ask), and the Java options of every Spark JVM the tests
-start.
+server, an HDFS and an S3 for the tests that ask), and the Java options of every Spark JVM
+the tests start.
 
 The broker is, in order: an external cluster named by RETRYLIB_TEST_BOOTSTRAP_SERVERS;
 testcontainers' Kafka where a Docker engine answers; else an embedded Apache Kafka broker
@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from hdfs_cluster import HdfsCluster
-from helpers import JVM_OPTIONS, REPO, build_tests_session
+from helpers import JVM_OPTIONS, REPO, build_tests_session, tests_session
+from s3_server import S3Server
 
 from retrylib.kafka.clients import ensure_topics, make_admin
 
@@ -111,6 +112,23 @@ def hdfs(tmp_path_factory) -> Iterator[HdfsCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory) -> Iterator[S3Server]:
+    """A local S3 (moto's server, `tests/s3_server.py`) with one bucket, for the whole run;
+    yields it (`root` is `s3a://<bucket>`, `job_env()` what a job needs to reach it). The
+    tests' session reaches it too. Started by the first test that asks for it, in a second
+    or two, once per pytest-xdist worker (the S3 tests are in one module). Paths under it
+    outlive a test; name them apart."""
+    server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    hadoop = tests_session()._jsc.hadoopConfiguration()
+    for key, value in server.hadoop_conf().items():
+        hadoop.set(key, value)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -452,7 +452,11 @@ def settled_count(config: Config) -> int:
 
 def build_tests_session(warehouse: str | Path | None = None) -> SparkSession:
     """A SparkSession as the tests use it: local[2], two shuffle partitions, no UI, Spark's
-    Python workers on this interpreter; its warehouse in `warehouse` when given."""
+    Python workers on this interpreter; its warehouse in `warehouse` when given. It can read
+    `s3a://` (S3A's jars: the tests on S3 read the job's tables and checkpoint through it, and
+    with pytest-xdist any test may have started it first); the `s3` fixture points it at the
+    tests' S3 server."""
+    from retrylib.dev.jars import s3_jars, spark_jars
     from retrylib.spark.session import build_spark_session
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -462,6 +466,7 @@ def build_tests_session(warehouse: str | Path | None = None) -> SparkSession:
         "spark.ui.enabled": "false",
         # Delta's VACUUM lists a table in this many tasks: 10,000 by default, ~55 s on local[2].
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
+        "spark.jars": ",".join(str(jar) for jar in [*spark_jars(), *s3_jars()]),
     }
     if warehouse is not None:
         extra["spark.sql.warehouse.dir"] = str(warehouse)

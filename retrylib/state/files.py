@@ -25,9 +25,11 @@ How a write stays whole or absent, by family (`docs/exactly-once.md` has the tab
 - Object stores (S3 through EMRFS or S3A, Google Cloud Storage, Azure Blob's `wasb(s)`,
   DBFS, ...): rename is a copy, but an object appears whole when its writer closes it, so
   the file is written under its final name directly; a crash before the close leaves
-  nothing. `claim_json` uses Hadoop's create-if-absent, which is conditional where the
-  store's connector makes it so; where it is not, the job's runner lease keeps a second
-  writer away.
+  nothing. `claim_json` creates it only if absent: conditionally where the connector offers
+  it (S3A from Hadoop 3.5, pyspark 4.1's and 4.2's: If-None-Match on the upload, so of two
+  writers racing, the second one's close is refused), else by Hadoop's plain
+  create-if-absent, which only looks before it writes (S3A of Hadoop 3.4, EMRFS): there the
+  job's runner lease keeps a second writer away.
 
 Only the driver calls these (they need the session's JVM).
 """
@@ -57,6 +59,11 @@ _WHOLE_ON_CLOSE = frozenset(
 )
 """Schemes of object stores: rename is a copy there, and an object appears whole on close."""
 _ALREADY_EXISTS = "org.apache.hadoop.fs.FileAlreadyExistsException"
+_CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
+"""Hadoop's create option for a create the store refuses at close when the name was taken
+meanwhile; a file system that has it says so as a path capability of the same name."""
+_TAKEN_MEANWHILE = "org.apache.hadoop.fs.s3a.RemoteFileChangedException"
+"""What S3A's conditional create raises at close when the object appeared meanwhile (412)."""
 _UNSUPPORTED = "org.apache.hadoop.fs.UnsupportedFileSystemException"
 
 
@@ -200,9 +207,10 @@ def _write_hadoop(spark: SparkSession, uri: str, data: bytes, *, replace: bool) 
     context = None if scheme in _WHOLE_ON_CLOSE else _file_context(spark, fs, path)
     if context is None:  # whole on close: the final name directly
         try:
-            _write_file(fs, path, data, overwrite=replace)
+            _write_file(fs, path, data, overwrite=replace, conditional=not replace)
         except Exception as error:
-            if replace or not _java_error(error, _ALREADY_EXISTS):
+            taken = _java_error(error, _ALREADY_EXISTS) or _java_error(error, _TAKEN_MEANWHILE)
+            if replace or not taken:
                 raise
             return False
         return True
@@ -236,8 +244,15 @@ def _file_context(spark: SparkSession, fs: Any, path: Any) -> Any | None:
         raise
 
 
-def _write_file(fs: Any, path: Any, data: bytes, *, overwrite: bool) -> None:
-    out = fs.create(path, overwrite)
+def _write_file(
+    fs: Any, path: Any, data: bytes, *, overwrite: bool, conditional: bool = False
+) -> None:
+    """Write `data` at `path`; with `conditional`, refused at close where the file system
+    can refuse a name taken since the create (`_CONDITIONAL_CREATE`)."""
+    if conditional and fs.hasPathCapability(path, _CONDITIONAL_CREATE):
+        out = fs.createFile(path).overwrite(False).must(_CONDITIONAL_CREATE, True).build()
+    else:
+        out = fs.create(path, overwrite)
     try:
         out.write(bytearray(data))
     finally:

@@ -86,6 +86,18 @@ BEFORE_QUERY = frozenset(START_STEPS) - {"after_query_start"}
 """The start's steps before the query starts: a round that crashes there reads no records."""
 TABLES = ("output", "dead_letter")
 """The tables a first start creates, in order: each has an `in_table_create` round."""
+FILE_SYSTEM_POINTS = (
+    "after_main_reader",
+    "after_identity",
+    "after_signing_key",
+    "in_table_create",
+    "after_manifest",
+    "after_cleanup",
+)
+"""One crash point of each kind of write that differs by file system: a file replaced (the
+reader), a file claimed (the identity, the signing key), a table's creation (the output's;
+the dead-letter table's is the same), a batch's manifest, and the cleanup of a batch's state.
+The HDFS and S3 sweeps take these (the local sweep takes every point)."""
 _BATCH_LINE = re.compile(r"retrylib\.batch\.commit: batch (\{.*\})")
 _QUERY_UP = re.compile(r"retrylib\.batch\.commit: batch |retrylib\.job: main topics read with")
 
@@ -506,6 +518,7 @@ class FaultHarness:
         state_here: str | None = None,
         other_state_name: str | None = None,
         spark_conf: Mapping[str, str] | None = None,
+        job_environment: Mapping[str, str] | None = None,
         wipe_driver_disk: bool = False,
     ) -> None:
         """`master`: Spark's master for the job; "local[N,F]" lets a task fail F times.
@@ -513,10 +526,11 @@ class FaultHarness:
         (`retrylib run`) or "spark-submit" (`./spark-submit.sh`). `state`, `state_here`: where
         the checkpoint and tables live (`FaultsJob`); `other_state_name`: another name of the
         same place (a plain path's URI), which every other round's config uses, as an operator
-        who respells a path does. `spark_conf`: Spark settings of the
-        job (`spark.hadoop.fs.defaultFS`). `wipe_driver_disk`: the job's temporary folders
-        (Python's, Java's, Spark's local dir) are emptied before each start, as a driver
-        that comes back on another node finds them."""
+        who respells a path does. `spark_conf`: Spark settings of the job
+        (`spark.hadoop.fs.defaultFS`). `job_environment`: variables every start of the job
+        gets (`RETRYLIB_SPARK_JARS`, `RETRYLIB_SPARK_CONF`). `wipe_driver_disk`: the job's
+        temporary folders (Python's, Java's, Spark's local dir) are emptied before each
+        start, as a driver that comes back on another node finds them."""
         # fault_handlers, for the config and the checks; tests/ for helpers
         for path in (str(HERE.parent), str(HERE)):
             if path not in sys.path:
@@ -534,6 +548,7 @@ class FaultHarness:
         self.state, self.state_here = state, state_here
         self.other_state_name = other_state_name
         self.spark_conf = dict(spark_conf or {})
+        self.job_environment = dict(job_environment or {})
         self.wipe_driver_disk = wipe_driver_disk
         self.driver_disk = self.workdir / "driver-disk"
         self.topic = f"orders-{seed}"
@@ -594,6 +609,7 @@ class FaultHarness:
             {
                 "RETRYLIB_LOG_LEVEL": "INFO",
                 "RETRYLIB_FAULTS_CALL_LOG": str(self.calls_log),
+                **self.job_environment,
                 **scratch,
                 **env,
             }
@@ -792,6 +808,19 @@ class FaultHarness:
         self.drain()
         self.report.calls = self._calls()
         return self.report
+
+    def sweep(self, plan: Sequence[Round], spark) -> Report:
+        """`run` the plan, assert each point round was killed at its point (SIGKILL), then
+        `check`; returns the report."""
+        report = self.run(plan)
+        summary = f"{report.summary()}\n\n{self.log_tails()}"
+        for outcome in report.outcomes:
+            if outcome.round.kind == "point":
+                assert outcome.crashed_at == outcome.round.point, summary
+                assert outcome.returncode == -9, f"round {outcome.index} died:\n{summary}"
+        self.check(spark)
+        self.say(report.summary())
+        return report
 
     def expected_calls(self) -> int:
         """Handler calls the inputs need without any replay."""

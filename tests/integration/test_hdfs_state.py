@@ -34,17 +34,9 @@ from retrylib.state.files import claim_json, list_names, read_json, replace_json
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 sys.path.insert(0, str(FAULTS_DIR))
 
-from harness import FaultHarness, Round, plan_rounds  # noqa: E402
+from harness import FILE_SYSTEM_POINTS, FaultHarness, plan_rounds  # noqa: E402
 
 SEED = 20261128
-FILE_POINTS = (
-    "after_main_reader",
-    "after_identity",
-    "after_signing_key",
-    "in_table_create",
-    "after_manifest",
-    "after_cleanup",
-)
 
 
 @pytest.mark.every_spark  # EMR runs Spark 4.0 with its Hadoop 3.4
@@ -70,17 +62,6 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _run_and_check(harness: FaultHarness, plan: list[Round], spark) -> None:
-    report = harness.run(plan)
-    summary = f"{report.summary()}\n\n{harness.log_tails()}"
-    for outcome in report.outcomes:
-        if outcome.round.kind == "point":
-            assert outcome.crashed_at == outcome.round.point, summary
-            assert outcome.returncode == -9, f"round {outcome.index} died:\n{summary}"
-    harness.check(spark)
-    print(report.summary())
-
-
 def test_exactly_once_on_hdfs_named_by_plain_paths_and_uris_across_a_crash_at_each_file_point(
     hdfs, tmp_path, spark
 ):
@@ -94,7 +75,7 @@ def test_exactly_once_on_hdfs_named_by_plain_paths_and_uris_across_a_crash_at_ea
     state = str(tmp_path / "on-hdfs")
     plan = [
         spec
-        for spec in plan_rounds(SEED, points=FILE_POINTS, random_kills=0, broker_restarts=0)
+        for spec in plan_rounds(SEED, points=FILE_SYSTEM_POINTS, random_kills=0, broker_restarts=0)
         if spec.table != "dead_letter"
     ]
     with FaultHarness(
@@ -109,7 +90,7 @@ def test_exactly_once_on_hdfs_named_by_plain_paths_and_uris_across_a_crash_at_ea
         wave_size=40,
         say=_say,
     ) as harness:
-        _run_and_check(harness, plan, spark)
+        harness.sweep(plan, spark)
         logs = "".join(o.log.read_text(errors="replace") for o in harness.report.outcomes)
     assert not Path(state).exists()
     assert not re.search(r"input lag after batch \d+ unknown", logs)
