@@ -222,6 +222,14 @@ def plan_rounds(
     return plan
 
 
+def file_system_plan(seed: int) -> list[Round]:
+    """The rounds of a sweep of another file system: `FILE_SYSTEM_POINTS`, the output's
+    table creation alone (the dead-letter table's is made the same way), no random kills or
+    broker restarts."""
+    rounds = plan_rounds(seed, points=FILE_SYSTEM_POINTS, random_kills=0, broker_restarts=0)
+    return [spec for spec in rounds if spec.table != "dead_letter"]
+
+
 class FaultsJob:
     """A job of `fault_handlers:handle` reading `topic` on `bootstrap_servers`, its config in
     `workdir`, its checkpoint and tables under `state` (default: `workdir`): its config, the

@@ -34,7 +34,7 @@ from retrylib.state.files import claim_json, list_names, read_json, replace_json
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 sys.path.insert(0, str(FAULTS_DIR))
 
-from harness import FILE_SYSTEM_POINTS, FaultHarness, plan_rounds  # noqa: E402
+from harness import FaultHarness, file_system_plan  # noqa: E402
 
 SEED = 20261128
 
@@ -73,11 +73,6 @@ def test_exactly_once_on_hdfs_named_by_plain_paths_and_uris_across_a_crash_at_ea
     checkpoint file is written beside its name and renamed into place, never created under
     it (the name node's audit log says)."""
     state = str(tmp_path / "on-hdfs")
-    plan = [
-        spec
-        for spec in plan_rounds(SEED, points=FILE_SYSTEM_POINTS, random_kills=0, broker_restarts=0)
-        if spec.table != "dead_letter"
-    ]
     with FaultHarness(
         tmp_path,
         SEED,
@@ -90,7 +85,7 @@ def test_exactly_once_on_hdfs_named_by_plain_paths_and_uris_across_a_crash_at_ea
         wave_size=40,
         say=_say,
     ) as harness:
-        harness.sweep(plan, spark)
+        harness.sweep(file_system_plan(SEED), spark)
         logs = "".join(o.log.read_text(errors="replace") for o in harness.report.outcomes)
     assert not Path(state).exists()
     assert not re.search(r"input lag after batch \d+ unknown", logs)

@@ -26,7 +26,7 @@ from retrylib.state.files import claim_json, read_json
 FAULTS_DIR = Path(__file__).resolve().parents[1] / "faults"
 sys.path.insert(0, str(FAULTS_DIR))
 
-from harness import FILE_SYSTEM_POINTS, FaultHarness, plan_rounds  # noqa: E402
+from harness import FaultHarness, file_system_plan  # noqa: E402
 
 SEED = 20261207
 RACES = 12
@@ -61,11 +61,6 @@ def test_exactly_once_on_s3_across_a_crash_at_each_file_point_then_a_redrive(spa
     that differs by file system finishes exactly once, and a redrive of the non-retryable
     dead letters sends each once and marks it, a second redrive nothing."""
     state = f"{s3.root}/sweep-{uuid.uuid4().hex[:8]}"
-    plan = [
-        spec
-        for spec in plan_rounds(SEED, points=FILE_SYSTEM_POINTS, random_kills=0, broker_restarts=0)
-        if spec.table != "dead_letter"
-    ]
     with FaultHarness(
         tmp_path,
         SEED,
@@ -76,7 +71,7 @@ def test_exactly_once_on_s3_across_a_crash_at_each_file_point_then_a_redrive(spa
         wave_size=40,
         say=lambda line: print(line, flush=True),
     ) as harness:
-        harness.sweep(plan, spark)
+        harness.sweep(file_system_plan(SEED), spark)
         bad = [r for r in harness.inputs if r.kind == "bad"]
         assert bad, "the waves hold no non-retryable record to redrive"
         command = ("redrive", str(harness.config_path), "--error-class", "ValueError", "--json")
