@@ -7,6 +7,8 @@ its cluster share /Volumes.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -106,3 +108,30 @@ def test_a_job_whose_client_or_server_is_killed_writes_each_record_once(
     assert 0 < before < len(keys)
     output = read_table(config.output.table).column("key").to_pylist()
     assert sorted(output) == sorted(keys)
+
+
+def test_the_users_spark_settings_reach_a_spark_connect_session(connect_server):
+    """`RETRYLIB_SPARK_CONF` through Spark Connect: the server brings its own jars, and each
+    setting is set on the session the client builds, or named in a warning where the server
+    keeps its own."""
+    show = (
+        "from retrylib.spark.session import build_spark_session\n"
+        "spark = build_spark_session('extras')\n"
+        "print(spark.conf.get('spark.sql.shuffle.partitions'))\n"
+        "print(spark.conf.get('spark.hadoop.fs.s3a.path.style.access'))\n"
+    )
+    env = job_env(
+        {
+            "SPARK_REMOTE": connect_server,
+            "RETRYLIB_SPARK_CONF": "spark.sql.shuffle.partitions=7 "
+            "spark.hadoop.fs.s3a.path.style.access=true spark.executor.memory=3g",
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=300
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["7", "true"]
+    refused = [line for line in done.stderr.splitlines() if "RETRYLIB_SPARK_CONF" in line]
+    assert len(refused) == 1 and "spark.executor.memory" in refused[0], done.stderr[-3000:]
