@@ -46,9 +46,10 @@ AWS_SDK_VERSION = "2.35.4"
 modules."""
 AWS_SDK_MODULES = ("s3", "s3-transfer-manager", "sts", "apache-client")
 """The SDK modules S3A calls, in place of the SDK's `bundle` (a 600 MB jar of every AWS
-service) that hadoop-aws declares: the S3 clients, the transfer manager its copies (a
-rename) go through, STS (S3A's credential providers link against it) and the HTTP client
-it builds its synchronous client on."""
+service) that hadoop-aws declares: the S3 clients, the transfer manager (S3A will not write
+without it), the HTTP client its synchronous client is built on, and STS, which S3A's
+assumed-role and web-identity credentials call (a run with keys needs no STS, 0.5 MB). With
+their dependencies, less what pyspark ships: 38 jars, 13 MB."""
 _VERSION_START = re.compile(r"\d+\.\d")
 _HADOOP_CLIENT_API = re.compile(r"hadoop-client-api-(\d+\.\d+\.\d+)\.jar")
 _LOG4J_SLF4J = "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3"
