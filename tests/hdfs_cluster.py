@@ -23,7 +23,7 @@ from pathlib import Path
 from helpers import JVM_OPTIONS, port_answers, stop_group
 
 from retrylib.dev.broker import free_port
-from retrylib.dev.jars import artifact_id, hadoop_version, pyspark_jars, resolve
+from retrylib.dev.jars import hadoop_version, pyspark_jars, resolve, shipped_artifacts
 from retrylib.errors import JarsError
 
 JUNIT_VERSION = "5.13.3"
@@ -31,8 +31,6 @@ JUNIT_VERSION = "5.13.3"
 builds with; Hadoop 3.4 (pyspark 4.0's) builds with 5.8.2, whose API this one keeps."""
 OPENTEST4J_VERSION = "1.3.0"
 _MANAGER_CLASS = "org.apache.hadoop.test.MiniDFSClusterManager"
-# pyspark ships jcl-over-slf4j, which holds commons-logging's classes.
-_ALSO_SHIPPED = ("commons-logging",)
 _LOG_CONFIG = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stdout.ref = stdout
@@ -70,8 +68,8 @@ def hdfs_jars() -> list[Path]:
     """The minicluster's jars for the installed pyspark, resolved once; pyspark's own are not
     among them. Raises `JarsError` as `resolve`."""
     shipped = pyspark_jars()
-    exclude = {artifact_id(jar.name) for jar in shipped} | set(_ALSO_SHIPPED)
-    return resolve("hdfs-tests", hdfs_coordinates(hadoop_version(shipped)), sorted(exclude))
+    exclude = shipped_artifacts(shipped)
+    return resolve("hdfs-tests", hdfs_coordinates(hadoop_version(shipped)), exclude)
 
 
 class HdfsCluster:
