@@ -55,9 +55,12 @@ def build_spark_session(
     `master` is only applied when given (spark-submit, clusters and a Spark Connect server
     set their own). On a Spark installed from PyPI (a laptop, CI) the session gets Spark's
     Kafka connector and Delta Lake from `retrylib.dev.jars` (fetched once); a cluster's
-    Spark, spark-submit and a Spark Connect server bring their own. `extra` settings are
-    applied last, over retrylib's own. The retrylib Kafka data source is registered on the
-    session. Raises `JarsError` when the jars are needed and cannot be resolved.
+    Spark, spark-submit and a Spark Connect server bring their own. The user's jars
+    (`RETRYLIB_SPARK_JARS`) go on a JVM this process starts, and the user's settings
+    (`RETRYLIB_SPARK_CONF`) over retrylib's own; `extra` settings are applied last. The
+    retrylib Kafka data source is registered on the session. Raises `JarsError` when the
+    jars are needed and cannot be resolved, `ConfigError` for a malformed
+    `RETRYLIB_SPARK_CONF`.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
