@@ -315,3 +315,18 @@ def test_spark_submit_refuses_the_former_name_of_its_extra_flags_variable() -> N
     )
     assert done.returncode == 2, done.stderr
     assert "SPARK_SUBMIT_OPTS_EXTRA is now called RETRYLIB_SPARK_EXTRA" in done.stderr
+
+
+@pytest.mark.parametrize("entry", ["spark-submit.sh", "retrylib"])
+def test_a_malformed_spark_setting_stops_each_entry_point_with_one_line(entry) -> None:
+    """`RETRYLIB_SPARK_CONF` is read alike by spark-submit.sh and `retrylib`: an entry that is
+    no Spark setting stops either before Spark starts, naming it."""
+    config = str(REPO / "conf" / "orders.toml")
+    command = [str(REPO / "spark-submit.sh"), config]
+    if entry == "retrylib":
+        command = retrylib_command("status", config)
+    env = job_env({"RETRYLIB_SPARK_CONF": "spark.ok=1 fs.s3a.endpoint=http://x"})
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "RETRYLIB_SPARK_CONF: 'fs.s3a.endpoint=http://x' is not a Spark setting" in done.stderr
