@@ -65,7 +65,7 @@ def prepare_to_run(config: AnyConfig) -> Prepared:
     `LeaseHeld` naming the copy that runs the job now."""
     partitions = prepare_topics(config)
     steps.reached("after_topics", steps.STARTING)
-    lease = _take_runner_lease(config, config.job.checkpoint)
+    lease = take_runner_lease(config, config.job.checkpoint, f"job {config.job.name!r}")
     steps.reached("after_lease", steps.STARTING)
     return Prepared(partitions, lease)
 
@@ -112,13 +112,14 @@ def lease_of_place(spark: SparkSession, config: AnyConfig, lease: RunnerLease) -
     if runner_group(config.job.name, place) == lease.group:
         return lease
     log.info("the checkpoint %s is at %s: taking that place's lease", config.job.checkpoint, place)
-    place_lease = _take_runner_lease(config, place)
+    place_lease = take_runner_lease(config, place, lease.what)
     lease.release()
     return place_lease
 
 
-def _take_runner_lease(config: AnyConfig, checkpoint: str) -> RunnerLease:
-    """The job's runner lease for the checkpoint at `checkpoint`, held on its control topic."""
+def take_runner_lease(config: AnyConfig, checkpoint: str, what: str) -> RunnerLease:
+    """The job's runner lease for the checkpoint at `checkpoint`, held on its control topic
+    by `what` (how the holder names itself: the job, or a redrive that must run alone)."""
     kafka = config.kafka
     return take_lease(
         kafka.bootstrap_servers,
@@ -126,7 +127,7 @@ def _take_runner_lease(config: AnyConfig, checkpoint: str) -> RunnerLease:
         make_admin(kafka.bootstrap_servers, kafka.client_options()),
         topic=produced_topic(config.job.name),
         group=runner_group(config.job.name, checkpoint),
-        what=f"job {config.job.name!r}",
+        what=what,
     )
 
 

@@ -19,6 +19,7 @@ from retrylib.errors import RetrylibError
 from retrylib.job.kinds import JobKind, kind_of
 from retrylib.kafka.clients import kafka_error_text, login_refusal
 from retrylib.kafka.reading import KafkaOffsets
+from retrylib.sinks.log_store import single_driver_only, spark_setting
 from retrylib.source.stranded import stranded_retries
 from retrylib.spark.session import tool_session
 from retrylib.state.checkpoint import Checkpoint
@@ -195,6 +196,15 @@ def _table_findings(spark: SparkSession, kind: JobKind) -> list[Finding]:
     if metrics is not None:
         wanted.append(("metrics.table", metrics, metrics_struct()))
     findings = []
+    if kind.dead_letter is not None:
+        why = single_driver_only(kind.dead_letter.table_ref(), spark_setting(spark))
+        if why is not None:  # the table `redrive` updates while the job appends to it
+            findings.append(
+                Finding(
+                    "warning",
+                    f"dead_letter.table: redrive runs only while the job is stopped: {why}",
+                )
+            )
     for key, table, schema in wanted:
         try:
             if not table_exists(spark, table):

@@ -34,6 +34,9 @@ One redrive per job runs at a time: each holds the job's redrive lease (a Kafka 
 group, `retrylib.kafka.runner_lease`) from before it reads the claimed rows until it is
 done, and a second one started meanwhile is refused (`LeaseHeld`, naming the first) before
 it claims anything. A redrive that died frees the lease within the lease's session timeout.
+Where only one driver at a time may write the table (S3 with open-source Delta's default log
+store), a redrive also holds the job's runner lease: it runs only while the job is stopped
+(`retrylib.ops.redrive_leases`).
 
 Target topics are checked before rows are claimed; if a claimed row's topic disappears
 before it is sent, every run fails on it until the topic exists again, or until its claim
@@ -60,12 +63,11 @@ from retrylib.errors import RedriveError
 from retrylib.job.kinds import kind_of
 from retrylib.kafka.clients import (
     connected_admin,
-    ensure_topics,
     make_producer,
     partition_counts,
 )
 from retrylib.kafka.reading import ReadToEnd, produce, reading_consumer
-from retrylib.kafka.runner_lease import redrive_group, take_lease
+from retrylib.ops.redrive_leases import redrive_leases
 from retrylib.retry.headers import redriven_headers
 from retrylib.sinks.dead_letter_table import SHOWN_COLUMNS, DeadLetterTable, redriven_at_least
 from retrylib.sinks.tables import sql_string, sql_timestamp, table_exists
@@ -229,28 +231,10 @@ def redrive(
     if dry_run:
         return _dry_run(config, dead, selection, to, report)
     kafka = config.kafka
-    options = kafka.client_options()
-    admin = connected_admin(kafka.bootstrap_servers, options, config.kafka_login())
-    control = redriven_topic(config.job.name)
-    ensure_topics(
-        admin,
-        {control: 1},
-        create=kafka.create_topics,
-        replication_factor=kafka.new_topics.replication_factor,
-    )
-    lease = take_lease(
-        kafka.bootstrap_servers,
-        options,
-        admin,
-        topic=control,
-        group=redrive_group(config.job.name),
-        what=f"redrive of {config.job.name!r}",
-    )
-    try:
+    admin = connected_admin(kafka.bootstrap_servers, kafka.client_options(), config.kafka_login())
+    with redrive_leases(spark, config, admin):
         sender = _Sender(config, admin, progress, rate)
         return _redrive_holding(config, dead, selection, to, report, sender)
-    finally:
-        lease.release()
 
 
 def _redrive_holding(

@@ -13,13 +13,24 @@ letters it left, as a process of its own given the same variables.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import uuid
 from collections import Counter
 from pathlib import Path
 
-from helpers import read_topic, run_retrylib
+from helpers import (
+    REPO,
+    assert_one_error_line,
+    job_env,
+    produce,
+    read_topic,
+    run_cli,
+    run_retrylib,
+    running_job,
+    wait_for_rows,
+)
 
 from retrylib.state.files import claim_json, read_json
 
@@ -91,3 +102,56 @@ def test_exactly_once_on_s3_across_a_crash_at_each_file_point_then_a_redrive(spa
         redriven = [d for d in dead if d["reason"] == "non_retryable"]
         assert len(redriven) == len(bad)
         assert all(d["redriven_at"] is not None for d in redriven), redriven[:3]
+
+
+def test_a_redrive_on_s3_waits_for_the_job_to_stop_and_loses_no_commit(
+    spark, s3, tmp_path, bootstrap_servers, make_topic, write_config, capsys
+):
+    """Open-source Delta on S3 keeps commits apart within one driver only: while the job
+    runs (through spark-submit.sh) and appends dead letters, a redrive of its table is
+    refused in one line naming the log store to set, and `check --tables` says so; once the
+    job is stopped the redrive runs. Every dead letter is in the table once, the table's log
+    has every version, and each dead letter goes back once."""
+    topic = make_topic("orders", partitions=2)
+    records = [(f"bad-{i}" if i % 10 == 0 else f"ok-{i}", "v") for i in range(400)]
+    produce(bootstrap_servers, topic, records)
+    state = f"{s3.root}/redrive-{uuid.uuid4().hex[:8]}"
+    config = write_config(
+        [topic],
+        kafka={"max_offsets_per_trigger": 50},  # a long backlog: many appends
+        job={"checkpoint": f"{state}/checkpoint"},
+        output={"table": f"{state}/out"},
+        dead_letter={"table": f"{state}/dlq"},
+    )
+    env = job_env({**s3.job_env(), "RETRYLIB_SPARK_EXTRA": "--master local[2]"})
+    log_path = tmp_path / "job.log"
+    redrive = ("redrive", config.source_path, "--error-class", "ValueError", "--json")
+    with running_job([str(REPO / "spark-submit.sh"), config.source_path], env, log_path) as job:
+        wait_for_rows(job, log_path, config.dead_letter.table, lambda rows: rows > 0, 240)
+        refused = run_retrylib(*redrive, env=s3.job_env())
+        _, _, warnings = run_cli(capsys, "check", config.source_path, "--tables")
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=120)
+    assert job.returncode == 0, log_path.read_text()[-3000:]
+    assert_one_error_line(
+        refused.returncode,
+        refused.stderr,
+        "job 'itest' is running and s3a://",
+        "spark.delta.logStore.s3a.impl=io.delta.storage.S3DynamoDBLogStore",
+        "stop the job, then redrive",
+    )
+    assert "dead_letter.table: redrive runs only while the job is stopped" in warnings, warnings
+
+    sent = run_retrylib(*redrive, env=s3.job_env())
+    assert sent.returncode == 0, sent.stderr[-3000:]
+    dead = spark.read.format("delta").load(config.dead_letter.table)
+    bad = {row.id for row in dead.select("id").collect()}
+    assert 0 < len(bad) == dead.count() == json.loads(sent.stdout)["sent"]
+    assert dead.where("redriven_at IS NULL").count() == 0
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{config.dead_letter.table}`").collect()
+    versions = sorted(row.version for row in history)
+    assert versions == list(range(len(versions))), versions  # no version lost or overwritten
+    redriven = {row.key for row in dead.selectExpr("CAST(key AS STRING) AS key").collect()}
+    keys = Counter(m.key().decode() for m in read_topic(bootstrap_servers, topic))
+    assert {k for k, n in keys.items() if n != (2 if k in redriven else 1)} == set()
+    assert all(key.startswith("bad-") for key in redriven), redriven
