@@ -109,7 +109,8 @@ def test_a_redrive_on_s3_waits_for_the_job_to_stop_and_loses_no_commit(
 ):
     """Open-source Delta on S3 keeps commits apart within one driver only: while the job
     runs (through spark-submit.sh) and appends dead letters, a redrive of its table is
-    refused in one line naming the log store to set, and `check --tables` says so; once the
+    refused in one line naming the log store to set, `check --tables` says so, and a second
+    copy naming the checkpoint `s3://` for `s3a://` or with a trailing `/` is refused; once the
     job is stopped the redrive runs. Every dead letter is in the table once, the table's log
     has every version, and each dead letter goes back once."""
     topic = make_topic("orders", partitions=2)
@@ -130,6 +131,16 @@ def test_a_redrive_on_s3_waits_for_the_job_to_stop_and_loses_no_commit(
         wait_for_rows(job, log_path, config.dead_letter.table, lambda rows: rows > 0, 240)
         refused = run_retrylib(*redrive, env=s3.job_env())
         _, _, warnings = run_cli(capsys, "check", config.source_path, "--tables")
+        # A second copy of the job naming the same checkpoint otherwise: one place, one lease.
+        for spelling in (f"{state}/checkpoint/", f"{state}/checkpoint".replace("s3a:", "s3:")):
+            copy = tmp_path / f"copy-{len(spelling)}.toml"
+            copy.write_text(
+                Path(config.source_path)
+                .read_text()
+                .replace(json.dumps(f"{state}/checkpoint"), json.dumps(spelling))
+            )
+            code, _, err = run_cli(capsys, "run", str(copy))
+            assert_one_error_line(code, err, "job 'itest': another copy holds the lease")
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=120)
     assert job.returncode == 0, log_path.read_text()[-3000:]
