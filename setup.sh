@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create a virtualenv with retrylib (editable) and everything the demo and the tests need, then
 # fetch the JVM jars once: Spark's Kafka connector, Delta Lake, Apache Kafka's broker, Hadoop's
-# S3A with the AWS SDK modules it calls, and for the tests Hadoop's MiniDFSCluster
-# (tests/hdfs_cluster.py). Last, it puts bytecode into
+# S3A with the AWS SDK modules it calls, and for the tests Hadoop's MiniDFSCluster and
+# MiniYARNCluster (tests/hdfs_cluster.py, tests/yarn_cluster.py). Last, it puts bytecode into
 # pyspark's own python/lib/pyspark.zip, from which every Python process Spark starts imports
 # pyspark (tests/pyspark_zip_bytecode.py says why).
 #
@@ -34,4 +34,5 @@ command -v mvn >/dev/null 2>&1 || { echo "setup.sh: Maven is needed once to fetc
 "$venv/bin/python" -m pip install -q -e ".[spark,test]" "${pins[@]}"
 "$venv/bin/python" -m retrylib.dev.jars spark kafka s3
 "$venv/bin/python" tests/hdfs_cluster.py
+"$venv/bin/python" tests/yarn_cluster.py
 "$venv/bin/python" tests/pyspark_zip_bytecode.py
