@@ -16,11 +16,10 @@ import os
 import re
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
-from helpers import JVM_OPTIONS, port_answers, stop_group
+from helpers import JVM_OPTIONS, port_answers, start_server, stop_group
 
 from retrylib.dev.broker import free_port
 from retrylib.dev.jars import hadoop_version, pyspark_jars, resolve, shipped_artifacts
@@ -31,13 +30,18 @@ JUNIT_VERSION = "5.13.3"
 builds with; Hadoop 3.4 (pyspark 4.0's) builds with 5.8.2, whose API this one keeps."""
 OPENTEST4J_VERSION = "1.3.0"
 _MANAGER_CLASS = "org.apache.hadoop.test.MiniDFSClusterManager"
-_LOG_CONFIG = """\
+WARN_TO_STDOUT = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stdout.ref = stdout
 appender.stdout.type = Console
 appender.stdout.name = stdout
 appender.stdout.layout.type = PatternLayout
 appender.stdout.layout.pattern = %d{HH:mm:ss.SSS} %p %c{1}: %m%n
+"""
+"""A log4j2 configuration: warnings and errors to stdout, one line each."""
+_LOG_CONFIG = (
+    WARN_TO_STDOUT
+    + """\
 logger.manager.name = org.apache.hadoop.test.MiniDFSClusterManager
 logger.manager.level = info
 logger.cluster.name = org.apache.hadoop.hdfs.MiniDFSCluster
@@ -52,6 +56,7 @@ logger.audit.level = info
 logger.audit.additivity = false
 logger.audit.appenderRef.audit.ref = audit
 """
+)
 # The name node's audit log: a line per call, as "... cmd=create\tsrc=/a/b\tdst=null ...".
 _AUDIT_CREATE = re.compile(r"\tcmd=create\tsrc=(\S+)\t")
 
@@ -132,22 +137,14 @@ class HdfsCluster:
     def start(self, timeout: float = 120) -> HdfsCluster:
         """Start the cluster and wait until it serves. Raises `RuntimeError` with the log's
         tail when the JVM ends first or `timeout` seconds pass."""
-        command = self.command()
-        with open(self.log_path, "ab") as log:
-            self._process = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self._workdir,
-                start_new_session=True,  # a process group of its own
-            )
-        deadline = time.monotonic() + timeout
-        while not (self._written() and port_answers(self.port)):
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                tail = self.log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"the test HDFS did not start: see {self.log_path}\n{tail}")
-            time.sleep(0.2)
+        self._process = start_server(
+            self.command(),
+            self.log_path,
+            lambda: self._written() and port_answers(self.port),
+            "the test HDFS",
+            cwd=self._workdir,
+            timeout=timeout,
+        )
         return self
 
     def _written(self) -> bool:

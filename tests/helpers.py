@@ -241,6 +241,39 @@ def kill_group(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+def start_server(
+    command: Sequence[str],
+    log_path: Path,
+    ready: Callable[[], bool],
+    what: str,
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.Popen:
+    """Start a server the tests run (`command`, in `cwd`) as the leader of a process group
+    of its own, its output appended to `log_path`, and wait until `ready()`. Raises
+    `RuntimeError` naming `what`, with the log's tail, when it ends first or `timeout`
+    seconds pass; the group is stopped then (`stop_group`)."""
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_group(process)
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{what} did not start: see {log_path}\n{tail}")
+        time.sleep(0.2)
+    return process
+
+
 def stop_group(process: subprocess.Popen | None) -> None:
     """Stop a server started in a process group of its own: SIGTERM, SIGKILL if it is still
     up 30 s later, then SIGKILL to whatever is left of its group."""

@@ -29,9 +29,10 @@ import urllib.request
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from hdfs_cluster import hdfs_jars
-from helpers import JVM_OPTIONS, stop_group
+from hdfs_cluster import WARN_TO_STDOUT, hdfs_jars
+from helpers import JVM_OPTIONS, start_server, stop_group
 
+from retrylib.dev.broker import free_port
 from retrylib.dev.jars import pyspark_jars, resolve
 from retrylib.errors import JarsError
 
@@ -52,14 +53,16 @@ _SETTINGS = {
     # A disk 90 % full would mark the node unhealthy and leave every container unscheduled.
     "yarn.nodemanager.disk-health-checker.enable": "false",
 }
-_LOG_CONFIG = """\
-rootLogger.level = warn
-rootLogger.appenderRef.stdout.ref = stdout
-appender.stdout.type = Console
-appender.stdout.name = stdout
-appender.stdout.layout.type = PatternLayout
-appender.stdout.layout.pattern = %d{HH:mm:ss.SSS} %p %c{1}: %m%n
-"""
+_ADDRESSES = (
+    "yarn.resourcemanager.address",
+    "yarn.resourcemanager.scheduler.address",
+    "yarn.resourcemanager.resource-tracker.address",
+    "yarn.resourcemanager.admin.address",
+    "yarn.resourcemanager.webapp.address",
+    "yarn.nodemanager.address",
+    "yarn.nodemanager.localizer.address",
+    "yarn.nodemanager.webapp.address",
+)
 
 
 def yarn_jars() -> list[Path]:
@@ -104,11 +107,16 @@ class YarnCluster:
 
     def command(self) -> list[str]:
         log_config = self.workdir / "log4j2.properties"
-        log_config.write_text(_LOG_CONFIG)
+        log_config.write_text(WARN_TO_STDOUT)
         tmp = self.workdir / "tmp"
         tmp.mkdir(exist_ok=True)
+        # Every server of the cluster on a port drawn by `free_port`, out of the ephemeral
+        # range that its clients' own sockets draw from (`free_port` says why).
+        addresses = {key: f"127.0.0.1:{free_port()}" for key in _ADDRESSES}
         settings = {
             **_SETTINGS,
+            **addresses,
+            "yarn.minicluster.fixed.ports": "true",  # else it binds each to port 0
             "fs.defaultFS": self.default_fs,
             "hadoop.tmp.dir": str(tmp),
             "yarn.nodemanager.resource.memory-mb": str(self.memory_mb),
@@ -131,23 +139,15 @@ class YarnCluster:
         """Start the cluster, wait until its NodeManager has registered and write `conf_dir`.
         Raises `RuntimeError` with the log's tail when the JVM ends first or `timeout`
         seconds pass."""
-        command = self.command()
-        with open(self.log_path, "ab") as log:
-            self._process = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,  # the cluster's folders: ./target/retrylib
-                env={**os.environ, "JAVA_HOME": java_home()},
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while not self._written.exists():
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                tail = self.log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"the test YARN did not start: see {self.log_path}\n{tail}")
-            time.sleep(0.2)
+        self._process = start_server(
+            self.command(),
+            self.log_path,
+            self._written.exists,
+            "the test YARN",
+            cwd=self.workdir,  # the cluster's folders: ./target/test/data/retrylib
+            env={**os.environ, "JAVA_HOME": java_home()},
+            timeout=timeout,
+        )
         root = ElementTree.parse(self._written).getroot()
         self._config = {
             prop.findtext("name"): prop.findtext("value") or "" for prop in root.iter("property")
