@@ -369,20 +369,6 @@ def metrics_totals(log: str) -> dict[str, int]:
     return totals
 
 
-_TASK_LINE = re.compile(r"Executor: (Running|Finished) task \S+ in stage \S+ \(TID (\d+)\)")
-
-
-def running_tasks(executor_logs: Iterable[Path]) -> set[str]:
-    """The task ids (TIDs) that executors have started and not finished, as their own logs
-    (stderr, INFO) say it the moment it happens (the driver's UI, fed by its listener bus,
-    can lag by seconds on a busy machine)."""
-    started, finished = set(), set()
-    for log in executor_logs:
-        for state, tid in _TASK_LINE.findall(log.read_text(errors="replace")):
-            (started if state == "Running" else finished).add(tid)
-    return started - finished
-
-
 def wait_for(
     done: Callable[[], bool],
     timeout: float,

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import pyspark
 import pytest
-from helpers import JVM_OPTIONS, logged_metrics, running_tasks
+from helpers import JVM_OPTIONS, logged_metrics
 
 from retrylib.dev.broker import free_port
 
@@ -52,6 +53,9 @@ SECOND_WAVE = 600
 PER_TRIGGER = 600  # main-topic records per batch: the first wave takes two
 SETTLE = 6.0  # seconds without a change: longer than the longest retry delay (2s)
 TIMEOUT = 400.0  # from the start to the drain: a guard against hangs on a busy machine
+
+
+_TASK_LINE = re.compile(r"Executor: (Running|Finished) task \S+ in stage \S+ \(TID (\d+)\)")
 
 
 def _pgid(pid: int) -> int | None:
@@ -124,7 +128,11 @@ class Worker:
     def started_tasks(self) -> set[str]:
         """The task ids (TIDs) this worker's executors have started and not finished, as
         their own logs (stderr in the work dir, INFO) say it the moment it happens."""
-        return running_tasks(self.work_dir.glob("*/*/stderr"))
+        started, finished = set(), set()
+        for log in self.work_dir.glob("*/*/stderr"):
+            for state, tid in _TASK_LINE.findall(log.read_text(errors="replace")):
+                (started if state == "Running" else finished).add(tid)
+        return started - finished
 
     def kill(self) -> list[int]:
         """SIGKILL the worker's process group and wait until none of it runs; returns the
