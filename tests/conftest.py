@@ -105,7 +105,8 @@ def hdfs(tmp_path_factory) -> Iterator[HdfsCluster]:
 
     Started by the first test that asks for it, in about 10 s. Each pytest-xdist worker that
     runs such a test starts its own (`--dist loadfile` keeps a file's tests on one worker):
-    the HDFS tests are in one module. Paths under it outlive a test; name them apart.
+    the HDFS tests are in one module, and the YARN tests (test_yarn.py) run on it as their
+    default file system. Paths under it outlive a test; name them apart.
     """
     cluster = HdfsCluster(tmp_path_factory.mktemp("hdfs")).start()
     try:

@@ -33,13 +33,12 @@ from pathlib import Path
 
 import pyspark
 import pytest
-from helpers import JVM_OPTIONS, job_env, wait_for
+from helpers import JVM_OPTIONS, REPO, job_env, wait_for
 from yarn_cluster import YarnCluster
 
-REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "faults"))
 
-from harness import FaultsJob, logged_batches  # noqa: E402
+from harness import FaultsJob, logged_batches
 
 pytestmark = pytest.mark.slow
 
