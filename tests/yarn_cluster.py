@@ -104,6 +104,7 @@ class YarnCluster:
         self._written = workdir / "cluster-config.xml"
         self._process: subprocess.Popen | None = None
         self._config: dict[str, str] = {}
+        self._container_logs = workdir
 
     def command(self) -> list[str]:
         log_config = self.workdir / "log4j2.properties"
@@ -148,6 +149,9 @@ class YarnCluster:
             env={**os.environ, "JAVA_HOME": java_home()},
             timeout=timeout,
         )
+        # Found once: a walk of the whole tree would race the containers' folders coming
+        # and going.
+        [self._container_logs] = self.workdir.glob("target/test/data/retrylib/*/*-logDir-nm-*")
         root = ElementTree.parse(self._written).getroot()
         self._config = {
             prop.findtext("name"): prop.findtext("value") or "" for prop in root.iter("property")
@@ -183,8 +187,7 @@ class YarnCluster:
         """The folder of the logs of application `app_id`'s containers, one sub-folder each
         (`container_<cluster>_<app>_<attempt>_<n>/` with `stdout` and `stderr`), there from
         its first container's start on."""
-        [logs] = self.workdir.glob("target/**/retrylib-logDir-nm-*")
-        return logs / app_id
+        return self._container_logs / app_id
 
     def container_processes(self) -> dict[str, list[int]]:
         """The processes of the containers running now: container id -> pids (those whose
