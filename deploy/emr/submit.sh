@@ -37,6 +37,8 @@
 #   PYSPARK_PYTHON          the interpreter (default: the one bootstrap.sh wrote to
 #                           /etc/retrylib/python)
 #   RETRYLIB_SPARK_EXTRA    more spark-submit flags, e.g. "--conf spark.executor.instances=4"
+#   RETRYLIB_SPARK_JARS     more jars, comma-separated; RETRYLIB_SPARK_CONF: Spark settings,
+#                           key=value pairs (docs/operating.md: extra jars and settings)
 #   RETRYLIB_MAX_RESTARTS   failed runs started again in a row (10)
 #   RETRYLIB_RESTART_DELAY  seconds between a failed run and the next (60)
 #   RETRYLIB_HEALTHY_AFTER  seconds after which a run's failure starts the count anew (3600)
@@ -86,8 +88,14 @@ submit+=(--conf spark.yarn.maxAppAttempts=1
   --conf "spark.pyspark.driver.python=$PYSPARK_PYTHON"
   --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
   --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog)
-# shellcheck disable=SC2206
-submit+=(${RETRYLIB_SPARK_EXTRA:-} "$home/jobs/run_job.py" "${tool[@]}" "$config" "$@")
+# The user's jars and settings as spark-submit.sh takes them (retrylib/spark/extra.py): the
+# jars of RETRYLIB_SPARK_JARS and of a --jars in RETRYLIB_SPARK_EXTRA as one --jars, a
+# --conf per setting of RETRYLIB_SPARK_CONF, then RETRYLIB_SPARK_EXTRA's other flags.
+for part in "" --rest; do
+  printed=$("$PYSPARK_PYTHON" -m retrylib.spark.extra ${part:+"$part"}) || exit 2
+  [[ -z $printed ]] || mapfile -t -O "${#submit[@]}" submit <<< "$printed"
+done
+submit+=("$home/jobs/run_job.py" "${tool[@]}" "$config" "$@")
 # A command runs once: nothing to restart, its exit code is the step's.
 if ((${#tool[@]})); then
   exec "${submit[@]}"

@@ -277,6 +277,29 @@ def test_submit_adds_the_kafka_connector_for_the_builtin_source_only(node):
     assert args[args.index("--packages") + 1] == KAFKA_CONNECTOR
 
 
+def test_submit_gives_the_users_jars_and_settings_as_spark_submit_sh_does(node):
+    """RETRYLIB_SPARK_JARS and a --jars in RETRYLIB_SPARK_EXTRA as one --jars (spark-submit
+    keeps the last), RETRYLIB_SPARK_CONF as --conf flags, the other extra flags kept."""
+    runs = _spark_submit(node, [0])
+    extras = {
+        "RETRYLIB_SPARK_JARS": "s3://b/jars/a.jar",
+        "RETRYLIB_SPARK_EXTRA": "--jars s3://b/jars/b.jar --conf spark.executor.instances=4",
+        "RETRYLIB_SPARK_CONF": "spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:9000",
+    }
+    result = node.run("submit.sh", CONFIG, **FAST, **extras)
+    assert result.returncode == 0, result.stderr
+    args = runs.read_text().split()[1:]
+    assert args.count("--jars") == 1
+    assert args[args.index("--jars") + 1] == "s3://b/jars/b.jar,s3://b/jars/a.jar"
+    confs = {args[i + 1] for i, arg in enumerate(args) if arg == "--conf"}
+    assert {
+        "spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:9000",
+        "spark.executor.instances=4",
+    } <= confs
+    bad = node.run("submit.sh", CONFIG, **FAST, RETRYLIB_SPARK_CONF="endpoint")
+    assert bad.returncode == 2 and "RETRYLIB_SPARK_CONF: 'endpoint'" in bad.stderr, bad.stderr
+
+
 def test_submit_restarts_a_failed_run_until_it_ends_well(node):
     runs = _spark_submit(node, [1, 137, 0])
     result = node.run("submit.sh", CONFIG, **FAST)
