@@ -26,7 +26,7 @@ class DriverHooks(Hooks):
     ) -> None:
         super().__init__(references, paths, counters)
         self._bounded = {
-            name: BoundedCall(function, timeout_s, "hooks.timeout", f"retrylib-{name}")
+            name: BoundedCall(function, timeout_s, "hooks.timeout", f"hook {name}")
             for name, function in self._functions.items()
         }
 

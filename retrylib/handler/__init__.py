@@ -10,9 +10,13 @@ around them.
 from __future__ import annotations
 
 
-class HandlerTimeout(Exception):
+class HandlerTimeout(BaseException):
     """Raised when one handler call (or record hook call) runs longer than
-    `handler.timeout`."""
+    `handler.timeout`.
+
+    A `BaseException`, as `asyncio.CancelledError` is: a handler that retries its dependency
+    in a loop under `except Exception` must not catch it. (Up to 0.2.0 it was an
+    `Exception`.)"""
 
 
 class BadHandlerResult(Exception):

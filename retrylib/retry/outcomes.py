@@ -90,6 +90,12 @@ class Count(StrEnum):
     """retrylib's own header names taken off main-topic records."""
     HOOK_ERRORS = "hook_errors"
     """Calls of the user's lifecycle hooks that raised (`hooks`)."""
+    CALLS_TIMED_OUT = "calls_timed_out"
+    """Calls of the user's code on the executors (handler, record hooks) that ran past
+    `handler.timeout` and were interrupted (`task.call_bounds`)."""
+    CALL_PROCESSES_ENDED = "call_processes_ended"
+    """Of those, calls that did not stop when interrupted, whose own process was ended (in
+    a batch run again with a process per call, after its worker was ended)."""
     HANDLER_MS = "handler_ms"
     """Time spent in the handler."""
     KAFKA_READ_MS = "kafka_read_ms"

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from retrylib.handler import HandlerTimeout
 from retrylib.record import Record
 from retrylib.retry.key_order import KeyOrder
 from retrylib.retry.outcomes import Count
 from retrylib.retry.policy import RetryPolicy
+from retrylib.task.call_bounds import TimedCall, bound_call
 from retrylib.task.handler import (
     BadHandlerResult,
     Handler,
-    TimedCall,
     as_failure,
-    bound_call,
     load_handler,
     result_rows,
 )
@@ -111,7 +111,8 @@ class HandlerCalls:
     ) -> None:
         self.plan = plan
         self.handler: Handler = load_handler(plan.handler, plan.handler_paths)
-        timed = TimedCall(plan.handler_timeout_ms)  # one: it owns the process's SIGALRM
+        # One per task: it owns the process's SIGALRM.
+        timed = TimedCall(plan.handler_timeout_ms, counters)
         self.invoke = bound_call(self.handler, timed, isolate=plan.isolate)
         # After the handler's import, which may set the process's tracer provider.
         self.spans = (
@@ -120,7 +121,7 @@ class HandlerCalls:
         self.columns = frozenset(plan.output_schema.names)
         self.results = results
         self.counters = counters
-        self.hooks = Hooks(plan.hooks, plan.handler_paths, counters, timed)
+        self.hooks = Hooks(plan.hooks, plan.handler_paths, counters, timed, isolate=plan.isolate)
         self.handler_ns = 0
         # Successful calls whose rows are not yet written: (record, its Delivery if it
         # has one, rows). Written together; a record whose rows do not fit fails alone.
@@ -138,6 +139,7 @@ class HandlerCalls:
                 plan.handler_parallelism,
                 partial(self._call_between_hooks, call=self.handler),
                 plan.handler_timeout_ms,
+                counters,
                 on_late=None if self.key_order is None else self.key_order.call_failed,
             )
 
@@ -184,7 +186,7 @@ class HandlerCalls:
             started = clock()
             try:
                 result = between(record, invoke)
-            except Exception as error:
+            except (Exception, HandlerTimeout) as error:
                 spent += clock() - started
                 self.retries.fail(self._delivery(record, deliveries, index), error)
                 continue

@@ -11,8 +11,9 @@ Record hooks run on the executors, in the task that handles the record, like the
 - `on_dead_letter(record, reason, error)` when a record goes to the dead letter, `reason`
   being its dead letter's reason (`retry.outcomes.Reason`).
 
-They run under the handler's limit (`handler.timeout`): a call still running then is
-stopped, as a handler call is, and counted as failed.
+They run under the handler's limit (`handler.timeout`), kept as a handler call's is
+(`task.call_bounds`): a call still running then is interrupted and counted as failed, and
+one that does not stop has its process ended.
 
 Batch hooks run on the driver: `on_batch_start(batch_id)` and `on_batch_end(batch_id,
 counters)`, with the batch's counters (`retry.outcomes.Count`). Each call is bounded
@@ -51,7 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from retrylib.config.importing import import_object
 from retrylib.retry.outcomes import Count
-from retrylib.task.handler import TimedCall
+from retrylib.task.call_bounds import TimedCall, call_isolated
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,9 @@ class Hooks:
     `paths` on sys.path, their failures counted in `counters`.
 
     With `timed` (the handler's limit, `handler.timeout`), a call in the task's main thread
-    that runs past it is stopped and counted as failed; on a lane (`handler.parallelism`),
-    the lane's limit covers the hooks with the handler call they surround."""
+    is bounded as a handler call is, in a process of its own when `isolate` (as the
+    handler's calls are then); on a lane (`handler.parallelism`), the lane's limit covers
+    the hooks with the handler call they surround."""
 
     def __init__(
         self,
@@ -70,9 +72,12 @@ class Hooks:
         paths: Sequence[str],
         counters: Counter[str],
         timed: TimedCall | None = None,
+        *,
+        isolate: bool = False,
     ) -> None:
         self._references = dict(references)
-        self._timed = timed if timed is not None and timed.timeout_ms else None
+        self._timed = timed if timed is not None and (timed.timeout_ms or isolate) else None
+        self._isolate = isolate
         self._functions: dict[str, Callable[..., object]] = {
             name: import_object(reference, paths)  # type: ignore[misc]
             for name, reference in references.items()
@@ -89,10 +94,12 @@ class Hooks:
         if function is None:
             return
         try:
-            if self._timed is not None and threading.current_thread() is threading.main_thread():
-                self._timed.call_named(f"hook {name}", function, *args)
-            else:
+            if self._timed is None or threading.current_thread() is not threading.main_thread():
                 function(*args)
+            elif self._isolate:
+                call_isolated(self._timed, f"hook {name}", function, *args)
+            else:
+                self._timed.call_named(f"hook {name}", function, *args)
         except BaseException as error:  # a hook never stops the job, whatever it raises
             self._failed(name, f"raised {type(error).__name__}: {error}")
 

@@ -14,7 +14,7 @@ from helpers import REPO, problem_for, route, write_literal_config
 
 from retrylib.batch.driver_hooks import DriverHooks
 from retrylib.config.loader import load_config
-from retrylib.task.handler import TimedCall
+from retrylib.task.call_bounds import TimedCall
 from retrylib.task.hooks import Hooks
 
 ROWS = [
@@ -114,12 +114,12 @@ def test_a_batch_hook_that_hangs_is_left_running_and_counted(plan, events, caplo
         [warning] = [r.getMessage() for r in caplog.records if r.name == "retrylib.task.hooks"]
         assert warning.startswith(
             "hook on_batch_end (unit_handlers:stuck) has not returned within hooks.timeout "
-            "(0.05s); it runs on in its thread"
+            "(0.05s); it was interrupted"
         )
     finally:
         unit_handlers.RELEASE.set()
     for thread in threading.enumerate():
-        if thread.name == "retrylib-on_batch_end":
+        if thread.name == "retrylib hook on_batch_end":
             thread.join(5)
     hooks.call("on_batch_end", 3, {})  # returned: called again
     assert events[-1] == ("stuck", 3, {})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -12,6 +13,7 @@ from retrylib.handler import HandlerTimeout
 from retrylib.record import Record
 from retrylib.task.lanes import Lanes, lane_of
 from retrylib.task.results import OUTGOING_KIND
+from retrylib.task.watchdog import GRACE_S
 
 
 def records(keys: list[bytes | None]) -> list[Record]:
@@ -87,25 +89,57 @@ def test_failures_stay_with_their_records() -> None:
     assert str(calls[4].error) == "bad 4"
 
 
-def test_a_call_over_the_timeout_fails_and_its_lane_goes_on() -> None:
-    release = threading.Event()
+def test_a_call_over_the_timeout_fails_its_lane_goes_on_and_the_call_is_interrupted() -> None:
+    interrupted = threading.Event()
 
     def handler(record: Record) -> dict:
-        if record.offset == 0:
-            release.wait(10)  # the late call: not stopped, its result ignored
+        if record.offset == 0:  # the late call: retries its service under `except Exception`
+            try:
+                while True:
+                    try:
+                        time.sleep(0.01)
+                    except Exception:
+                        pass
+            except HandlerTimeout:
+                interrupted.set()
+                raise
         return {"offset": record.offset}
 
-    lanes = Lanes(2, handler, timeout_ms=200)
+    counters: Counter[str] = Counter()
+    lanes = Lanes(2, handler, timeout_ms=200, counters=counters)
     started = time.monotonic()
     calls = lanes.call_all(records([b"same", b"same", b"other"]))
     took = time.monotonic() - started
-    release.set()
     lanes.close()
 
     assert isinstance(calls[0].error, HandlerTimeout)
     assert str(calls[0].error) == "handler did not return within 0.2s"
     assert [call.result for call in calls[1:]] == [{"offset": 1}, {"offset": 2}]
-    assert took < 5
+    assert interrupted.is_set()
+    assert took < 1.5  # the limit, and the interrupt's landing: not the grace
+    assert counters == {"calls_timed_out": 1}
+
+
+def test_a_late_call_that_does_not_stop_holds_the_calls_until_its_grace_has_passed() -> None:
+    """Without a watchdog (which would end this process: test_call_bounds.py), the calls
+    end once the grace has passed; their outcomes are kept."""
+    release = threading.Event()
+
+    def handler(record: Record) -> dict:
+        if record.offset == 0:
+            release.wait(30)  # in C code: the interrupt lands only once it returns
+        return {"offset": record.offset}
+
+    lanes = Lanes(2, handler, timeout_ms=200, watchdog=None)
+    started = time.monotonic()
+    calls = lanes.call_all(records([b"same", b"other"]))
+    took = time.monotonic() - started
+    release.set()
+    lanes.close()
+
+    assert isinstance(calls[0].error, HandlerTimeout)
+    assert calls[1].result == {"offset": 1}
+    assert 0.2 + GRACE_S <= took < 0.2 + GRACE_S + 1.5
 
 
 @pytest.mark.parametrize("raised", [KeyboardInterrupt(), SystemExit(3)])

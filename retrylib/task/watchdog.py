@@ -1,0 +1,112 @@
+"""The last bound on a user call in a Spark Python worker: a process of its own that ends the
+worker when a call has outlived its limit and the grace after it.
+
+An interrupt stops a call only when the call returns to Python and lets it through:
+`TimedCall`'s SIGALRM, or the `HandlerTimeout` a lane's thread is given (`task.lanes`). A
+handler that catches `BaseException` in a loop, blocks SIGALRM, or waits in C code that
+never returns (or holds the GIL, so that no thread of the worker runs at all) is past
+anything the worker itself can do. So the worker forks a watchdog once, which shares one
+number with it: the deadline of the call in progress (0 when none runs). The worker writes
+it as a call starts and ends (a store to shared memory, no system call); the watchdog reads
+it a few times a second and, once it has passed, logs one ERROR line and kills the worker
+(SIGKILL). Spark then fails the task with "Python worker exited unexpectedly", and the
+batch runs again with each call in a process of its own (`batch.routing_stage`), where the
+parent bounds each child itself (`call_bounds.call_isolated`): the guilty record alone fails,
+as a `HandlerTimeout`.
+
+The watchdog keeps no file or socket of the worker's open (Spark sees the worker's end at
+once) and exits as soon as its worker is gone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import signal
+import time
+
+log = logging.getLogger(__name__)
+
+GRACE_S = 2.0
+"""How long a call that outlived its limit has to stop after it was first interrupted
+before its worker is ended: time for its `finally` blocks to run."""
+_TICK_S = 0.2
+"""How often the watchdog reads the deadline."""
+
+
+class Watchdog:
+    """The watchdog of this process (see the module docstring); `WATCHDOG` is the one."""
+
+    def __init__(self) -> None:
+        self._memory = mmap.mmap(-1, ctypes.sizeof(ctypes.c_double) * 2)  # shared on fork
+        self._deadline = ctypes.c_double.from_buffer(self._memory)
+        self._limit = ctypes.c_double.from_buffer(self._memory, ctypes.sizeof(ctypes.c_double))
+        self._watched_pid = 0  # the process the watchdog runs for, if it runs
+
+    def start(self, limit_s: float) -> None:
+        """Make sure this process's watchdog runs (it is forked once per process), for calls
+        limited to `limit_s`."""
+        self._limit.value = limit_s
+        parent = os.getpid()
+        if self._watched_pid == parent:
+            return
+        self._watched_pid = parent
+        self.disarm()
+        if os.fork() == 0:  # pragma: no cover - runs in the watchdog
+            _watch(parent, self._deadline, self._limit)
+
+    def arm(self, started: float) -> None:
+        """A call started at `started` (`time.monotonic()`): end this process if the call has
+        not ended (`disarm`) `GRACE_S` after its limit."""
+        self._deadline.value = started + self._limit.value + GRACE_S
+
+    def arm_unless_earlier(self, started: float) -> None:
+        """`arm` for a call started at `started`, unless a call that started earlier is
+        armed: for calls that run at once (`task.lanes`), the first to end the process."""
+        deadline = started + self._limit.value + GRACE_S
+        armed = self._deadline.value
+        if not armed or deadline < armed:
+            self._deadline.value = deadline
+
+    def disarm(self) -> None:
+        """No call runs now."""
+        self._deadline.value = 0.0
+
+    def stand_down(self) -> None:
+        """In a process forked to run one call (`call_isolated`), whose parent bounds it:
+        its calls write to a number no watchdog reads, and it starts none."""
+        self._deadline = ctypes.c_double()
+        self._limit = ctypes.c_double()
+        self._watched_pid = os.getpid()
+
+
+def _watch(worker: int, deadline: ctypes.c_double, limit: ctypes.c_double) -> None:
+    """The watchdog's life: read `deadline` every `_TICK_S` until `worker` is gone or the
+    deadline has passed, then kill it. Never returns."""
+    try:
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the worker's sockets: see the docstring
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        while os.getppid() == worker:
+            time.sleep(_TICK_S)
+            due = deadline.value
+            if due and time.monotonic() > due:
+                log.error(
+                    "ending Python worker %d: a call of yours has run %gs past its limit "
+                    "(handler.timeout %gs) and did not stop when interrupted; its task runs "
+                    "again with each call in a process of its own, where that call fails "
+                    "alone as a HandlerTimeout",
+                    worker,
+                    GRACE_S,
+                    limit.value,
+                )
+                os.kill(worker, signal.SIGKILL)
+                break
+    finally:
+        os._exit(0)
+
+
+WATCHDOG = Watchdog()
+"""This process's watchdog."""
