@@ -200,8 +200,9 @@ def _run_tasks(
     metrics not at all (`Observation.get` is then empty): there they are computed from the
     staged rows.
 
-    If a Python worker dies (a handler called os._exit or crashed in native code), the
-    batch runs again with every handler call in a process of its own, so that the record
+    If a Python worker dies (a handler called os._exit or crashed in native code, or the
+    worker's watchdog ended it for a call that would not stop, `task.watchdog`), the batch
+    runs again with every handler call in a process of its own, so that the record
     responsible fails alone, as a `HandlerCrashed` attempt, instead of failing every
     replay of the batch.
     """
@@ -225,8 +226,9 @@ def _run_tasks(
     finally:
         flavour_of(spark).set_job_property(spark, _BATCH_PROPERTY, None)
     log.warning(
-        "batch %d: a Python worker died while handling records; running the batch again "
-        "with each handler call in its own process",
+        "batch %d: a Python worker died while handling records (a call of yours ended it, or "
+        "its watchdog did, for a call past handler.timeout that did not stop: the executor's "
+        "log says which); running the batch again with each handler call in its own process",
         plan.batch_id,
     )
     return _run_tasks(df, plan, staging, decisions, isolate=True)

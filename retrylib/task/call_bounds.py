@@ -83,6 +83,7 @@ class TimedCall:
         self._watcher_pid = 0
         self._watcher_lock = threading.Lock()
         self.limit_s = 0.0
+        self._deadline = WATCHDOG.deadline  # this process's (`_start_watcher` asks again)
         if self.timeout_ms:
             self.limit_s = self.timeout_ms / 1000
             self._warn_s = min(_WARN_AFTER_MS, self.timeout_ms / 2) / 1000
@@ -151,6 +152,7 @@ class TimedCall:
             self._watching, self._watcher_pid = True, os.getpid()
             threading.Thread(target=self._watch, name="retrylib-timeout", daemon=True).start()
         WATCHDOG.start(self.limit_s)
+        self._deadline = WATCHDOG.deadline  # in a forked call's child: one no watchdog reads
 
     def __call__(self, function: Handler, record: Record) -> Any:
         return self.call_named("handler", function, record)
@@ -165,12 +167,12 @@ class TimedCall:
         started = self._started = time.monotonic()  # before the look at the watcher: _watch
         if not self._watching or self._watcher_pid != os.getpid():  # a fork leaves it behind
             self._start_watcher()
-        WATCHDOG.arm(started)
+        self._deadline.value = started + self.limit_s + GRACE_S  # `Watchdog.arm`, inlined
         try:
             return function(*args)
         finally:
             self._started = None
-            WATCHDOG.disarm()
+            self._deadline.value = 0.0
             if self._interrupted == self._call:
                 self.counters[Count.CALLS_TIMED_OUT] += 1
 

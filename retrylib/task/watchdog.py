@@ -57,6 +57,13 @@ class Watchdog:
         if os.fork() == 0:  # pragma: no cover - runs in the watchdog
             _watch(parent, self._deadline, self._limit)
 
+    @property
+    def deadline(self) -> ctypes.c_double:
+        """The number the watchdog reads, for a caller that writes it itself on a hot path
+        (`TimedCall`): the deadline (`time.monotonic()`) of the call in progress, 0 when
+        none runs. Asked again after `stand_down`, which replaces it."""
+        return self._deadline
+
     def arm(self, started: float) -> None:
         """A call started at `started` (`time.monotonic()`): end this process if the call has
         not ended (`disarm`) `GRACE_S` after its limit."""
