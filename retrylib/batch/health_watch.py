@@ -22,9 +22,7 @@ class HealthWatch:
     def __init__(
         self, check: Callable[[], object], every_s: float, timeout_s: float, breaker: Breaker
     ) -> None:
-        self._check = BoundedCall(
-            check, timeout_s, "breaker.health_timeout", "breaker.health"
-        )
+        self._check = BoundedCall(check, timeout_s, "breaker.health_timeout", "breaker.health")
         self._every_s = every_s
         self._breaker = breaker
         self._stopped = threading.Event()
