@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from helpers import (
     job_env,
     logged_metrics,
@@ -19,6 +20,8 @@ from helpers import (
     running_job,
     wait_for,
 )
+
+from retrylib.job import start_query
 
 REPO = Path(__file__).resolve().parents[2]
 STUBBORN = ("loop", "catchall", "sigblock", "cwait", "gil")
@@ -129,3 +132,59 @@ def test_sigterm_while_calls_resist_their_timeout_stops_within_the_stop_timeout(
     assert took < 45, f"the stop took {took:.0f}s"
     (stopped,) = log.split("stopping after the current batch\n", 1)[1].strip().splitlines()
     assert "did not finish within 3s and runs again at the next start" in stopped, log[-4000:]
+
+
+@pytest.mark.parametrize("kind", ["lanes", "record_hook", "arrow"])
+def test_every_kind_of_user_call_is_bounded(
+    spark, bootstrap_servers, make_topic, write_config, kind
+):
+    """On lanes, in a record hook and in a vectorised handler, a call that does not stop has
+    its worker ended, and the batch run again with a process per call gives each record one
+    final outcome: the resisting call's records a dead letter (a hook's record, its row)."""
+    topic = make_topic("orders", partitions=2)
+    stubborn = {"lanes": "catchall-0", "record_hook": "hookstuck-0", "arrow": "catchall-0"}[kind]
+    keys = [stubborn] + [f"ok-{i}" for i in range(11)]
+    produce(bootstrap_servers, topic, [(key, f"v-{key}") for key in keys], partitions=2)
+    options = {
+        "lanes": ({"parallelism": 3}, {}),
+        "record_hook": ({}, {"hooks": {"before_record": "timeout_handlers:stubborn_hook"}}),
+        "arrow": ({"kind": "arrow", "function": "timeout_handlers:arrow_by_key"}, {}),
+    }
+    handler_options, sections = options[kind]
+    config = write_config(
+        [topic],
+        handler="timeout_handlers:by_key",
+        handler_options={"timeout": "1s", **handler_options},
+        retry={"delays": ["1s"], "max_attempts": 1},
+        **sections,
+    )
+
+    results = []
+    query, router = start_query(spark, config, available_now=True, on_result=results.append)
+    query.awaitTermination(240)
+    router.close()
+    assert query.exception() is None
+    counted = {
+        name: sum(result.counters.get(name, 0) for result in results)
+        for name in ("calls_timed_out", "call_processes_ended", "hook_errors")
+    }
+    # The stubborn call, once, in the batch run again with a process per call.
+    assert counted == {
+        "calls_timed_out": 1,
+        "call_processes_ended": 1,
+        "hook_errors": 1 if kind == "record_hook" else 0,
+    }
+
+    output = read_table(config.output.table).column("key").to_pylist()
+    dead = {row["key"].decode(): row for row in read_table(config.dead_letter.table).to_pylist()}
+    assert sorted(output + list(dead)) == sorted(keys)  # each record once, one way or the other
+    assert len(output) == len(set(output))
+    if kind == "record_hook":
+        assert not dead  # a hook cannot fail its record
+        return
+    assert stubborn in dead
+    for row in dead.values():
+        assert row["error_class"] == "retrylib.handler.HandlerTimeout", row
+        assert row["error_message"].endswith("its process was ended 2s later"), row
+    if kind == "lanes":
+        assert list(dead) == [stubborn]
