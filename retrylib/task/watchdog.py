@@ -5,8 +5,10 @@ An interrupt stops a call only when the call returns to Python and lets it throu
 `TimedCall`'s SIGALRM, or the `HandlerTimeout` a lane's thread is given (`task.lanes`). A
 handler that catches `BaseException` in a loop, blocks SIGALRM, or waits in C code that
 never returns (or holds the GIL, so that no thread of the worker runs at all) is past
-anything the worker itself can do. So the worker forks a watchdog once, which shares one
-number with it: the deadline of the call in progress (0 when none runs). The worker writes
+anything the worker itself can do. So the worker starts a watchdog once, a small Python
+process of its own (`python -c`, about 20 MB: a forked copy would keep the worker's heap as
+it was, page by page, as the worker rewrites it), which shares one number with it through
+a memory file: the deadline of the call in progress (0 when none runs). The worker writes
 it as a call starts and ends (a store to shared memory, no system call); the watchdog reads
 it a few times a second and, once it has passed, logs one ERROR line and kills the worker
 (SIGKILL). Spark then fails the task with "Python worker exited unexpectedly", and the
@@ -15,7 +17,9 @@ parent bounds each child itself (`call_bounds.call_isolated`): the guilty record
 as a `HandlerTimeout`.
 
 The watchdog keeps no file or socket of the worker's open (Spark sees the worker's end at
-once) and exits as soon as its worker is gone.
+once) and exits as soon as its worker is gone. It finds retrylib on the worker's own
+`sys.path` (an installed package, or the zip Spark ships), and logs as the worker does
+(`retrylib.logs`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ import logging
 import mmap
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 
 log = logging.getLogger(__name__)
@@ -40,22 +47,38 @@ class Watchdog:
     """The watchdog of this process (see the module docstring); `WATCHDOG` is the one."""
 
     def __init__(self) -> None:
-        self._memory = mmap.mmap(-1, ctypes.sizeof(ctypes.c_double) * 2)  # shared on fork
-        self._deadline = ctypes.c_double.from_buffer(self._memory)
-        self._limit = ctypes.c_double.from_buffer(self._memory, ctypes.sizeof(ctypes.c_double))
+        self._memory: mmap.mmap | None = None
+        self._file = -1  # the memory file's descriptor, once shared
+        self._deadline = ctypes.c_double()  # this process's until `start`: no watchdog reads it
+        self._limit = ctypes.c_double()
         self._watched_pid = 0  # the process the watchdog runs for, if it runs
+        self._process: subprocess.Popen | None = None
 
     def start(self, limit_s: float) -> None:
-        """Make sure this process's watchdog runs (it is forked once per process), for calls
+        """Make sure this process's watchdog runs (it is started once per process), for calls
         limited to `limit_s`."""
-        self._limit.value = limit_s
         parent = os.getpid()
-        if self._watched_pid == parent:
-            return
-        self._watched_pid = parent
-        self.disarm()
-        if os.fork() == 0:  # pragma: no cover - runs in the watchdog
-            _watch(parent, self._deadline, self._limit)
+        if self._watched_pid != parent:
+            self._watched_pid = parent
+            self._share_memory()
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _MAIN, str(parent), str(self._file)],
+                pass_fds=(self._file,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))},
+            )
+        self._limit.value = limit_s
+
+    def _share_memory(self) -> None:
+        """The two numbers in a memory file of this process's own, which the watchdog maps."""
+        if hasattr(os, "memfd_create"):
+            self._file = os.memfd_create("retrylib-watchdog")
+        else:  # macOS: an unlinked file
+            self._file = os.dup(tempfile.TemporaryFile().fileno())
+        os.ftruncate(self._file, _SIZE)
+        self._memory = mmap.mmap(self._file, _SIZE)
+        self._deadline, self._limit = _numbers(self._memory)
 
     @property
     def deadline(self) -> ctypes.c_double:
@@ -89,30 +112,45 @@ class Watchdog:
         self._watched_pid = os.getpid()
 
 
-def _watch(worker: int, deadline: ctypes.c_double, limit: ctypes.c_double) -> None:
-    """The watchdog's life: read `deadline` every `_TICK_S` until `worker` is gone or the
-    deadline has passed, then kill it. Never returns."""
-    try:
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the worker's sockets: see the docstring
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        while os.getppid() == worker:
-            time.sleep(_TICK_S)
-            due = deadline.value
-            if due and time.monotonic() > due:
-                log.error(
-                    "ending Python worker %d: a call of yours has run %gs past its limit "
-                    "(handler.timeout %gs) and did not stop when interrupted; its task runs "
-                    "again with each call in a process of its own, where that call fails "
-                    "alone as a HandlerTimeout",
-                    worker,
-                    GRACE_S,
-                    limit.value,
-                )
-                os.kill(worker, signal.SIGKILL)
-                break
-    finally:
-        os._exit(0)
+_SIZE = ctypes.sizeof(ctypes.c_double) * 2
+
+
+def _numbers(memory: mmap.mmap) -> tuple[ctypes.c_double, ctypes.c_double]:
+    """The deadline and the limit, as they lie in the shared memory."""
+    return (
+        ctypes.c_double.from_buffer(memory),
+        ctypes.c_double.from_buffer(memory, ctypes.sizeof(ctypes.c_double)),
+    )
+
+
+_MAIN = "from retrylib.task.watchdog import main; main()"
+"""The watchdog process's program: `main` with the worker's pid and the memory file's fd."""
+
+
+def main() -> None:
+    """The watchdog's life (`python -c _MAIN WORKER_PID FD`): read the deadline every
+    `_TICK_S` until the worker is gone or the deadline has passed, then kill the worker."""
+    from retrylib.logs import configure_logging
+
+    configure_logging()
+    worker, fd = int(sys.argv[1]), int(sys.argv[2])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the job, which stops it
+    deadline, limit = _numbers(mmap.mmap(fd, _SIZE))
+    while os.getppid() == worker:
+        time.sleep(_TICK_S)
+        due = deadline.value
+        if due and time.monotonic() > due:
+            log.error(
+                "ending Python worker %d: a call of yours has run %gs past its limit "
+                "(handler.timeout %gs) and did not stop when interrupted; its task runs "
+                "again with each call in a process of its own, where that call fails "
+                "alone as a HandlerTimeout",
+                worker,
+                GRACE_S,
+                limit.value,
+            )
+            os.kill(worker, signal.SIGKILL)
+            return
 
 
 WATCHDOG = Watchdog()
