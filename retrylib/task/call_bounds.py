@@ -130,16 +130,7 @@ class TimedCall:
             if ran < self.limit_s:
                 continue
             if interrupted_at < 0:
-                log.error(
-                    "%s on %s has run past handler.timeout %gs: interrupted (HandlerTimeout, "
-                    "again every %gs while it runs); if it has not stopped %gs later, its "
-                    "Python worker is ended",
-                    self._calling,
-                    describe(self._args),
-                    self.limit_s,
-                    REFIRE_S,
-                    GRACE_S,
-                )
+                log_past_limit(f"{self._calling} on {describe(self._args)}", self.limit_s)
             if interrupted_at < 0 or ran - interrupted_at >= REFIRE_S:
                 interrupted_at = ran
                 self._interrupted = call
@@ -175,6 +166,18 @@ class TimedCall:
             self._deadline.value = 0.0
             if self._interrupted == self._call:
                 self.counters[Count.CALLS_TIMED_OUT] += 1
+
+
+def log_past_limit(call: str, limit_s: float) -> None:
+    """The ERROR line of a `call` ("handler on topic[p]@o") that ran past its limit."""
+    log.error(
+        "%s has run past handler.timeout %gs: interrupted (HandlerTimeout, again every %gs "
+        "while it runs); if it has not stopped %gs later, its Python worker is ended",
+        call,
+        limit_s,
+        REFIRE_S,
+        GRACE_S,
+    )
 
 
 def describe(args: tuple[object, ...]) -> str:

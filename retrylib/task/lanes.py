@@ -20,7 +20,6 @@ the worker, since a thread that does not stop cannot be stopped from inside.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import zlib
@@ -33,12 +32,10 @@ from typing import Any
 from retrylib.handler import HandlerTimeout
 from retrylib.record import Record
 from retrylib.retry.outcomes import Count
-from retrylib.task.call_bounds import REFIRE_S, describe
+from retrylib.task.call_bounds import REFIRE_S, describe, log_past_limit
 from retrylib.task.handler import Failure, as_failure
 from retrylib.task.thread_interrupt import interrupt_thread, landing
 from retrylib.task.watchdog import GRACE_S, WATCHDOG, Watchdog
-
-log = logging.getLogger(__name__)
 
 SPARE_THREADS = 16
 """Threads beyond the lanes, for calls that went on past their timeout."""
@@ -169,15 +166,7 @@ class Lanes:
         if future.cancel():
             call.ended = True
         else:
-            log.error(
-                "handler on %s has run past handler.timeout %gs on a lane: interrupted "
-                "(HandlerTimeout, again every %gs while it runs); if it has not stopped %gs "
-                "later, its Python worker is ended",
-                describe((record,)),
-                self._limit_s,
-                REFIRE_S,
-                GRACE_S,
-            )
+            log_past_limit(f"handler on {describe((record,))} (on a lane)", self._limit_s)
             call.interrupt(now)
         error = HandlerTimeout(f"handler did not return within {self._limit_s:g}s")
         return Call(error=error, elapsed_ns=int((now - call.submitted) * 1e9))
