@@ -26,6 +26,13 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator if numerator and denominator else None
 
 
+def verdict(value: float | None, goal: float, *, at_most: bool = False) -> str:
+    """ "met" when `value` reaches `goal`: at least it, or with `at_most` at most it."""
+    if value is None:
+        return "not measured"
+    return "met" if (value <= goal if at_most else value >= goal) else "NOT met"
+
+
 def fmt(value: object, digits: int = 1) -> str:
     """Numbers for tables: thousands separated, `digits` decimals for floats, '-' for None."""
     if value is None:

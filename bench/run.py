@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import outside
 from bench.data import produce_input
 from bench.handlers import LATENESS_DDL, OUTPUT_DDL
 from bench.procmem import TreeSampler, machine_busy_seconds, tree_cpu_seconds
@@ -41,6 +42,7 @@ from bench.report import (
     sum_counters,
     table,
     trigger_ms,
+    verdict,
 )
 from tests.helpers import write_job_toml
 
@@ -59,8 +61,9 @@ PARTS = (
     "key_order",
     "storm",
     "fixed_cost",
+    "outside",
 )
-THROUGHPUT_PARTS = set(PARTS) - {"lateness", "lanes", "storm", "fixed_cost"}
+THROUGHPUT_PARTS = set(PARTS) - {"lateness", "lanes", "storm", "fixed_cost", "outside"}
 STORM_RUNS = (("storm-succeed", "trivial"), ("storm-fail", "flaky"))
 """The storm part's side-by-side runs on the same records: all succeed, all fail once."""
 # Goals of the issue, for retrylib with the per-record handler, in steady state.
@@ -188,6 +191,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"the fixed_cost part's runs, a subset of {','.join(FIXED_RUNS)} (default: all)",
     )
     p.add_argument(
+        "--outside-records",
+        default="20000,600000",
+        help="the outside part's small and big input, records (20000,600000)",
+    )
+    p.add_argument(
+        "--outside-rounds", type=int, default=1, help="rounds of the outside part's runs (1)"
+    )
+    p.add_argument(
         "--only",
         default=",".join(PARTS),
         help=f"comma-separated subset of {','.join(PARTS)} (default: all)",
@@ -205,6 +216,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--only: unknown part(s) {sorted(unknown)}; choose from {PARTS}")
     args.memory_caps = [int(c) for c in args.memory_caps.split(",") if c.strip()]
     args.storm_caps = [int(c) for c in args.storm_caps.split(",") if c.strip()]
+    args.outside_records = [int(c) for c in args.outside_records.split(",") if c.strip()]
+    if len(args.outside_records) != 2 or args.outside_records[0] >= args.outside_records[1]:
+        p.error("--outside-records: two sizes, the small one first (20000,600000)")
     return args
 
 
@@ -322,6 +336,7 @@ class Bench:
         may_fail: bool = False,
         stop_file: Path | None = None,
         idle_progress_ms: int | None = None,
+        timers: bool = True,
     ) -> dict:
         config = self.write_config(
             label,
@@ -345,6 +360,7 @@ class Bench:
             may_fail=may_fail,
             stop_file=stop_file,
             idle_progress_ms=idle_progress_ms,
+            timers=timers,
         )
 
     def drive(
@@ -511,6 +527,51 @@ class Bench:
                 if memory_cap == cap and "retrylib-trivial" in self.results:
                     continue
                 self.retrylib(f"retrylib-cap{memory_cap}", "trivial", cap=memory_cap)
+
+    def run_outside(self) -> None:
+        """Each contender of `bench.outside.CONTENDERS` on a small and a big input, as whole
+        processes, in turn within each size and round; retrylib without bench timers."""
+        from retrylib.kafka.clients import ensure_topics, make_admin
+
+        a = self.args
+        inputs = [(n, storm) for n in a.outside_records for storm in (False, True)]
+        topics = {outside.topic(n, storm): a.partitions for n, storm in inputs}
+        ensure_topics(make_admin(self.bootstrap, {}), topics, create=True)
+        for n, storm in inputs:
+            say(f"outside: producing {n:,} records to {outside.topic(n, storm)}")
+            produce_input(
+                self.bootstrap, outside.topic(n, storm), n, a.partitions, a.record_bytes,
+                1.0 if storm else 0.0,
+            )  # fmt: skip
+        cap = a.max_offsets_per_trigger
+        for round_ in range(a.outside_rounds):
+            for n in a.outside_records:
+                for key, _ in outside.CONTENDERS:
+                    label, topic = outside.label(key, n, round_), outside.topic(n, key == "storm")
+                    if key in ("bare", "mapinarrow"):
+                        handler = "trivial" if key == "mapinarrow" else None
+                        self.bare(label, cap, topic=topic, handler=handler)
+                        continue
+                    self.retrylib(
+                        label,
+                        "flaky" if key == "storm" else "trivial",
+                        cap=cap,
+                        topic=topic,
+                        delay=a.storm_delay,
+                        source="builtin" if key == "builtin" else "auto",
+                        timers=False,
+                    )
+
+    def outside_table(self) -> str:
+        walls = {
+            label: entry["exited"] - entry["launched"]
+            for label, entry in self.results.items()
+            if label.startswith("outside-") and not entry.get("failed")
+        }
+        a = self.args
+        return outside.outside_table(
+            walls, a.outside_records, a.outside_rounds, a.max_offsets_per_trigger
+        )
 
     def run_lanes(self) -> None:
         """A handler that waits 5 ms per record, with as many calls at once as the topic has
@@ -844,6 +905,7 @@ class Bench:
 
     def report(self) -> str:
         out = [self.header()]
+        out.append(self.outside_table())
         out.append(self.throughput_table())
         out.append(self.split_table())
         out.append(self.memory_table())
@@ -1038,8 +1100,8 @@ class Bench:
             full_bare, full_base = self.ratios(label, baseline, "full")
             lines.append(
                 f"  {name}, {handler}: {fmt(vs_bare, 2)}x bare "
-                f"({_verdict(vs_bare, GOAL_VS_BARE)}), {fmt(vs_base, 2)}x {baseline} "
-                f"({_verdict(vs_base, GOAL_VS_BASELINE)}); full batches only: "
+                f"({verdict(vs_bare, GOAL_VS_BARE)}), {fmt(vs_base, 2)}x {baseline} "
+                f"({verdict(vs_base, GOAL_VS_BASELINE)}); full batches only: "
                 f"{fmt(full_bare, 2)}x bare, {fmt(full_base, 2)}x {baseline}"
             )
         builtin, python = self.summary("retrylib-trivial"), self.summary("retrylib-python")
@@ -1049,9 +1111,9 @@ class Bench:
             vs_hand = ratio(python["steady"], by_hand and by_hand["steady"])
             lines.append(
                 "  issue 26, the default reader (kafka.source = auto: python), trivial, steady: "
-                f"{fmt(vs_bare, 2)}x bare ({_verdict(vs_bare, GOAL_DEFAULT_VS_BARE)}), "
+                f"{fmt(vs_bare, 2)}x bare ({verdict(vs_bare, GOAL_DEFAULT_VS_BARE)}), "
                 f"{fmt(vs_hand, 2)}x hand-written mapInArrow "
-                f"({_verdict(vs_hand, GOAL_DEFAULT_VS_MAPINARROW)})"
+                f"({verdict(vs_hand, GOAL_DEFAULT_VS_MAPINARROW)})"
             )
         if builtin and python:
             lines.append(
@@ -1392,7 +1454,7 @@ class Bench:
                 steady = ratio(storm["steady"], succeed["steady"])
                 out[-1] += (
                     f"\nstorm / all succeed: steady {fmt(steady, 2)}x (goal >= "
-                    f"{GOAL_STORM_VS_SUCCEED}x: {_verdict(steady, GOAL_STORM_VS_SUCCEED)}), run "
+                    f"{GOAL_STORM_VS_SUCCEED}x: {verdict(steady, GOAL_STORM_VS_SUCCEED)}), run "
                     f"{fmt(ratio(storm['rate'], succeed['rate']), 2)}x, CPU per record "
                     f"{fmt(storm['cpu_us'])} vs {fmt(succeed['cpu_us'])} us"
                 )
@@ -1443,7 +1505,7 @@ class Bench:
                     "retry lateness p99 (output + dead-letter tables)",
                     f"<= {GOAL_LATENESS_P99_S} s",
                     fmt(seconds(percentile(values, 99)), 2),
-                    _verdict(seconds(percentile(values, 99)), GOAL_LATENESS_P99_S, at_most=True),
+                    verdict(seconds(percentile(values, 99)), GOAL_LATENESS_P99_S, at_most=True),
                     f"{len(values)} retried records, p50 {fmt(seconds(percentile(values, 50)), 2)}"
                     f" s; tier {a.lateness_delay}, trigger {a.lateness_trigger}",
                 ]
@@ -1457,7 +1519,7 @@ class Bench:
                     f"{a.fixed_records}-record batch, {FIXED_FAILURE_RATE:.0%} failing, / bare",
                     f"<= {GOAL_BATCH_VS_BARE:.1f}x",
                     fmt(vs, 2),
-                    _verdict(vs, GOAL_BATCH_VS_BARE, at_most=True),
+                    verdict(vs, GOAL_BATCH_VS_BARE, at_most=True),
                     f"median triggerExecution: retrylib {fmt(seconds(mine), 2)} s "
                     f"({len(ours['timed_ms'])} batches), bare Kafka -> Delta "
                     f"{fmt(seconds(theirs), 2)} s ({len(bare['timed_ms'])} batches)",
@@ -1471,15 +1533,15 @@ class Bench:
             # A batch that ran with no records is an empty batch too: the worst of the two.
             took = [b["duration_ms"] for b in ran]
             cost = seconds(max(percentile(idle, 50) or 0, percentile(took, 50) or 0) or None)
-            verdict = _verdict(cost, GOAL_QUIET_TRIGGER_S, at_most=True)
-            if ours["written"] and verdict == "met":
-                verdict = "NOT met (writes)"
+            quiet = verdict(cost, GOAL_QUIET_TRIGGER_S, at_most=True)
+            if ours["written"] and quiet == "met":
+                quiet = "NOT met (writes)"
             rows.append(
                 [
                     "quiet job: a trigger with no input",
                     f"<= {GOAL_QUIET_TRIGGER_S} s, writes nothing",
                     fmt(cost, 2),
-                    verdict,
+                    quiet,
                     f"{end - start:.0f} s quiet: {len(idle)} triggers with no input reported "
                     f"(median {fmt(seconds(percentile(idle, 50)), 2)} s), {len(ran)} batches "
                     f"ran ({', '.join(f'{t / 1000:.2f}' for t in took) or '-'} s, records "
@@ -1496,7 +1558,7 @@ class Bench:
                     f"./spark-submit.sh -> first batch done ({a.submit_records} records) / bare",
                     f"<= {GOAL_START_VS_BARE:.1f}x",
                     fmt(vs, 2),
-                    _verdict(vs, GOAL_START_VS_BARE, at_most=True),
+                    verdict(vs, GOAL_START_VS_BARE, at_most=True),
                     f"launch to the first retrylib.metrics line {fmt(submit['seconds'], 1)} s "
                     f"(exit {submit['exit']} after SIGTERM); bare Kafka -> Delta, launch to "
                     f"its first batch done {fmt(submit.get('bare_seconds'), 1)} s",
@@ -1511,7 +1573,7 @@ class Bench:
                     f"delay router lateness p99 ({a.router_delay} delay topic)",
                     f"<= {GOAL_ROUTER_P99_S} s",
                     fmt(p99, 2),
-                    _verdict(p99, GOAL_ROUTER_P99_S, at_most=True),
+                    verdict(p99, GOAL_ROUTER_P99_S, at_most=True),
                     f"{len(values)} of {router['sent']} forwarded, p50 "
                     f"{fmt(seconds(percentile(values, 50)), 2)} s, min "
                     f"{fmt(seconds(min(values, default=None)), 2)} s; trigger 1s, read-ahead "
@@ -1678,13 +1740,6 @@ def _share(ms: float, whole_ms: float) -> str:
     return f"{ms / 1000:.1f}s {100 * ms / whole_ms:.0f}%" if whole_ms else "-"
 
 
-def _verdict(value: float | None, goal: float, *, at_most: bool = False) -> str:
-    """ "met" when `value` reaches `goal`: at least it, or with `at_most` at most it."""
-    if value is None:
-        return "not measured"
-    return "met" if (value <= goal if at_most else value >= goal) else "NOT met"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     own_workdir = args.workdir is None
@@ -1713,6 +1768,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.run_storm()
         if "fixed_cost" in args.only:
             bench.run_fixed_cost()
+        if "outside" in args.only:
+            bench.run_outside()
         text = bench.report()
         print(text)
         if args.json:

@@ -12,6 +12,7 @@ import pytest
 # bench/ is not an installed package: import it from the repository root, as its README does.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench import outside
 from bench.bare_driver import per_record
 from bench.data import make_value, marked_to_fail, soak_mark
 from bench.handlers import DEAD_MARK, FAIL_MARK, OK_MARK, BenchPoisonError, flaky, soak, trivial
@@ -351,3 +352,24 @@ def test_the_hand_written_mapinarrow_job_calls_the_handler_on_each_record():
         [{"partition": 1, "offset": 7, "size": 3}, {"partition": 0, "offset": 8, "size": 0}]
     ]
     assert out[0].schema.field("size").type == pa.int32()
+
+
+def test_outside_pace_is_the_big_runs_extra_records_over_its_extra_seconds():
+    walls = {
+        "outside-bare-100-r0": 10.0,
+        "outside-bare-1100-r0": 20.0,
+        "outside-retrylib-100-r0": 12.0,
+        "outside-retrylib-100-r1": 11.0,
+        "outside-retrylib-100-r2": 30.0,  # a noisy round: the median leaves it out
+        "outside-retrylib-1100-r0": 16.0,
+        "outside-storm-1100-r0": 25.0,
+    }
+    figures = outside.paces(walls, [100, 1100])
+    assert figures["bare"] == {"small_s": 10.0, "big_s": 20.0, "pace": 100.0, "start_s": 10.0}
+    assert figures["retrylib"]["small_s"] == 12.0 and figures["retrylib"]["pace"] == 250.0
+    assert figures["storm"]["pace"] is None  # no small run to subtract
+    assert figures["builtin"] == dict.fromkeys(("small_s", "big_s", "pace", "start_s"))
+    text = outside.outside_table(walls, [100, 1100], 3, 50)
+    assert "pace 2.50x bare (>= 1.2x: met)" in text
+    assert "start 1.20x bare (<= 1.1x: NOT met)" in text
+    assert "storm pace -x the all-succeed pace (>= 0.8x: not measured)" in text
