@@ -11,8 +11,9 @@ A batch runs in steps, each safe to repeat after a crash:
    and the dead-letter topic, or a delay router's destinations) produced by the executors,
    each routing task's (a produce unit) in one Kafka transaction with the unit's marker
    (`produce_units`); for a handler job, the output and dead-letter rows appended to their
-   Delta tables with the app transaction (`table_appends`). The tables' state the appends
-   ask for is read during step 1, while the handler runs (`effect_targets`).
+   Delta tables with the app transaction (`table_appends`). At a run's first batch the
+   tables and the control topic are checked against the checkpoint during step 1, while the
+   handler runs (`effect_targets`).
 3. With `retry.key_ordered`, the key queues the tasks changed are folded into the job's
    (`key_order_store`).
 4. With `[output] optimize_every`, the tables are compacted when that period has passed
@@ -46,7 +47,6 @@ from retrylib.batch.result import BatchResult
 from retrylib.batch.routing_stage import Routing, RoutingStage, Staging
 from retrylib.batch.spark_errors import no_space_error
 from retrylib.batch.table_appends import TableAppend
-from retrylib.config.table_ref import TableRef
 from retrylib.errors import RetrylibError
 from retrylib.kafka import worker_clients
 from retrylib.kafka.runner_lease import RunnerLease
@@ -91,14 +91,12 @@ class BatchCommit:
         produce: KafkaProduce,
         *,
         appends: tuple[TableAppend, ...] = (),
-        later_tables: tuple[TableRef, ...] = (),
         upkeep: BatchUpkeep = BatchUpkeep(),
         lease: RunnerLease | None = None,
     ) -> None:
         """The routing stage of `routing` as `staging` says; the effects: `produce`, then
-        `appends` (a delay router has none); `later_tables`: tables appended to once the
-        batch is done (the metrics table), whose state is read along with the appends'
-        tables; `lease`: the job's runner lease, released by `close()`."""
+        `appends` (a delay router has none); `lease`: the job's runner lease, released by
+        `close()`."""
         self.lease = lease
         self.app_id = produce.settings.app_id
         self._stage = RoutingStage(routing, staging)
@@ -106,7 +104,6 @@ class BatchCommit:
         self._targets = EffectTargets(
             produce.control_topic(),
             {append.kind: append.table for append in appends},
-            later_tables,
             staging.checkpoint,
             self.app_id,
         )

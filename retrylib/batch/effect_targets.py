@@ -3,14 +3,12 @@ track of them.
 
 - What a manifest records of them (`noted`): the control topic's end offset, before which no
   marker of the batch can be, and the tables the batch appends to.
-- Their state, read while the handler runs (`read`): the tables' app transactions, which
-  every idempotent append asks for (a Spark job of a second or more per new table version),
-  so that the appends find it ready; before the query starts for its first batch
-  (`read_ahead`), after the tables are made.
-- Their agreement with the checkpoint, checked at the first batch of a run: a batch id below
-  one the tables or the control topic already hold for this checkpoint's app id means the
-  query runs from an older copy of the checkpoint; its effects would be skipped as "already
-  committed", so the batch fails with an error instead (`table_checks`).
+- Their agreement with the checkpoint, checked at the first batch of a run, while its
+  handler runs (`check_once`): a batch id below one the tables or the control topic already
+  hold for this checkpoint's app id means the query runs from an older copy of the
+  checkpoint; its effects would be skipped as "already committed", so the batch fails with
+  an error instead (`table_checks`). The tables are made and their state read before the
+  query starts (`read_ahead`), so that the query's own start overlaps them.
 """
 
 from __future__ import annotations
@@ -36,21 +34,17 @@ log = logging.getLogger(__name__)
 
 class EffectTargets:
     """The control topic `control` and the `tables` a batch appends to (by the kind of result
-    rows each takes) of the checkpoint `checkpoint` and its `app_id`; `later_tables`: tables
-    appended to once the batch is done (the metrics table), whose state is read along with
-    the batch's own tables."""
+    rows each takes) of the checkpoint `checkpoint` and its `app_id`."""
 
     def __init__(
         self,
         control: ControlTopic,
         tables: Mapping[str, TableRef],
-        later_tables: tuple[TableRef, ...],
         checkpoint: Checkpoint,
         app_id: str,
     ) -> None:
         self._control = control
         self._tables = dict(tables)
-        self._later_tables = later_tables
         self._checkpoint = checkpoint
         self._app_id = app_id
         self._checked = False
@@ -88,27 +82,12 @@ class EffectTargets:
         if made is not None:
             made.result()
 
-    def read(self, spark: SparkSession, batch_id: int) -> None:
-        """Read the tables' state for batch `batch_id`'s appends (and the later tables'); at
-        the first batch of a run, check first that neither the tables nor the control topic
-        are ahead of the checkpoint (`check_once`)."""
+    def check_once(self, spark: SparkSession, batch_id: int) -> None:
+        """At the first batch of a run, check that neither the tables nor the control topic
+        are ahead of the checkpoint; later, nothing."""
         if not self._checked:
             self._check_agree(spark, batch_id)
             self._checked = True
-        else:
-            for table in self._tables.values():
-                committed_version(spark, table, self._app_id)
-        for table in self._later_tables:
-            try:
-                committed_version(spark, table, self._app_id)
-            except Exception as error:  # its own append reads it again, and says what failed
-                log.debug("reading %s ahead of its append failed: %s", table, error)
-
-    def check_once(self, spark: SparkSession, batch_id: int) -> None:
-        """At the first batch of a run, `read` the targets' state, and so check it; later,
-        nothing."""
-        if not self._checked:
-            self.read(spark, batch_id)
 
     def _committed_batches(self, spark: SparkSession) -> list[TableState]:
         """Each table with the last batch it holds of this app id."""

@@ -120,9 +120,10 @@ class RoutingStage:
         """Batch `batch_id`'s manifest, and whether its decisions came from an earlier run.
 
         Unless the batch has a manifest already, route `df` (the query's frame of the
-        batch) and stage its decisions while `targets` read their state, then claim the
-        manifest: this run's, or the one a concurrent run claimed first. A batch replayed
-        from its manifest has `targets` checked when it is the first of a run.
+        batch) and stage its decisions while `targets` are checked (at a run's first
+        batch), then claim the manifest: this run's, or the one a concurrent run claimed
+        first. A batch replayed from its manifest has `targets` checked when it is the first
+        of a run.
         """
         spark = df.sparkSession
         manifest_uri = self._staging.checkpoint.manifest(batch_id)
@@ -130,11 +131,11 @@ class RoutingStage:
         if manifest is not None:
             targets.check_once(spark, batch_id)
             return manifest, True
-        # The tables are read while the handler runs; the decisions are claimed after.
+        # The targets are checked while the handler runs; the decisions are claimed after.
         routed, _ = all_at_once(
             spark,
             partial(self._route, df, batch_id, targets),
-            partial(targets.read, spark, batch_id),
+            partial(targets.check_once, spark, batch_id),
         )
         manifest = claim_json(spark, manifest_uri, routed)
         replayed = manifest is not routed

@@ -260,6 +260,28 @@ def test_committed_version_sees_a_commit_made_outside_this_session(
     assert txns(table_dir)[3] == [("job", 8)]
 
 
+@CLASSIC_ONLY  # a Connect client reads the history instead (commit_mark)
+def test_committed_version_is_read_from_the_checksum_without_a_spark_job(
+    spark: SparkSession, orders: TableRef
+) -> None:
+    """Reconstructing the table's state for its transactions costs Spark jobs per new version,
+    run beside the routing tasks; the checksum file Delta writes with each version holds
+    them. A damaged checksum file leaves the answer to the state, still right."""
+    table_dir = location(spark, orders)
+    for batch in (0, 1, 2):
+        append_once(rows(spark, [(batch, "a", 1.0)]), orders, app_id="job", batch_id=batch)
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = len(tracker.getJobIdsForGroup())
+
+    assert committed_version(spark, orders, "job") == 2
+    assert committed_version(spark, orders, "nobody") is None
+    assert len(tracker.getJobIdsForGroup()) == jobs_before
+
+    (table_dir / "_delta_log" / f"{3:020d}.crc").write_text("{not json")
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # read from the files again
+    assert committed_version(spark, orders, "job") == 2
+
+
 @CLASSIC_ONLY  # a Connect client has no side in the JVM
 def test_a_thread_the_batch_starts_has_the_session_active(spark: SparkSession) -> None:
     """Delta computes some reads with the JVM thread's active session (a table state it lost
