@@ -34,9 +34,8 @@ import pyarrow as pa
 log = logging.getLogger("bench.instrument")
 
 DRIVER_STEPS = {
-    "stage": "the routing stage: the route and the tables' state read at once (RoutingStage.run)",
+    "stage": "the routing stage: the route and the first batch's check at once (RoutingStage.run)",
     "route": "routing the batch and counting its decisions (RoutingStage._route)",
-    "read_tables": "the tables' state read beside the routing (EffectTargets.read)",
     "staging_write": "Spark job: handler tasks + staging Parquet write (routing_stage._run_tasks)",
     "manifest": "claiming the manifest (routing_stage.claim_json)",
     "apply": "the batch's effects (effects.make_effects)",
@@ -158,7 +157,6 @@ def install_driver_timers() -> DriverTimers:
     targets = [
         (routing_stage.RoutingStage, "run", "stage"),
         (routing_stage.RoutingStage, "_route", "route"),
-        (effect_targets.EffectTargets, "read", "read_tables"),
         (routing_stage, "_run_tasks", "staging_write"),
         (routing_stage, "claim_json", "manifest"),
         (commit, "make_effects", "apply"),
