@@ -58,6 +58,9 @@ class Started:
     def wait(self) -> None:
         self._thread.join()
 
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def result(self) -> Any:
         """The call's result once it has ended; raises its error if it failed."""
         self.wait()

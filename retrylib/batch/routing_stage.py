@@ -126,6 +126,7 @@ class RoutingStage:
         of a run.
         """
         spark = df.sparkSession
+        targets.prepare_appends(spark)
         manifest_uri = self._staging.checkpoint.manifest(batch_id)
         manifest = _manifest_in_flight(spark, manifest_uri, batch_id)
         if manifest is not None:

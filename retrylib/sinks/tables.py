@@ -296,6 +296,13 @@ def committed_version(spark: SparkSession, ref: TableRef, app_id: str) -> int | 
     return flavour_of(spark).committed_batch(spark, ref.resolved(), app_id)
 
 
+def prepare_append(spark: SparkSession, ref: TableRef) -> None:
+    """Have Delta compute, ahead of an `append_once` to the existing table at `ref`, what its
+    idempotent-write check reads (the table's reconstructed state), in this thread; nothing
+    on Spark Connect, whose server runs the appends."""
+    flavour_of(spark).prepare_append(spark, ref.resolved())
+
+
 def compact(spark: SparkSession, ref: TableRef) -> tuple[int, int]:
     """Compact the small data files of the table at `ref` (Delta's OPTIMIZE, bin-packing).
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from retrylib.sinks.tables import (
     append_once,
     committed_version,
     ensure_table,
+    prepare_append,
     read_table,
     table_exists,
     update_where,
@@ -279,6 +280,32 @@ def test_committed_version_is_read_from_the_checksum_without_a_spark_job(
 
     (table_dir / "_delta_log" / f"{3:020d}.crc").write_text("{not json")
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # read from the files again
+    assert committed_version(spark, orders, "job") == 2
+
+
+@CLASSIC_ONLY  # on Spark Connect the server runs the appends: nothing to prepare here
+def test_an_append_finds_the_state_its_check_reads_once_prepared(
+    spark: SparkSession, orders: TableRef
+) -> None:
+    """Delta's idempotent-write check reconstructs the table's state, Spark jobs run inside
+    the append, unless `prepare_append` computed it ahead (beside the batch's routing)."""
+    tracker = spark.sparkContext.statusTracker()
+
+    def jobs_run(call: Callable[[], object]) -> int:
+        before = len(tracker.getJobIdsForGroup())
+        call()
+        return len(tracker.getJobIdsForGroup()) - before
+
+    append_once(rows(spark, [(0, "a", 1.0)]), orders, app_id="job", batch_id=0)
+    inline = jobs_run(
+        lambda: append_once(rows(spark, [(1, "a", 1.0)]), orders, app_id="job", batch_id=1)
+    )
+    prepared = jobs_run(lambda: prepare_append(spark, orders))
+    appended = jobs_run(
+        lambda: append_once(rows(spark, [(2, "a", 1.0)]), orders, app_id="job", batch_id=2)
+    )
+
+    assert prepared >= 1 and appended < inline, (inline, prepared, appended)
     assert committed_version(spark, orders, "job") == 2
 
 

@@ -122,6 +122,12 @@ class Flavour(Protocol):
         """The last batch the existing table `target` holds for `app_id`, or None."""
         ...
 
+    def prepare_append(self, spark: SparkSession, target: TableRef) -> None:
+        """Have Delta compute what its idempotent-write check on the existing table `target`
+        reads, so that an append started later finds it ready (nothing where the appends
+        run elsewhere)."""
+        ...
+
 
 _CLASSIC = Classic()
 _CONNECT = Connect()

@@ -146,6 +146,13 @@ class Classic:
     def committed_batch(self, spark: SparkSession, target: TableRef, app_id: str) -> int | None:
         return _txn_version(_latest_snapshot(spark, target), app_id)
 
+    def prepare_append(self, spark: SparkSession, target: TableRef) -> None:
+        """The writer's check reads the snapshot's `transactions` map, which reconstructs
+        its state (three Spark jobs a new version); computed here, the append's own
+        `DeltaLog.update` returns the same snapshot with the map in it, or waits on its lock
+        while this thread computes it."""
+        _latest_snapshot(spark, target).transactions()
+
 
 def _cancel_jobs(spark: SparkSession) -> None:
     """Cancel every Spark job `spark` runs.

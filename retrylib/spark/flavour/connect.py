@@ -150,6 +150,9 @@ class Connect:
         table's history still holds."""
         return _last_marked_batch(spark, target, app_id)
 
+    def prepare_append(self, spark: SparkSession, target: TableRef) -> None:
+        """The appends run on the server, whose JVM this client cannot reach."""
+
 
 def _marked_since(spark: SparkSession, target: TableRef, version: int, mark: str) -> bool:
     """Whether a commit after `version` carries `mark`."""
