@@ -10,14 +10,14 @@ itself, so a replayed batch changes nothing. An append of an empty DataFrame sti
 version holding only that `txn` action, so a batch without rows is recorded as done all the
 same.
 
-Cost, measured on local[2] with a small table (Delta 4.4): an append with txn options takes
-0.2-0.3 s, one Spark job, as a plain append does, and a replayed one is skipped in 20 ms
-with none. The app transactions a table holds are read from its latest version's checksum
-file in a millisecond (`committed_version`); reconstructing the snapshot's state for them
-costs three Spark jobs, 0.5-0.75 s per new version (with Delta's default of 50 snapshot
-partitions several seconds: `spark.databricks.delta.snapshotPartitions` is set low). Delta's
-own check in the append still reconstructs it: `prepare_append` has it computed ahead, in
-another thread, and the append then takes 0.2-0.3 s, one Spark job.
+Cost, measured on local[2] with a small table (Delta 4.4): the app transactions a table
+holds are read from its latest version's checksum file in a millisecond
+(`committed_version`); reconstructing the snapshot's state for them costs three Spark jobs,
+0.5-0.75 s per new version (with Delta's default of 50 snapshot partitions several seconds:
+`spark.databricks.delta.snapshotPartitions` is set low). Delta's own check in an append with
+txn options still reconstructs it, so the append takes 0.8 s and four jobs; with the state
+computed ahead in another thread (`prepare_append`) it takes 0.2-0.3 s and one job, as a
+plain append does. A replayed append is skipped in 20 ms with none.
 
 Works on a classic session and on a Spark Connect client alike (Delta's SQL extension and
 catalog configured on the Spark side; no Delta Connect plugin needed): tables are changed
