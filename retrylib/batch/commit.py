@@ -47,6 +47,7 @@ from retrylib.batch.result import BatchResult
 from retrylib.batch.routing_stage import Routing, RoutingStage, Staging
 from retrylib.batch.spark_errors import no_space_error
 from retrylib.batch.table_appends import TableAppend
+from retrylib.config.table_ref import TableRef
 from retrylib.errors import RetrylibError
 from retrylib.kafka import worker_clients
 from retrylib.kafka.runner_lease import RunnerLease
@@ -91,12 +92,14 @@ class BatchCommit:
         produce: KafkaProduce,
         *,
         appends: tuple[TableAppend, ...] = (),
+        later_tables: tuple[TableRef, ...] = (),
         upkeep: BatchUpkeep = BatchUpkeep(),
         lease: RunnerLease | None = None,
     ) -> None:
         """The routing stage of `routing` as `staging` says; the effects: `produce`, then
-        `appends` (a delay router has none); `lease`: the job's runner lease, released by
-        `close()`."""
+        `appends` (a delay router has none); `later_tables`: tables appended to once the
+        batch is done (the metrics table), prepared for it with the appends' tables;
+        `lease`: the job's runner lease, released by `close()`."""
         self.lease = lease
         self.app_id = produce.settings.app_id
         self._stage = RoutingStage(routing, staging)
@@ -104,6 +107,7 @@ class BatchCommit:
         self._targets = EffectTargets(
             produce.control_topic(),
             {append.kind: append.table for append in appends},
+            later_tables,
             staging.checkpoint,
             self.app_id,
         )

@@ -39,17 +39,21 @@ log = logging.getLogger(__name__)
 
 class EffectTargets:
     """The control topic `control` and the `tables` a batch appends to (by the kind of result
-    rows each takes) of the checkpoint `checkpoint` and its `app_id`."""
+    rows each takes) of the checkpoint `checkpoint` and its `app_id`; `later_tables`: tables
+    appended to once the batch is done (the metrics table), prepared for it as the batch's
+    own tables are."""
 
     def __init__(
         self,
         control: ControlTopic,
         tables: Mapping[str, TableRef],
+        later_tables: tuple[TableRef, ...],
         checkpoint: Checkpoint,
         app_id: str,
     ) -> None:
         self._control = control
         self._tables = dict(tables)
+        self._later_tables = later_tables
         self._checkpoint = checkpoint
         self._app_id = app_id
         self._checked = False
@@ -99,7 +103,7 @@ class EffectTargets:
             self._preparing = Started(spark, partial(self._prepare, spark))
 
     def _prepare(self, spark: SparkSession) -> None:
-        for table in self._tables.values():
+        for table in (*self._tables.values(), *self._later_tables):
             try:
                 prepare_append(spark, table)
             except Exception as error:  # the append reads it again, and says what failed

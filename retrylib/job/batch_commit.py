@@ -81,6 +81,7 @@ def make_batch_commit(
                 topic_max_bytes=dict(limits.topic_max),
             )
         ),
+        later_tables=tuple(filter(None, [config.metrics.table_ref()])),
         lease=lease,
     )
     return parts.job.batch_commit(
