@@ -72,11 +72,13 @@ class BatchHooks:
 @dataclass(frozen=True)
 class BatchUpkeep:
     """What a job does around each batch besides routing it and making its effects: `hooks`
-    called at its start and end, `on_result` told what it did, a handler job's key queues
+    called at its start and end, `on_decided` given its manifest once its decisions are fixed
+    (before its effects are made), `on_result` told what it did, a handler job's key queues
     folded in (`key_order`, `retry.key_ordered`) and tables compacted (`compactor`,
     `output.optimize_every`)."""
 
     hooks: BatchHooks = BatchHooks()
+    on_decided: Callable[[Mapping[str, Any]], None] | None = None
     on_result: Callable[[BatchResult], None] | None = None
     key_order: KeyOrderStore | None = None
     compactor: Compactor | None = None
@@ -168,9 +170,11 @@ class BatchCommit:
         self._hooks.call("on_batch_start", batch_id)
         spark = df.sparkSession
         manifest, replayed = self._stage.run(df, batch_id, self._targets)
+        upkeep = self._upkeep
+        if upkeep.on_decided is not None:
+            upkeep.on_decided(manifest)
         made = make_effects(spark, self._effects, manifest, batch_id)
         result = _result(manifest, made, batch_id, replayed, started)
-        upkeep = self._upkeep
         if upkeep.key_order is not None:
             upkeep.key_order.after_batch(spark, manifest, batch_id)
         reached("before_batch_end", batch_id)

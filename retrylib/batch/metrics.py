@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from retrylib.batch.at_once import Started
 from retrylib.batch.result import BatchResult
 from retrylib.config.model import AnyConfig, RetryTier
 from retrylib.config.table_ref import TableRef
@@ -308,6 +309,7 @@ class MetricsRecorder:
         self._checkpoint = Checkpoint(config.job.checkpoint)
         self._dead_letters = dead_letters
         self._dead_letters_read_ms: int | None = None
+        self._dead_letters_reading: Started | None = None
         # (count, the oldest one's epoch ms) as last read; None: unknown
         self._waiting_as_read: tuple[int, int | None] | None = None
 
@@ -353,26 +355,51 @@ class MetricsRecorder:
                 )
         return row
 
+    def on_decided(self, manifest: Mapping[str, Any]) -> None:
+        """Told a batch's decisions (its `manifest`) before its effects are made: when the
+        dead letters are due to be read and the batch appends none, the table will not change
+        in this batch, so it is read now, beside the effects, rather than after them (a cold
+        read costs a run's first batch 1.3 s on local[2])."""
+        now_ms = int(time.time() * 1000)
+        try:
+            if self._dead_letters_due(now_ms) and not manifest["rows"].get("dead_letter"):
+                self._dead_letters_read_ms = now_ms
+                self._dead_letters_reading = Started(self._spark, self._read_dead_letters)
+        except Exception as e:  # metrics must never fail the batch; `record` reads it then
+            log.warning("dead letters not read ahead: %s", e)
+
+    def _dead_letters_due(self, now_ms: int) -> bool:
+        if self._dead_letters is None or self._spark is None:
+            return False
+        last = self._dead_letters_read_ms
+        return last is None or now_ms - last >= self.config.metrics.dead_letter_every_ms
+
     def _dead_letters_waiting(self, now_ms: int) -> tuple[int, int | None] | None:
         """The dead letters waiting and the oldest one's age at `now_ms`, as of the last read
-        of the dead-letter table, read again when `dead_letter_every` has passed since."""
+        of the dead-letter table, read again when `dead_letter_every` has passed since (in
+        this batch's `on_decided`, or now)."""
         if self._dead_letters is None or self._spark is None:
             return None
-        last = self._dead_letters_read_ms
-        if last is None or now_ms - last >= self.config.metrics.dead_letter_every_ms:
-            self._dead_letters_read_ms = now_ms
+        reading, self._dead_letters_reading = self._dead_letters_reading, None
+        if reading is not None or self._dead_letters_due(now_ms):
+            if reading is None:
+                self._dead_letters_read_ms = now_ms
             try:
-                count, oldest = DeadLetterTable(self._spark, self._dead_letters).waiting()
+                self._waiting_as_read = (
+                    self._read_dead_letters() if reading is None else reading.result()
+                )
             except Exception as e:
                 log.warning("dead letters waiting unknown: %s", e)
                 self._waiting_as_read = None
-            else:
-                oldest_ms = None if oldest is None else int(oldest.timestamp() * 1000)
-                self._waiting_as_read = (count, oldest_ms)
         if self._waiting_as_read is None:
             return None
         count, oldest_ms = self._waiting_as_read
         return count, None if oldest_ms is None else max(now_ms - oldest_ms, 0)
+
+    def _read_dead_letters(self) -> tuple[int, int | None]:
+        """(count, the oldest one's epoch ms) of the dead letters waiting in the table."""
+        count, oldest = DeadLetterTable(self._spark, self._dead_letters).waiting()
+        return count, None if oldest is None else int(oldest.timestamp() * 1000)
 
     def _backlog(self, batch_id: int, now_ms: int) -> dict[str, Any]:
         """`metrics_row`'s `lag` and `waiting` after batch `batch_id`, None when unknown."""

@@ -230,6 +230,7 @@ class HandlerJob:
                     config.handler.paths,
                     config.hooks.timeout_ms / 1000,
                 ),
+                on_decided=metrics.on_decided,
                 on_result=(
                     metrics.on_result
                     if breaker is None
