@@ -198,7 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the outside part's small and big input, records (20000,600000)",
     )
     p.add_argument(
-        "--outside-rounds", type=int, default=1, help="rounds of the outside part's runs (1)"
+        "--outside-rounds", type=int, default=3, help="rounds of the outside part's runs (3)"
     )
     p.add_argument(
         "--only",
