@@ -97,3 +97,17 @@ def spark_error_reason(error: BaseException) -> str:
         pass
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[0] if lines else type(error).__name__
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def spark_error_line(text: str) -> str:
+    """The first line of a Spark error's `text`; when that line opens a Python traceback (of
+    code Spark ran in a Python worker: retrylib's source, the handler), with the traceback's
+    exception line in its place."""
+    first, *rest = text.splitlines()
+    if not first.endswith(_TRACEBACK):
+        return first
+    raised = next((line for line in rest if line and not line[0].isspace()), None)
+    return first.removesuffix(_TRACEBACK) + raised if raised else first

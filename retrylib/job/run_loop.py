@@ -7,7 +7,7 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
-from retrylib.batch.spark_errors import no_space_error, task_error
+from retrylib.batch.spark_errors import no_space_error, spark_error_line, task_error
 from retrylib.config.model import AnyConfig
 from retrylib.errors import LeaseHeld
 from retrylib.job.start import Prepared, prepare_to_run, start_query
@@ -87,10 +87,16 @@ def run(config: AnyConfig, *, available_now: bool = False, master: str | None = 
                     "the brokers did not hear from this one; this copy stopped"
                 )
             if stop_requested.is_set() and stop():
-                return 0  # the batch cut short ended failed by its cancellation; it runs again
+                return 0  # what the stop interrupted ended failed by it; it runs again
             error = query.exception()
             if error is not None:
-                log.error("query %s failed: %s", config.job.name, error)
+                # Spark's message is the cause's, then the query's whole plan (Spark's own
+                # log above holds it, with the trace): the first line says what failed.
+                log.error(
+                    "query %s failed: %s",
+                    config.job.name,
+                    spark_error_line(str(error) or repr(error)),
+                )
                 return 1
             return 0
         finally:

@@ -41,7 +41,10 @@ def stop_gracefully(
     cancel_batch: Callable[[], None] | None = None,
 ) -> bool:
     """Stop `query` once the batch running now (if any) has done its work and Spark has
-    recorded it as done, within `timeout`; returns whether a batch was cut short.
+    recorded it as done, within `timeout`; returns whether the stop cut into work the query
+    had begun (a batch past the bound, or a trigger begun since the batch that Spark then
+    reports as the query's error): that error is the stop's, and the work runs again at the
+    next start.
 
     A batch Spark did not record as done (the bound passed) is replayed on restart, which
     reuses its manifest and commits nothing twice. Past the bound, `cancel_batch` (when
@@ -69,7 +72,15 @@ def stop_gracefully(
         ends = time.monotonic() + _CANCELLED_BATCH_WAIT_SECONDS
         while query.isActive and time.monotonic() < ends:
             time.sleep(0.05)
+    # Past the batch, Spark may have begun the next trigger, which the stop interrupts. Spark
+    # takes only some errors for its own interruption (InterruptedException and kin); what a
+    # storage client or a Python source makes of one can end the query failed by it.
+    # Nothing of that trigger is committed.
+    running = query.isActive
     query.stop()
+    interrupted = running and not cut_short and query.exception() is not None
+    if interrupted:
+        log.debug("the stop interrupted the trigger begun: %s", query.exception())
     done = (
         "no batch" if batch_commit.last_finished is None else f"batch {batch_commit.last_finished}"
     )
@@ -82,7 +93,7 @@ def stop_gracefully(
         )
     else:
         log.info("stopped after %s; the next start goes on from there", done)
-    return cut_short
+    return cut_short or interrupted
 
 
 def _recorded_done(query: StreamingQuery, batch_id: int) -> bool:

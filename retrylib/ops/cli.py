@@ -14,6 +14,7 @@ from typing import TextIO
 
 from confluent_kafka import KafkaException
 
+from retrylib.batch.spark_errors import spark_error_line
 from retrylib.errors import ConfigError, RetrylibError
 from retrylib.kafka.clients import kafka_error_text
 from retrylib.logs import configure_logging, redact
@@ -438,20 +439,6 @@ def _uses_spark(args: argparse.Namespace) -> bool:
     return args.command in ("run", "status", "redrive", "demo") or (
         args.command == "check" and args.tables
     )
-
-
-_TRACEBACK = "Traceback (most recent call last):"
-
-
-def spark_error_line(text: str) -> str:
-    """The first line of a Spark error's `text`; when that line opens a Python traceback (of
-    code Spark ran in a Python worker: retrylib's source, the handler), with the traceback's
-    exception line in its place."""
-    first, *rest = text.splitlines()
-    if not first.endswith(_TRACEBACK):
-        return first
-    raised = next((line for line in rest if line and not line[0].isspace()), None)
-    return first.removesuffix(_TRACEBACK) + raised if raised else first
 
 
 def _from_spark(error: Exception) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from retrylib.ops.cli import EXIT_CONFIG, EXIT_OK, main, script_main, spark_error_line
+from retrylib.batch.spark_errors import spark_error_line
+from retrylib.ops.cli import EXIT_CONFIG, EXIT_OK, main, script_main
 
 COMMANDS = ("run", "check", "status", "redrive", "demo")
 

@@ -23,6 +23,8 @@ class Query:
         self.busy_polls = busy_polls
         self.stopped = False
         self.recorded = recorded
+        self.error_when_stopped: Exception | None = None
+        self.error: Exception | None = None
 
     @property
     def lastProgress(self) -> Progress:
@@ -35,6 +37,11 @@ class Query:
 
     def stop(self) -> None:
         self.stopped = True
+        self.isActive = False
+        self.error = self.error_when_stopped
+
+    def exception(self) -> Exception | None:
+        return self.error
 
 
 class BatchCommit:
@@ -120,3 +127,24 @@ def test_a_batch_that_finished_is_not_cancelled():
 
     assert not stop_gracefully(query, batch_commit, timeout=30, cancel_batch=cancelled.append)
     assert query.stopped and cancelled == []
+
+
+def test_a_trigger_begun_after_the_batch_that_the_stop_fails_is_the_stops_doing(caplog):
+    """Past the batch Spark begins the next trigger; interrupted, it may end the query with an
+    error Spark does not take for its own interruption. The stop says it cut in (the job
+    exits 0, and the trigger's batch runs again at the next start)."""
+    query, batch_commit = Query(busy_polls=0), BatchCommit()
+    query.error_when_stopped = RuntimeError("java.io.IOException: java.lang.InterruptedException")
+
+    with caplog.at_level(logging.INFO, logger="retrylib.job"):
+        assert stop_gracefully(query, batch_commit, timeout=30)
+
+    assert caplog.messages == ["stopped after batch 6; the next start goes on from there"]
+
+
+def test_a_query_that_failed_before_the_stop_is_not_the_stops_doing():
+    query, batch_commit = Query(busy_polls=0), BatchCommit()
+    query.isActive = False
+    query.error = RuntimeError("the table is gone")
+
+    assert not stop_gracefully(query, batch_commit, timeout=30)
