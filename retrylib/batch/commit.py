@@ -173,7 +173,7 @@ class BatchCommit:
         upkeep = self._upkeep
         if upkeep.on_decided is not None:
             upkeep.on_decided(manifest)
-        made = make_effects(spark, self._effects, manifest, batch_id)
+        made = make_effects(spark, self._effects, manifest, batch_id, self._stage.staged_schema)
         result = _result(manifest, made, batch_id, replayed, started)
         if upkeep.key_order is not None:
             upkeep.key_order.after_batch(spark, manifest, batch_id)

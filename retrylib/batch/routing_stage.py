@@ -98,6 +98,8 @@ class RoutingStage:
     def __init__(self, routing: Routing, staging: Staging) -> None:
         self._routing = routing
         self._staging = staging
+        self.staged_schema = result_struct(routing.plan.output_schema)
+        """The schema of the result rows a batch stages (`_run_tasks`)."""
 
     def routed(self, source: DataFrame) -> DataFrame:
         """The streaming query's frame: `source` routed by the routing tasks, `units` of
@@ -107,8 +109,7 @@ class RoutingStage:
         # (coalesce never adds partitions, so a batch with fewer ranges is left as it is.)
         routing = self._routing
         results = source.coalesce(self._staging.units).mapInArrow(
-            partial(_batch_task, routing.task, routing.plan),
-            result_struct(routing.plan.output_schema),
+            partial(_batch_task, routing.task, routing.plan), self.staged_schema
         )
         return results.observe(
             OBSERVATION, *observed_columns(OBSERVED_COUNTERS, routing.retry_tiers)
