@@ -10,6 +10,7 @@ from pyspark import InheritableThread
 from pyspark.sql import SparkSession
 
 from retrylib.spark.flavour import flavour_of
+from retrylib.spark.scheduling import BACKGROUND_POOL
 
 
 def all_at_once(spark: SparkSession | None, *calls: Callable[[], Any]) -> list[Any]:
@@ -26,7 +27,9 @@ def all_at_once(spark: SparkSession | None, *calls: Callable[[], Any]) -> list[A
 
 
 class Started:
-    """A call running in a thread of its own, started at once.
+    """A call running in a thread of its own, started at once; with `background`, its Spark
+    jobs in the scheduler's background pool (`retrylib.spark.scheduling`), which has the
+    cores the batches leave.
 
     The thread carries the starting thread's Spark local properties (inside a batch, the
     streaming query's job group), so stopping the query cancels its jobs too; in a Spark
@@ -36,10 +39,13 @@ class Started:
     without one.
     """
 
-    def __init__(self, spark: SparkSession | None, call: Callable[[], Any]) -> None:
+    def __init__(
+        self, spark: SparkSession | None, call: Callable[[], Any], *, background: bool = False
+    ) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
         self._spark = spark
+        self._background = background
         self._thread = (
             InheritableThread(self._run, args=(call,))
             if spark is None
@@ -50,7 +56,10 @@ class Started:
     def _run(self, call: Callable[[], Any]) -> None:
         try:
             if self._spark is not None:
-                flavour_of(self._spark).make_active(self._spark)
+                flavour = flavour_of(self._spark)
+                flavour.make_active(self._spark)
+                if self._background:
+                    flavour.use_pool(self._spark, BACKGROUND_POOL)
             self._value = call()
         except BaseException as error:  # raised in the thread that asks for the result
             self._error = error

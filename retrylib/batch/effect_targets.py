@@ -100,7 +100,7 @@ class EffectTargets:
         comes first waits on Delta's own lock while the thread computes, and one that fails
         says so itself."""
         if self._preparing is None or not self._preparing.running():
-            self._preparing = Started(spark, partial(self._prepare, spark))
+            self._preparing = Started(spark, partial(self._prepare, spark), background=True)
 
     def _prepare(self, spark: SparkSession) -> None:
         for table in (*self._tables.values(), *self._later_tables):

@@ -364,7 +364,9 @@ class MetricsRecorder:
         try:
             if self._dead_letters_due(now_ms) and not manifest["rows"].get("dead_letter"):
                 self._dead_letters_read_ms = now_ms
-                self._dead_letters_reading = Started(self._spark, self._read_dead_letters)
+                self._dead_letters_reading = Started(
+                    self._spark, self._read_dead_letters, background=True
+                )
         except Exception as e:  # metrics must never fail the batch; `record` reads it then
             log.warning("dead letters not read ahead: %s", e)
 

@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 
 from retrylib.spark.extra import CONF, extra_conf, extra_jars
 from retrylib.spark.flavour import flavour_of
+from retrylib.spark.scheduling import pool_settings
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ def build_spark_session(
         jars += [jar for jar in extra_jars() if jar not in jars]
     if jars:
         settings["spark.jars"] = ",".join(jars)
+    if not server:
+        settings.update(pool_settings())
     user_conf = extra_conf()
     settings.update(user_conf)
     settings.update(extra or {})  # the caller's settings win over retrylib's defaults

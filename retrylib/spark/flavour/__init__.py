@@ -83,6 +83,11 @@ class Flavour(Protocol):
         """Make `spark` the active session of this thread's side of the JVM, if any."""
         ...
 
+    def use_pool(self, spark: SparkSession, pool: str) -> None:
+        """Have the Spark jobs this thread starts from now on run in scheduler pool `pool`
+        (`retrylib.spark.scheduling`), where the session's scheduler has pools."""
+        ...
+
     def paths_are_local(self, spark: SparkSession) -> bool:
         """Whether a plain path (no URI) is a file on this machine's disk."""
         ...

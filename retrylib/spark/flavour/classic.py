@@ -76,6 +76,9 @@ class Classic:
         # and fails without one.
         spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
 
+    def use_pool(self, spark: SparkSession, pool: str) -> None:
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", pool)
+
     def paths_are_local(self, spark: SparkSession) -> bool:
         """Where Spark's default file system (`fs.defaultFS`) is the local disk."""
         return _local_default(spark.sparkContext)

@@ -99,6 +99,9 @@ class Connect:
     def make_active(self, spark: SparkSession) -> None:
         """No JVM side to make it active in."""
 
+    def use_pool(self, spark: SparkSession, pool: str) -> None:
+        """The server schedules its jobs as it was started to."""
+
     def paths_are_local(self, spark: SparkSession) -> bool:
         """Always: the client shares its paths with the server, as /Volumes/... on
         Databricks."""
