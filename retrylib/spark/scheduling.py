@@ -39,7 +39,7 @@ ALLOCATIONS = f"""<?xml version="1.0"?>
 def pool_settings(folder: str | None = None) -> dict[str, str]:
     """The session settings of the two pools: the FAIR scheduler and `ALLOCATIONS`, written
     once to `folder` (the temporary folder by default) under a name of its content, which
-    the driver reads as its SparkContext starts."""
+    the driver reads, by its file: URI, as its SparkContext starts."""
     digest = hashlib.sha256(ALLOCATIONS.encode()).hexdigest()[:12]
     path = Path(folder or tempfile.gettempdir()) / f"retrylib-pools-{digest}.xml"
     if not path.exists():
@@ -47,4 +47,5 @@ def pool_settings(folder: str | None = None) -> dict[str, str]:
         written = path.with_name(f"{path.name}.{os.getpid()}")
         written.write_text(ALLOCATIONS)
         os.replace(written, path)
-    return {"spark.scheduler.mode": "FAIR", "spark.scheduler.allocation.file": str(path)}
+    # A file: URI: Spark opens a plain path on the default file system, which on EMR is HDFS.
+    return {"spark.scheduler.mode": "FAIR", "spark.scheduler.allocation.file": path.as_uri()}
